@@ -1,0 +1,73 @@
+"""The ``swarmrl`` command: a table of verbs, each owned by the subpackage that implements it.
+
+The top level parses only the verb, then imports the owning module and hands it the remaining
+arguments, so ``swarmrl relay`` never imports torch and ``swarmrl --help`` is instant.
+Every :class:`swarmrl.errors.UserError` becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from swarmrl.errors import SwarmError, UserError
+
+# verb -> (module whose ``main(verb, argv) -> int`` runs it, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "demo": ("swarmrl.launch.cli", "run the embedded default swarm on this machine"),
+    "run": ("swarmrl.launch.cli", "run a config: a whole local swarm, or --colocated"),
+    "sft": ("swarmrl.trainer.cli", "warm-start a model by supervised fine-tuning"),
+    "eval": ("swarmrl.trainer.cli", "held-out accuracy of a model on a task"),
+    "filter": ("swarmrl.trainer.cli", "keep tasks whose pass rate lies in [lo, hi]"),
+    "toploc": ("swarmrl.toploc.cli", "verifiable-inference tools (calibrate thresholds)"),
+    "shardcast": ("swarmrl.shardcast.cli", "publish and fetch signed weight versions"),
+    "relay": ("swarmrl.shardcast.cli", "run a weight relay following upstreams"),
+    "keys": ("swarmrl.identity.cli", "make ed25519 key files"),
+    "pool": ("swarmrl.pool.cli", "pool administration (invites)"),
+    "orchestrator": ("swarmrl.pool.cli", "run the pool service"),
+    "ledger": ("swarmrl.ledger.cli", "export and verify the contribution ledger"),
+    "trainer": ("swarmrl.trainer.role", "run the trusted trainer role"),
+    "worker": ("swarmrl.worker.cli", "run an untrusted inference worker"),
+    "validator": ("swarmrl.validator.cli", "run a trusted validator"),
+}
+
+
+def _usage() -> str:
+    width = max(len(v) for v in VERBS)
+    lines = ["usage: swarmrl VERB [options]   (swarmrl VERB --help for a verb's options)", ""]
+    lines += [f"  {verb.ljust(width)}  {help_}" for verb, (_, help_) in VERBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    if args[0] == "--version":
+        from swarmrl import __version__
+
+        print(__version__)
+        return 0
+    verb, rest = args[0], args[1:]
+    if verb not in VERBS:
+        print(f"swarmrl: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, _ = VERBS[verb]
+    try:
+        module = importlib.import_module(module_name)
+        return int(module.main(verb, rest) or 0)
+    except UserError as exc:
+        print(f"swarmrl {verb}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"swarmrl {verb}: interrupted", file=sys.stderr)
+        return 130
+    except SwarmError as exc:
+        print(f"swarmrl {verb}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

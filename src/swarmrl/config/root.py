@@ -1,0 +1,30 @@
+"""The root of the config tree: one section per subsystem."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from swarmrl.config.base import Section
+from swarmrl.config.env import EnvConfig
+from swarmrl.config.model import ModelConfig
+from swarmrl.config.pool import PoolConfig
+from swarmrl.config.rl import EvalConfig, RLConfig, SFTConfig
+from swarmrl.config.run import RunConfig
+from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.config.swarm import SwarmConfig as SwarmSectionConfig
+from swarmrl.config.toploc import ToplocConfig
+
+
+class SwarmConfig(Section):
+    """Everything a run needs; ``swarmrl run CONFIG`` validates a TOML file against this."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    toploc: ToplocConfig = Field(default_factory=ToplocConfig)
+    shardcast: ShardcastConfig = Field(default_factory=ShardcastConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    swarm: SwarmSectionConfig = Field(default_factory=SwarmSectionConfig)

@@ -1,0 +1,1 @@
+"""swarmrl.envs (see docs/architecture.md)."""

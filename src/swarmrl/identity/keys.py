@@ -1,0 +1,155 @@
+"""ed25519 key pairs, node ids, and signatures over bytes.
+
+A key file is JSON: ``{"kind": "ed25519", "private_key": "<64 hex>", "public_key": "<64 hex>"}``
+written with mode 0600. A node id is ``sha256(public key bytes)`` in hex, cut to 32 characters
+(128 bits), so anyone holding the public key can recompute it and nobody can choose it.
+Signatures are 64 raw bytes, carried as hex on the wire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from swarmrl.errors import BadSignature, MissingPathError, UserError
+
+NODE_ID_HEX_CHARS = 32
+
+
+def canonical_json(value: Any) -> bytes:
+    """Deterministic JSON bytes (sorted keys, no whitespace, UTF-8) for hashing and signing."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest_hex(data: bytes) -> str:
+    """SHA-256 of ``data`` as 64 hex characters."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def node_id_for(public_key_hex: str) -> str:
+    """The node id derived from a public key (hex): first 128 bits of its SHA-256, in hex."""
+    try:
+        raw = bytes.fromhex(public_key_hex)
+    except ValueError as exc:
+        raise BadSignature(f"public key is not hex: {public_key_hex[:20]!r}") from exc
+    if len(raw) != 32:
+        raise BadSignature(f"public key must be 32 bytes, got {len(raw)}")
+    return hashlib.sha256(raw).hexdigest()[:NODE_ID_HEX_CHARS]
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    """A peer's ed25519 public key; verifies signatures made by its private half."""
+
+    hex: str
+
+    @property
+    def node_id(self) -> str:
+        return node_id_for(self.hex)
+
+    def verify(self, message: bytes, signature_hex: str) -> None:
+        """Raise :class:`BadSignature` unless ``signature_hex`` signs ``message``."""
+        verify_signature(self.hex, message, signature_hex)
+
+
+def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) -> None:
+    """Raise :class:`BadSignature` unless ``signature_hex`` is a valid ed25519 signature.
+
+    Malformed hex, wrong lengths and forged signatures all raise the same error type, so
+    callers have one thing to catch and record.
+    """
+    try:
+        key_bytes = bytes.fromhex(public_key_hex)
+        sig_bytes = bytes.fromhex(signature_hex)
+    except (ValueError, TypeError) as exc:
+        raise BadSignature("public key or signature is not hex") from exc
+    if len(key_bytes) != 32 or len(sig_bytes) != 64:
+        raise BadSignature(
+            f"bad lengths: public key {len(key_bytes)} bytes (want 32), "
+            f"signature {len(sig_bytes)} bytes (want 64)"
+        )
+    try:
+        Ed25519PublicKey.from_public_bytes(key_bytes).verify(sig_bytes, message)
+    except InvalidSignature as exc:
+        raise BadSignature("signature does not verify") from exc
+
+
+class KeyPair:
+    """An ed25519 private key with its public half and node id."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._private = private_key
+        raw_public = private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public = PublicKey(raw_public.hex())
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> KeyPair:
+        """Deterministic key from a 32-byte seed (tests and reproducible local swarms only)."""
+        if len(seed) != 32:
+            raise ValueError(f"seed must be 32 bytes, got {len(seed)}")
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    @property
+    def public_key_hex(self) -> str:
+        return self.public.hex
+
+    @property
+    def node_id(self) -> str:
+        return self.public.node_id
+
+    def sign(self, message: bytes) -> str:
+        """Signature over ``message`` as 128 hex characters."""
+        return self._private.sign(message).hex()
+
+    def save(self, path: str | Path) -> None:
+        """Write the key file (JSON, mode 0600). Refuses to overwrite an existing file."""
+        path = Path(path)
+        if path.exists():
+            raise UserError(f"key file already exists, not overwriting: {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        private_hex = self._private.private_bytes(
+            Encoding.Raw, PrivateFormat.Raw, NoEncryption()
+        ).hex()
+        body = json.dumps(
+            {"kind": "ed25519", "private_key": private_hex, "public_key": self.public.hex},
+            indent=2,
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(body + "\n")
+
+
+def load_keypair(path: str | Path) -> KeyPair:
+    """Read a key file written by :meth:`KeyPair.save`; one-line errors for bad files."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingPathError(f"key file not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+        private = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(data["private_key"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"key file {path} is not a swarmrl ed25519 key file ({exc})") from exc
+    pair = KeyPair(private)
+    if data.get("public_key") not in (None, pair.public.hex):
+        raise UserError(f"key file {path}: public_key does not match private_key")
+    return pair

@@ -1,0 +1,1 @@
+"""swarmrl.inference (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.launch (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.ledger (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.model (see docs/architecture.md)."""

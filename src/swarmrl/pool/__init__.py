@@ -1,0 +1,1 @@
+"""swarmrl.pool (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.protocol (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.rl (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.shardcast (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.toploc (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.trainer (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""swarmrl.validator (see docs/architecture.md)."""

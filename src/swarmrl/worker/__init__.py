@@ -1,0 +1,1 @@
+"""swarmrl.worker (see docs/architecture.md)."""
