@@ -1,0 +1,71 @@
+"""Load and save a policy (model + tokenizer) as a standard HF directory.
+
+``save_policy`` writes ``config.json``, ``model.safetensors``, ``generation_config.json`` and the
+tokenizer files; ``load_policy`` reads them back with ``from_pretrained`` (a local directory or a
+hub id). A local-looking path that does not exist is a ``MissingPathError`` with a one-line
+message, not a hub lookup.
+
+Knows nothing about versions, signatures or sharding (see ``swarmrl.shardcast``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from swarmrl.errors import MissingPathError
+
+DType = Literal["float32", "bfloat16", "float16"]
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def _looks_local(path: str) -> bool:
+    """A hub id is ``name`` or ``org/name``; anything else (absolute, ./, ~, deeper) is local."""
+    return (
+        path.startswith(("/", ".", "~"))
+        or path.count("/") > 1
+        or "\\" in path
+        or Path(path).exists()
+    )
+
+
+def load_policy(
+    path: str | Path, dtype: DType = "float32", device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``(model, tokenizer)`` from an HF directory or hub id, in eval mode on ``device``."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    name = str(path)
+    if _looks_local(name):
+        local = Path(name).expanduser()
+        if not (local / "config.json").is_file():
+            raise MissingPathError(f"model directory not found or has no config.json: {local}")
+        name = str(local)
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=_DTYPES[dtype])
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def save_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+) -> Path:
+    """Write model and tokenizer into ``out_dir`` (created if needed) and return its path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
