@@ -1,9 +1,82 @@
-"""Config of the swarm subsystem."""
+"""Config of the swarm: how many of each role ``swarmrl run`` starts, and how roles wait.
+
+Roles read the same section when started on their own machines (``swarmrl worker`` …), so the
+timeouts here are the ones every role uses for its waits. Imports no torch.
+"""
 
 from __future__ import annotations
 
+import re
+
+from pydantic import Field, field_validator
+
 from swarmrl.config.base import Section
+
+CHEAT_PATTERN = re.compile(r"^(corrupt_weights_after):(\d+)$")
 
 
 class SwarmConfig(Section):
-    """Settings of `swarmrl.swarm`."""
+    """Settings of ``swarmrl run`` / ``swarmrl demo`` and of each role's waits."""
+
+    workers: int = Field(2, ge=1, description="honest inference workers started by `swarmrl run`")
+    relays: int = Field(1, ge=0, description="weight relays between the origin and the workers")
+    validators: int = Field(1, ge=1, description="validators started by `swarmrl run`")
+    cheaters: list[str] = Field(
+        default_factory=list,
+        description=(
+            "extra workers started by `swarmrl run` with a test-only misbehaviour each "
+            "(values as for `cheat`); the demo starts one to show it is caught and banned"
+        ),
+    )
+    cheat: str = Field(
+        "",
+        description=(
+            "TEST-ONLY misbehaviour of this worker: '' = honest; 'corrupt_weights_after:N' = "
+            "after N submissions generate with corrupted weights (proofs then fail replay)"
+        ),
+    )
+    rollouts_per_lease: int = Field(
+        32, gt=0, description="completions a worker asks for per lease (prompts × group size)"
+    )
+    ready_timeout_s: float = Field(
+        120.0, gt=0, description="longest wait for a started role to answer its health check"
+    )
+    peer_timeout_s: float = Field(
+        30.0, gt=0, description="longest wait for one request to a peer before retrying"
+    )
+    retry_s: float = Field(1.0, gt=0, description="pause between retries after a failed request")
+    give_up_s: float = Field(
+        300.0, gt=0, description="a role exits with an error after its peer is gone this long"
+    )
+    batch_timeout_s: float = Field(
+        600.0, gt=0, description="longest the trainer waits for one step's accepted rollouts"
+    )
+    shutdown_grace_s: float = Field(
+        10.0, gt=0, description="seconds between SIGTERM and SIGKILL when stopping roles"
+    )
+    status_interval_s: float = Field(
+        1.0, gt=0, description="how often roles write their status file and the display redraws"
+    )
+    display: bool = Field(True, description="live terminal display during `swarmrl run`")
+    role_threads: int = Field(1, ge=1, description="torch threads per role process on one machine")
+
+    @field_validator("cheat")
+    @classmethod
+    def _cheat_known(cls, value: str) -> str:
+        if value and not CHEAT_PATTERN.match(value):
+            raise ValueError("cheat must be '' or 'corrupt_weights_after:N'")
+        return value
+
+    @field_validator("cheaters")
+    @classmethod
+    def _cheaters_known(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not CHEAT_PATTERN.match(value):
+                raise ValueError(f"cheaters entry {value!r} must be 'corrupt_weights_after:N'")
+        return values
+
+
+def cheat_after(cheat: str) -> int | None:
+    """Submissions an honest-looking worker makes before cheating; None = never cheats."""
+    match = CHEAT_PATTERN.match(cheat)
+    return int(match.group(2)) if match else None

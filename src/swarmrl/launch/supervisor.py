@@ -1,0 +1,252 @@
+"""Start roles as child processes, wait until they answer, and stop them all cleanly.
+
+Each role runs as ``python -m swarmrl.cli VERB …`` in its own process group (so a signal to the
+group reaches anything the role itself started), with stdout and stderr appended to one log
+file per role in ``<run_dir>/logs/``. On Linux every child also asks the kernel to send it
+SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``), so even a supervisor killed with
+SIGKILL leaves no orphans. Stopping is SIGTERM to each group, then SIGKILL after a grace
+period. Children must be started from the main thread: the death signal is tied to the thread
+that forked them.
+
+Knows nothing about what the roles do; ``swarmrl.launch.swarm`` decides what to start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from swarmrl.errors import InfraError, WaitTimeout
+
+_PR_SET_PDEATHSIG = 1
+
+
+class RoleExited(InfraError):
+    """A role process ended while the swarm still needed it; the message quotes its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (the OS picks it; a race is possible)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGTERM me when my parent dies."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def role_command(verb: str, args: Sequence[str]) -> list[str]:
+    """The command line that runs ``swarmrl VERB args`` with this interpreter."""
+    return [sys.executable, "-m", "swarmrl.cli", verb, *args]
+
+
+@dataclass
+class RoleProcess:
+    """One started role: its name, process and log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of this role's log (what it said before it died)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until(
+    probe: Callable[[], bool], what: str, timeout_s: float, interval_s: float = 0.2
+) -> None:
+    """Poll ``probe`` until it returns True; raise :class:`WaitTimeout` naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if probe():
+            return
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"gave up after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """True when a GET of ``url`` answers 2xx; False for any connection failure."""
+    try:
+        return httpx.get(url, timeout=timeout_s).is_success
+    except httpx.HTTPError:
+        return False
+
+
+class Supervisor:
+    """Starts role processes and guarantees they are all gone when it is done.
+
+    Use as a context manager: leaving the block (normally, by an exception or by Ctrl-C)
+    stops every role. :meth:`check` raises :class:`RoleExited` when any role has died.
+    """
+
+    def __init__(self, run_dir: str | Path, grace_s: float = 10.0) -> None:
+        self.run_dir = Path(run_dir)
+        self.log_dir = self.run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.grace_s = grace_s
+        self.roles: dict[str, RoleProcess] = {}
+
+    # -- starting -------------------------------------------------------------------------
+    def start(
+        self, name: str, command: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> RoleProcess:
+        """Start ``command`` as role ``name`` in its own process group, logging to a file."""
+        if name in self.roles and self.roles[name].alive():
+            raise ValueError(f"role {name!r} is already running (pid {self.roles[name].pid})")
+        log_path = self.log_dir / f"{name}.log"
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with open(log_path, "ab") as log:
+            log.write(f"--- {time.strftime('%H:%M:%S')} start: {' '.join(command)}\n".encode())
+            log.flush()
+            popen = subprocess.Popen(
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        role = RoleProcess(name, popen, log_path)
+        self.roles[name] = role
+        return role
+
+    def start_role(
+        self, name: str, verb: str, args: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> RoleProcess:
+        """Start ``swarmrl VERB args`` as role ``name``."""
+        return self.start(name, role_command(verb, args), env)
+
+    def wait_ready(self, name: str, probe: Callable[[], bool], what: str, timeout_s: float) -> None:
+        """Wait until ``probe`` holds; fail at once (with its log tail) if the role dies."""
+        role = self.roles[name]
+
+        def ready() -> bool:
+            if not role.alive():
+                raise self._exited(role)
+            return probe()
+
+        wait_until(ready, f"{name} to be ready ({what}); log: {role.log_path}", timeout_s)
+
+    def wait_http(self, name: str, url: str, timeout_s: float) -> None:
+        """Wait until role ``name`` answers a GET of ``url`` with 2xx."""
+        self.wait_ready(name, lambda: http_ok(url), f"GET {url} answers 2xx", timeout_s)
+
+    # -- watching -------------------------------------------------------------------------
+    def _exited(self, role: RoleProcess) -> RoleExited:
+        tail = role.log_tail()
+        return RoleExited(
+            f"role {role.name} exited with status {role.popen.returncode}; "
+            f"last lines of {role.log_path}:\n{tail}"
+        )
+
+    def check(self, expected_done: Sequence[str] = ()) -> None:
+        """Raise :class:`RoleExited` if a role not in ``expected_done`` has ended.
+
+        A role in ``expected_done`` may end, but only with status 0.
+        """
+        for role in self.roles.values():
+            code = role.popen.poll()
+            if code is None:
+                continue
+            if role.name in expected_done and code == 0:
+                continue
+            raise self._exited(role)
+
+    # -- stopping -------------------------------------------------------------------------
+    def stop(self, name: str, sig: signal.Signals = signal.SIGTERM) -> int:
+        """Send ``sig`` to role ``name``'s process group; SIGKILL after the grace period.
+
+        Returns the exit status.
+        """
+        role = self.roles[name]
+        self._signal_group(role, sig)
+        try:
+            return role.popen.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            self._signal_group(role, signal.SIGKILL)
+            return role.popen.wait(timeout=self.grace_s)
+
+    def kill(self, name: str) -> int:
+        """SIGKILL role ``name`` at once (fault tests: a machine that vanishes)."""
+        role = self.roles[name]
+        self._signal_group(role, signal.SIGKILL)
+        return role.popen.wait(timeout=self.grace_s)
+
+    @staticmethod
+    def _signal_group(role: RoleProcess, sig: signal.Signals) -> None:
+        try:
+            os.killpg(role.pid, sig)  # the role leads its own group: pgid == pid
+        except ProcessLookupError:
+            pass
+
+    def shutdown(self) -> None:
+        """SIGTERM every role group, wait up to the grace period, SIGKILL what is left.
+
+        Groups are signalled even when their leader has already exited, so a role's own
+        children cannot outlive it.
+        """
+        roles = list(self.roles.values())
+        for role in roles:
+            self._signal_group(role, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for role in roles:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                role.popen.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                pass
+        for role in roles:
+            self._signal_group(role, signal.SIGKILL)
+            if role.popen.poll() is None:
+                role.popen.wait(timeout=self.grace_s)
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM raises KeyboardInterrupt, so cleanup runs as for Ctrl-C."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

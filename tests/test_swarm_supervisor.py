@@ -1,0 +1,156 @@
+"""The supervisor starts, watches and stops real child processes and leaves no orphans."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from swarmrl.errors import WaitTimeout
+from swarmrl.launch.supervisor import RoleExited, Supervisor, free_port, wait_until
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (absent, or a zombie nobody has reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return True
+    return state in {"Z", "X"}
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    wait_until(lambda: _gone(pid), f"pid {pid} to exit", timeout_s, interval_s=0.05)
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+SPAWNS_GRANDCHILD = """
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("GRANDCHILD-PID", child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _said(role, marker: str) -> str | None:
+    """The first line of the role's own output starting with ``marker`` (the log header quotes
+    the command line, so plain substring search would match too early)."""
+    lines = role.log_path.read_text().splitlines()
+    return next((x for x in lines if x.startswith(marker)), None)
+
+
+def _grandchild_pid(role) -> int:
+    wait_until(lambda: _said(role, "GRANDCHILD-PID") is not None, "the role's child pid", 10)
+    return int(_said(role, "GRANDCHILD-PID").split()[1])
+
+
+def test_shutdown_stops_role_and_its_children(tmp_path):
+    with Supervisor(tmp_path, grace_s=5) as sup:
+        role = sup.start("spawner", _py(SPAWNS_GRANDCHILD))
+        grandchild = _grandchild_pid(role)
+        assert not _gone(grandchild)
+    _wait_gone(role.pid)
+    _wait_gone(grandchild)
+    assert (tmp_path / "logs" / "spawner.log").is_file()
+
+
+def test_role_ignoring_sigterm_is_killed_after_grace(tmp_path):
+    stubborn = """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("SIGTERM-IGNORED", flush=True)
+        time.sleep(600)
+    """
+    sup = Supervisor(tmp_path, grace_s=0.5)
+    role = sup.start("stubborn", _py(stubborn))
+    wait_until(lambda: _said(role, "SIGTERM-IGNORED") is not None, "the role to start", 10)
+    start = time.monotonic()
+    sup.shutdown()
+    assert _gone(role.pid)
+    assert role.popen.returncode == -signal.SIGKILL
+    assert time.monotonic() - start < 5
+
+
+def test_check_reports_a_dead_role_with_its_log_tail(tmp_path):
+    with Supervisor(tmp_path, grace_s=2) as sup:
+        role = sup.start("crasher", _py("import sys; print('boom: no weights'); sys.exit(3)"))
+        role.popen.wait(timeout=10)
+        with pytest.raises(RoleExited, match="crasher exited with status 3") as info:
+            sup.check()
+        assert "boom: no weights" in str(info.value)
+
+
+def test_check_allows_expected_clean_exit(tmp_path):
+    with Supervisor(tmp_path, grace_s=2) as sup:
+        role = sup.start("done", _py("print('ok')"))
+        role.popen.wait(timeout=10)
+        sup.check(expected_done=["done"])
+
+
+def test_wait_ready_names_what_it_waits_for(tmp_path):
+    with Supervisor(tmp_path, grace_s=2) as sup:
+        sup.start("sleeper", _py("import time; time.sleep(600)"))
+        port = free_port()
+        with pytest.raises(
+            WaitTimeout, match=rf"sleeper to be ready \(GET http://127.0.0.1:{port}/"
+        ):
+            sup.wait_http("sleeper", f"http://127.0.0.1:{port}/health", timeout_s=0.5)
+
+
+def test_wait_ready_fails_fast_when_role_dies(tmp_path):
+    with Supervisor(tmp_path, grace_s=2) as sup:
+        sup.start("dies", _py("import sys; print('bad key file'); sys.exit(2)"))
+        start = time.monotonic()
+        with pytest.raises(RoleExited, match="bad key file"):
+            sup.wait_ready("dies", lambda: False, "never", timeout_s=60)
+        assert time.monotonic() - start < 30
+
+
+SUPERVISOR_SCRIPT = """
+    import sys, time
+    from swarmrl.launch.supervisor import Supervisor, terminate_as_interrupt
+    run_dir = sys.argv[1]
+    with terminate_as_interrupt(), Supervisor(run_dir, grace_s=2) as sup:
+        role = sup.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+        try:
+            print("child", role.pid, flush=True)
+            time.sleep(600)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            raise SystemExit(130)
+"""
+
+
+def _start_supervisor_process(tmp_path):
+    proc = subprocess.Popen(
+        [*_py(SUPERVISOR_SCRIPT), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    line = proc.stdout.readline()
+    assert line.startswith("child"), line
+    return proc, int(line.split()[1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_supervisor_stops_its_roles(tmp_path, sig):
+    proc, child = _start_supervisor_process(tmp_path)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=15) == 130
+    _wait_gone(child)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_killed_supervisor_leaves_no_orphans(tmp_path):
+    proc, child = _start_supervisor_process(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    _wait_gone(child)
