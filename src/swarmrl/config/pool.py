@@ -1,9 +1,29 @@
-"""Config of the pool subsystem."""
+"""Config of the pool subsystem: the orchestrator service's limits and timings.
+
+Per-pool settings (tasks, sampling, async level, lease sizes, validators) travel in
+``swarmrl.protocol.pool.PoolSpec`` because pools are created at run time; this section holds what
+one orchestrator process applies to every pool it hosts.
+"""
 
 from __future__ import annotations
+
+from pydantic import Field
 
 from swarmrl.config.base import Section
 
 
 class PoolConfig(Section):
-    """Settings of `swarmrl.pool`."""
+    """Settings of `swarmrl.pool` (the orchestrator service)."""
+
+    db_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in the run directory")
+    store_url: str = Field("", description="rollout store dir or fsspec URL; empty = run dir")
+    request_window_s: float = Field(60.0, gt=0, description="accepted clock skew of requests")
+    max_body_bytes: int = Field(8 << 20, gt=0, description="largest request body, bytes")
+    max_proof_bytes: int = Field(256 << 10, gt=0, description="largest proof bundle, bytes")
+    max_log_line_chars: int = Field(1000, gt=0, description="longer log lines are cut")
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="how often nodes should beat")
+    unhealthy_after_s: float = Field(15.0, gt=0, description="no beat this long → unhealthy")
+    dead_after_s: float = Field(60.0, gt=0, description="no beat this long → dead, leases freed")
+    eject_after_s: float = Field(300.0, gt=0, description="no beat this long → ejected")
+    sweep_interval_s: float = Field(1.0, gt=0, description="health/lease sweeper period")
+    claim_timeout_s: float = Field(300.0, gt=0, description="validator claim expires, s")

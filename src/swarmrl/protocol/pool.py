@@ -1,0 +1,299 @@
+"""Wire types of the compute pool protocol (DESIGN.md §7): pools, invites, nodes, heartbeats,
+work units, submissions, verdicts, trainer batches, admin views.
+
+Every request that changes state is signed at the HTTP layer (``swarmrl.identity.requests``);
+these messages carry no signatures of their own except :class:`Invite`, which travels offline
+from the pool owner to a node. The proof bundle of a sample is opaque here (its format lives in
+``swarmrl.protocol.proofs``); this module only bounds its size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+POOL_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+HEX64 = r"^[0-9a-f]{64}$"
+NODE_ID = r"^[0-9a-f]{32}$"
+NodeState = Literal["healthy", "unhealthy", "dead", "ejected", "banned"]
+FinishReason = Literal["eos", "length", "stop"]
+Severity = Literal["hard", "soft"]
+
+
+class Message(BaseModel):
+    """Base of every wire message: unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Requirements(Message):
+    """What a node must offer to join a pool. Example: ``{"engines": ["torch"], "min_memory_gb": 8,
+    "accelerators": ["cpu", "cuda"]}``."""
+
+    engines: list[str] = Field(
+        default_factory=list, max_length=16, description="accepted engines; empty = any"
+    )
+    min_memory_gb: float = Field(0.0, ge=0, description="minimum device memory, GiB")
+    accelerators: list[str] = Field(
+        default_factory=list, max_length=16, description="accepted accelerators; empty = any"
+    )
+
+
+class SamplingParams(Message):
+    """How a work unit's completions are sampled (seeded Gumbel-max)."""
+
+    temperature: float = Field(1.0, gt=0, le=100, description="softmax temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass kept")
+    top_k: int = Field(0, ge=0, le=1_000_000, description="keep the k most likely; 0 = all")
+    max_new_tokens: int = Field(64, gt=0, le=1_000_000, description="decode at most this many")
+
+
+class PoolSpec(Message):
+    """A pool (compute domain) as created by the orchestrator admin.
+
+    Example: ``{"pool_id": "arith", "owner_key": "ab…", "task_count": 1000, "samples_per_task": 8,
+    "open": false, "validators": ["cd…"]}``.
+    """
+
+    pool_id: str = Field(pattern=POOL_ID_PATTERN, description="stable name of the pool")
+    owner_key: str = Field(pattern=HEX64, description="ed25519 public key of the pool owner")
+    open: bool = Field(False, description="True: any node may join without an invite")
+    requirements: Requirements = Field(default_factory=Requirements)
+    validators: list[str] = Field(
+        default_factory=list, max_length=64, description="public keys allowed to post verdicts"
+    )
+    task_count: int = Field(gt=0, le=2**40, description="tasks are indices in [0, task_count)")
+    samples_per_task: int = Field(1, gt=0, le=1024, description="completions per task (G)")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    seed: int = Field(0, ge=0, lt=2**63, description="pool seed of the per-node task draw")
+    async_level: int = Field(2, ge=0, le=1000, description="accept versions ≥ current − this")
+    validated_fraction: float = Field(
+        1.0, ge=0, le=1, description="share of submissions sent to validators"
+    )
+    min_tasks_per_lease: int = Field(1, gt=0, le=4096, description="smallest work unit, tasks")
+    max_tasks_per_lease: int = Field(16, gt=0, le=4096, description="largest work unit, tasks")
+    lease_target_s: float = Field(30.0, gt=0, le=86400, description="work a lease should hold, s")
+    lease_timeout_s: float = Field(120.0, gt=0, le=86400, description="lease deadline, s")
+    max_leases_in_flight: int = Field(2, gt=0, le=64, description="open leases per node")
+    credit_lock_s: float = Field(3600.0, ge=0, description="credits stay locked this long, s")
+
+
+class PoolInfo(Message):
+    """Public view of a pool."""
+
+    spec: PoolSpec
+    current_version: int = Field(description="policy version the trainer last announced")
+    created_at: float = Field(description="Unix seconds")
+
+
+class Invite(Message):
+    """A single-use, expiring ticket to join a closed pool, signed offline by the pool owner.
+
+    ``signature`` covers ``canonical_json`` of every other field. Example:
+    ``{"pool_id": "arith", "invite_id": "9f…", "expires_at": 1767225600.0, "node_id": null,
+    "signature": "…"}``.
+    """
+
+    pool_id: str = Field(pattern=POOL_ID_PATTERN)
+    invite_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="random; used once")
+    expires_at: float = Field(description="Unix seconds after which it is refused")
+    node_id: str | None = Field(
+        None, pattern=NODE_ID, description="only this node may use it; None = any node"
+    )
+    signature: str = Field(pattern=r"^[0-9a-f]{128}$", description="owner's ed25519 signature")
+
+    def signed_part(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"signature"})
+
+
+class NodeMetadata(Message):
+    """What a node says about itself when joining (signed with the join request)."""
+
+    engine: str = Field(max_length=64, description="inference engine, e.g. 'torch', 'vllm'")
+    memory_gb: float = Field(ge=0, le=1e6, description="device memory, GiB")
+    accelerator: str = Field(max_length=64, description="'cpu', 'cuda', 'mps', …")
+    software_version: str = Field("", max_length=64, description="swarmrl version of the node")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=16, description="free-form")
+
+
+class JoinRequest(Message):
+    metadata: NodeMetadata
+    invite: Invite | None = Field(None, description="required unless the pool is open")
+
+
+class NodeView(Message):
+    """A node as the orchestrator sees it (admin and join/heartbeat replies)."""
+
+    node_id: str
+    public_key: str
+    state: NodeState
+    metadata: NodeMetadata
+    joined_at: float = Field(description="Unix seconds")
+    last_beat_at: float | None = Field(description="Unix seconds; None = never beat")
+    model_version: int | None = Field(description="version the node reports loaded")
+    reported_tokens_per_s: float | None = Field(description="throughput the node claims")
+    measured_tokens_per_s: float | None = Field(description="our estimate; None = none yet")
+    leases_in_flight: int
+    reputation: float = Field(description="in [0, 1]; see swarmrl.ledger.reputation")
+
+
+class Heartbeat(Message):
+    status: Literal["ok", "degraded", "error"] = Field(description="the node's own view")
+    model_version: int | None = Field(None, ge=0, description="loaded policy; None = none yet")
+    tokens_per_s: float | None = Field(None, ge=0, le=1e9, description="decode throughput")
+    log_tail: list[str] = Field(
+        default_factory=list, max_length=200, description="latest log lines, oldest first"
+    )
+
+
+class HeartbeatReply(Message):
+    state: NodeState
+    current_version: int
+    next_beat_s: float = Field(description="beat again within this many seconds")
+
+
+class WorkUnit(Message):
+    """Tasks leased to one node.
+
+    ``task_indices`` equal ``draw_tasks(pool seed, origin_node_id, origin_counter, n, task_count)``
+    (``swarmrl.pool.scheduling``), so anyone can recompute them. Example: ``{"lease_id": "…",
+    "task_indices": [17, 902], "samples_per_task": 8, "seed": 77…, "min_version": 3, …}``.
+    """
+
+    lease_id: str
+    pool_id: str
+    node_id: str = Field(description="node holding the lease")
+    task_indices: list[int] = Field(description="[n_tasks] indices into the pool's task set")
+    samples_per_task: int = Field(description="completions per task (G)")
+    sampling: SamplingParams
+    seed: int = Field(description="sampling seed of this unit (63-bit)")
+    min_version: int = Field(description="generate with a policy version at least this")
+    deadline: float = Field(description="Unix seconds; later submissions are refused")
+    origin_node_id: str = Field(description="node whose draw produced the tasks")
+    origin_counter: int = Field(description="lease counter of that draw")
+
+
+class LeaseReply(Message):
+    work: WorkUnit | None = Field(description="None = nothing to do now")
+    retry_after_s: float = Field(description="ask again after this long if work is None")
+    reason: str = Field("", description="why there is no work")
+
+
+class Sample(Message):
+    """One completion. Shapes: ``prompt_tokens`` [P], ``output_tokens`` [T], ``logprobs`` [T]."""
+
+    task_index: int = Field(ge=0)
+    prompt_tokens: list[int] = Field(max_length=1_000_000)
+    output_tokens: list[int] = Field(max_length=1_000_000)
+    logprobs: list[float] = Field(max_length=1_000_000, description="worker's, nats per token")
+    finish_reason: FinishReason
+    policy_version: int = Field(ge=0, description="version that generated the tokens")
+    proof: dict[str, Any] | str | None = Field(
+        None, description="opaque proof bundle: JSON object or hex bytes; None = no proof"
+    )
+
+
+class Submission(Message):
+    lease_id: str
+    samples: list[Sample] = Field(max_length=100_000, description="[n_tasks × G] completions")
+
+
+class SubmissionReceipt(Message):
+    submission_id: str
+    status: Literal["pending", "accepted"] = Field(
+        description="pending = awaits a validator; accepted = not selected for validation"
+    )
+    tokens: int = Field(description="output tokens counted in the submission")
+
+
+class ClaimRequest(Message):
+    limit: int = Field(8, gt=0, le=256, description="most submissions to hand out")
+
+
+class PendingSubmission(Message):
+    """A submission for a validator to replay, with the lease it answered."""
+
+    submission_id: str
+    node_id: str
+    node_key: str = Field(description="public key that signed the submission")
+    request_signature: str = Field(description="the node's signature over the submit request")
+    body_digest: str = Field(description="sha256 of the submitted body")
+    work: WorkUnit
+    samples: list[Sample]
+
+
+class ClaimReply(Message):
+    submissions: list[PendingSubmission]
+
+
+class Verdict(Message):
+    """A validator's judgement of one submission.
+
+    ``behaviour_logprobs`` is [n_samples][T_i], the validator's replayed per-token log-probs,
+    required when accepting. Example: ``{"submission_id": "…", "accept": false, "severity":
+    "hard", "reasons": ["proof chunk 2: 41/128 exponents match"], "measured_tokens": 0}``.
+    """
+
+    submission_id: str
+    accept: bool
+    severity: Severity = Field("hard", description="for rejections: hard bans, soft drops one unit")
+    reasons: list[str] = Field(default_factory=list, max_length=64)
+    measured_tokens: int = Field(ge=0, description="tokens the validator replayed")
+    behaviour_logprobs: list[list[float]] | None = Field(None, description="[n_samples][T_i]")
+
+
+class VerdictReceipt(Message):
+    submission_id: str
+    status: Literal["accepted", "rejected"]
+    credited_tokens: int
+
+
+class VersionUpdate(Message):
+    version: int = Field(ge=0, description="the trainer's current policy version")
+
+
+class BatchRequest(Message):
+    step: int = Field(ge=0, description="trainer step n; versions ≥ n − async_level are served")
+    limit: int = Field(64, gt=0, le=4096, description="most submissions to return")
+
+
+class TrainableSubmission(Message):
+    submission_id: str
+    node_id: str
+    task_indices: list[int]
+    samples: list[Sample]
+    behaviour_logprobs: list[list[float]] | None = Field(
+        description="validator replay, [n_samples][T_i]; None = not validated"
+    )
+
+
+class BatchReply(Message):
+    step: int
+    submissions: list[TrainableSubmission]
+
+
+class InvalidateRequest(Message):
+    severity: Severity
+    reason: str = Field(max_length=1000)
+    submission_id: str | None = Field(None, description="soft: the unit to drop")
+
+
+class NodeLogs(Message):
+    node_id: str
+    lines: list[str]
+
+
+class PoolMetrics(Message):
+    pool_id: str
+    current_version: int
+    nodes_by_state: dict[str, int]
+    leases_active: int
+    submissions_by_status: dict[str, int]
+    credited_tokens: int = Field(description="validator-measured tokens credited, not dropped")
+    locked_tokens: int = Field(description="credited tokens still inside the lock window")
+
+
+class ErrorReply(Message):
+    error: str = Field(description="error class, e.g. 'BadSignature'")
+    detail: str = Field(description="what was wrong, for a human")
