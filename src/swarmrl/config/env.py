@@ -13,10 +13,13 @@ class LengthBudgetConfig(Section):
     """Thinking-budget wrapper: r = r_task − alpha·|target − length| (mode-dependent)."""
 
     enabled: bool = Field(False, description="wrap the task with a per-prompt target length")
-    targets: list[int] = Field(default_factory=lambda: [8, 16], description="target lengths, tokens")
+    targets: list[int] = Field(
+        default_factory=lambda: [8, 16], description="target lengths, tokens"
+    )
     alpha: float = Field(3e-4, ge=0, description="penalty per token of deviation")
     mode: Literal["exact", "max", "clip"] = Field(
-        "exact", description="exact: |t−l|; max: only overshoot; clip: penalty capped at r_task"
+        "exact",
+        description="exact: r−α|t−l|; max: only overshoot costs; clip: r·(1−α|t−l|), never < 0",
     )
 
 
