@@ -1,0 +1,211 @@
+"""What every long-running role shares: its command-line basics, logging, status reports, and
+patient retries against peers that come and go.
+
+A role is started the same way on a laptop and across machines: a config file (the same one
+everywhere, so every role agrees on task, model and sampling), ``--set`` overrides, a key file,
+and peer URLs. :func:`retry` turns "the orchestrator went away" into log lines and a bounded
+wait instead of a crash or a silent hang.
+
+Knows nothing about what a role computes; each role module builds on these pieces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from swarmrl.config import SwarmConfig, load_config
+from swarmrl.errors import InfraError, WaitTimeout
+from swarmrl.protocol.swarm import RoleName, RoleStatus
+
+T = TypeVar("T")
+
+# What a lost or restarting peer looks like from here: connection refused, reset, timeouts,
+# 5xx replies turned into PeerUnavailable by the clients.
+TRANSIENT: tuple[type[BaseException], ...] = (httpx.TransportError, InfraError)
+
+
+def add_role_args(parser: argparse.ArgumentParser, *, needs_key: bool = True) -> None:
+    """Options every role takes: config, overrides, identity, name, status directory."""
+    parser.add_argument("config", nargs="?", help="TOML config (default: the embedded one)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    if needs_key:
+        parser.add_argument("--key", required=True, help="ed25519 key file of this role")
+    parser.add_argument("--name", default=None, help="name shown in logs and the display")
+    parser.add_argument(
+        "--status-dir", default=None, help="write <name>.json status reports into this directory"
+    )
+
+
+def load_role_config(args: argparse.Namespace) -> SwarmConfig:
+    from swarmrl.config import EMBEDDED_DEFAULT
+
+    return load_config([args.config or EMBEDDED_DEFAULT], args.overrides)
+
+
+def setup_logging(name: str) -> logging.Logger:
+    """Log lines ``HH:MM:SS name: message`` on stderr (the supervisor captures them)."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {name}: %(message)s",
+        datefmt="%H:%M:%S",
+        force=True,
+    )
+    for noisy in ("httpx", "httpcore", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return logging.getLogger(f"swarmrl.{name}")
+
+
+def retry(
+    call: Callable[[], T],
+    what: str,
+    log: logging.Logger,
+    *,
+    give_up_s: float,
+    pause_s: float = 1.0,
+    stop: threading.Event | None = None,
+) -> T:
+    """Run ``call`` until it succeeds, retrying transient failures for up to ``give_up_s``.
+
+    Each failure is logged once with what was being attempted; recovery is logged too. Raises
+    :class:`WaitTimeout` naming ``what`` when the peer stays away, and lets every other error
+    (a rejection, a bug) through at once.
+    """
+    deadline = time.monotonic() + give_up_s
+    failures = 0
+    while True:
+        try:
+            result = call()
+        except TRANSIENT as exc:
+            failures += 1
+            if failures == 1:
+                log.warning(
+                    "%s failed (%s: %s); retrying for up to %.0f s",
+                    what,
+                    type(exc).__name__,
+                    exc,
+                    give_up_s,
+                )
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"{what}: peer unreachable for {give_up_s:.0f} s ({exc})"
+                ) from exc
+            if stop is not None and stop.wait(pause_s):
+                raise WaitTimeout(f"{what}: stopped while retrying") from exc
+            if stop is None:
+                time.sleep(pause_s)
+            continue
+        if failures:
+            log.info("%s succeeded again after %d failed attempts", what, failures)
+        return result
+
+
+class StatusReporter:
+    """Keeps a :class:`RoleStatus` and writes it to ``status_dir`` every ``interval_s``.
+
+    Without a status directory it only holds the numbers (roles on their own machines).
+    """
+
+    def __init__(
+        self,
+        role: RoleName,
+        name: str,
+        status_dir: str | Path | None,
+        interval_s: float = 1.0,
+        node_id: str | None = None,
+    ) -> None:
+        self.status = RoleStatus(role=role, name=name, node_id=node_id)
+        self.status_dir = Path(status_dir) if status_dir else None
+        self.interval_s = interval_s
+        self._events: deque[str] = deque(maxlen=8)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def set(
+        self, *, state: str | None = None, version: int | None = None, **metrics: float
+    ) -> None:
+        with self._lock:
+            if state is not None:
+                self.status.state = state
+            if version is not None:
+                self.status.policy_version = version
+            self.status.metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def add(self, **increments: float) -> None:
+        with self._lock:
+            for key, value in increments.items():
+                self.status.metrics[key] = self.status.metrics.get(key, 0.0) + float(value)
+
+    def event(self, text: str) -> None:
+        with self._lock:
+            self._events.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def metric(self, key: str, default: float = 0.0) -> float:
+        with self._lock:
+            return self.status.metrics.get(key, default)
+
+    def flush(self) -> None:
+        if self.status_dir is None:
+            return
+        with self._lock:
+            snapshot = self.status.model_copy(
+                update={"updated_at": time.time(), "events": list(self._events)}, deep=True
+            )
+        snapshot.write(self.status_dir)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def __enter__(self) -> StatusReporter:
+        self.flush()
+        self._thread = threading.Thread(target=self._run, name="status", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.flush()
+
+
+def wait_for(
+    probe: Callable[[], T | None],
+    what: str,
+    log: logging.Logger,
+    *,
+    timeout_s: float,
+    pause_s: float = 0.5,
+    stop: threading.Event | None = None,
+) -> T:
+    """Poll ``probe`` until it returns something other than None; log what is awaited.
+
+    Logs once at the start and again every 30 s; raises :class:`WaitTimeout` naming ``what``.
+    """
+    start = time.monotonic()
+    next_note = start
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        now = time.monotonic()
+        if now - start >= timeout_s:
+            raise WaitTimeout(f"gave up after {timeout_s:.0f} s waiting for {what}")
+        if now >= next_note:
+            log.info("waiting for %s (%.0f s so far, limit %.0f s)", what, now - start, timeout_s)
+            next_note = now + 30.0
+        if stop is not None:
+            if stop.wait(pause_s):
+                raise WaitTimeout(f"stopped while waiting for {what}")
+        else:
+            time.sleep(pause_s)

@@ -1,0 +1,63 @@
+"""Roles retry lost peers with bounded, logged waits and report status to files."""
+
+import logging
+
+import httpx
+import pytest
+
+from swarmrl.errors import PeerUnavailable, WaitTimeout
+from swarmrl.launch.rolekit import StatusReporter, retry, wait_for
+from swarmrl.protocol.swarm import RoleStatus
+
+LOG = logging.getLogger("test")
+
+
+def test_retry_recovers_after_transient_failures(caplog):
+    attempts = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise httpx.ConnectError("connection refused")
+        return "ok"
+
+    with caplog.at_level(logging.INFO):
+        assert retry(flaky, "lease work", LOG, give_up_s=10, pause_s=0.01) == "ok"
+    assert len(attempts) == 3
+    assert "lease work failed" in caplog.text and "succeeded again" in caplog.text
+
+
+def test_retry_gives_up_naming_what_it_tried():
+    def gone() -> None:
+        raise PeerUnavailable("orchestrator did not answer")
+
+    with pytest.raises(WaitTimeout, match="post verdict: peer unreachable"):
+        retry(gone, "post verdict", LOG, give_up_s=0.1, pause_s=0.02)
+
+
+def test_retry_lets_other_errors_through_at_once():
+    calls = []
+
+    def bug() -> None:
+        calls.append(1)
+        raise ValueError("not transient")
+
+    with pytest.raises(ValueError):
+        retry(bug, "x", LOG, give_up_s=10, pause_s=0.01)
+    assert len(calls) == 1
+
+
+def test_wait_for_times_out_with_what():
+    with pytest.raises(WaitTimeout, match="version 3 on the relay"):
+        wait_for(lambda: None, "version 3 on the relay", LOG, timeout_s=0.1, pause_s=0.02)
+
+
+def test_status_reporter_writes_counters(tmp_path):
+    with StatusReporter("worker", "worker-1", tmp_path, interval_s=0.05) as status:
+        status.set(state="generating", version=2, tokens_per_s=100)
+        status.add(rollouts=8)
+        status.add(rollouts=8)
+        status.event("joined pool")
+    read = RoleStatus.read_dir(tmp_path)["worker-1"]
+    assert read.state == "generating" and read.policy_version == 2
+    assert read.metrics["rollouts"] == 16 and read.events[-1].endswith("joined pool")
