@@ -1,9 +1,56 @@
-"""Config of the shardcast subsystem."""
+"""Config of the shardcast subsystem (weight distribution).
+
+Only numbers and names; imports no torch and no HTTP code, so a relay installs light.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
 
 from swarmrl.config.base import Section
 
 
 class ShardcastConfig(Section):
-    """Settings of `swarmrl.shardcast`."""
+    """Settings of `swarmrl.shardcast`: publishing, relaying and fetching policy versions."""
+
+    shard_size_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=4096,
+        description="Size of one shard in bytes; a file's last shard may be shorter.",
+    )
+    digest: Literal["blake3", "sha256"] = Field(
+        default="blake3", description="Hash used for shard digests and the root digest."
+    )
+    keep_versions: int = Field(
+        default=4, ge=1, description="How many ready versions a publisher, relay or client keeps."
+    )
+    keyframe_interval: int = Field(
+        default=8,
+        ge=1,
+        description="Every K-th version is a keyframe: full shards only, no delta from its parent.",
+    )
+    delta: bool = Field(
+        default=True, description="Publish a delta from the parent version (XOR, zstd)."
+    )
+    zstd_level: int = Field(default=3, ge=1, le=19, description="zstd level of delta blobs.")
+    parallel_downloads: int = Field(
+        default=8, ge=1, le=64, description="Shard downloads a client runs at once."
+    )
+    request_timeout_s: float = Field(
+        default=30.0, gt=0, description="Socket timeout of one HTTP request, seconds."
+    )
+    long_poll_timeout_s: float = Field(
+        default=25.0,
+        gt=0,
+        description="How long a version-notice long-poll is held open by the server, seconds.",
+    )
+    shard_wait_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long a relay holds a request for a shard still arriving before a 503.",
+    )
+    fetch_timeout_s: float = Field(
+        default=1800.0, gt=0, description="Deadline of one whole version fetch, seconds."
+    )

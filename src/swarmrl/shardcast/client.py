@@ -1,0 +1,300 @@
+"""Fetch signed weight versions from origins and relays into a local directory.
+
+``WeightClient(sources, publisher_key_hex, out_root).fetch("latest")`` returns the path of a
+ready checkpoint directory (``out_root/vNNNNNNNN``); ``wait_for_newer(timeout_s)`` blocks on
+the sources' long-poll until a newer version is announced. A fetch resolves the version,
+takes its manifest from the best source that serves a valid one (signed by a trusted
+publisher, the version asked for, not older than what is held), assembles the files in a
+partial directory (see ``assemble``), and renames it into place only once every shard is
+verified. Any failure removes the partial directory and raises: a ``PeerError`` when peers
+sent bad data, an ``InfraError`` when the network or the disk failed.
+
+Knows nothing about torch or how the worker loads the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.errors import PeerError, PeerUnavailable, ReplayedRequest, WaitTimeout
+from swarmrl.protocol.shardcast import Manifest, VersionList
+from swarmrl.shardcast import store
+from swarmrl.shardcast.assemble import Assembly, AssemblyReport, FileWriter
+from swarmrl.shardcast.manifest import parse_manifest, verify_manifest
+from swarmrl.shardcast.transport import Connections, SourcePool
+
+log = logging.getLogger(__name__)
+
+MANIFEST_LIMIT = 64 << 20
+HELD_HEADER = "X-Shardcast-Held-Version"
+CLIENT_HEADER = "X-Shardcast-Client"
+
+
+def parse_version_list(body: bytes) -> VersionList:
+    try:
+        return VersionList.model_validate_json(body)
+    except ValueError as exc:
+        raise PeerError(f"malformed version list: {str(exc).splitlines()[0]}") from exc
+
+
+def fetch_manifest(
+    pool: SourcePool,
+    conns: Connections,
+    version: int,
+    trusted: Sequence[str],
+    *,
+    held: int | None,
+    allow_rollback: bool,
+    timeout_s: float,
+) -> Manifest:
+    """The first valid manifest of ``version`` among the sources (bad ones are reported)."""
+    problems: list[str] = []
+    last_peer_error: PeerError | None = None
+    for url in pool.ordered():
+        try:
+            status, body = conns.get_bytes(url, f"/v/{version}/manifest", MANIFEST_LIMIT, timeout_s)
+        except OSError as exc:
+            pool.failure(url)
+            problems.append(f"{url}: {exc}")
+            continue
+        except Exception as exc:  # http.client.HTTPException: a broken answer
+            pool.failure(url)
+            problems.append(f"{url}: {exc}")
+            continue
+        if status != 200:
+            problems.append(f"{url}: HTTP {status}")
+            continue
+        try:
+            manifest = verify_manifest(
+                parse_manifest(body),
+                trusted,
+                expected_version=version,
+                held_version=held,
+                allow_rollback=allow_rollback,
+            )
+        except PeerError as exc:
+            pool.corrupt(url, version, "manifest", str(exc))
+            problems.append(f"{url}: {type(exc).__name__}: {exc}")
+            last_peer_error = exc
+            continue
+        return manifest
+    if last_peer_error is not None:
+        raise type(last_peer_error)(f"no valid manifest for v{version}: {'; '.join(problems)}")
+    raise PeerUnavailable(f"no source served the manifest of v{version}: {'; '.join(problems)}")
+
+
+class WeightClient:
+    """Fetches policy versions into ``out_root`` (see module docstring)."""
+
+    def __init__(
+        self,
+        sources: Sequence[str],
+        publisher_public_key_hex: str | Sequence[str],
+        out_root: str | Path,
+        config: ShardcastConfig | None = None,
+        *,
+        writer: FileWriter | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.config = config or ShardcastConfig()
+        keys = (
+            [publisher_public_key_hex]
+            if isinstance(publisher_public_key_hex, str)
+            else list(publisher_public_key_hex)
+        )
+        self.trusted = [k.lower() for k in keys]
+        self.out_root = Path(out_root)
+        self.out_root.mkdir(parents=True, exist_ok=True)
+        self.pool = SourcePool(list(sources))
+        self.client_id = client_id or uuid.uuid4().hex[:12]
+        self.conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.client_id})
+        self.writer = writer or FileWriter()
+        self.last_report: AssemblyReport | None = None
+
+    @property
+    def reports(self) -> list:
+        """Corrupt-data reports against sources (who served what, and why it was refused)."""
+        return list(self.pool.reports)
+
+    def held_version(self) -> int | None:
+        versions = store.ready_versions(self.out_root)
+        return versions[-1] if versions else None
+
+    def _headers(self) -> dict[str, str]:
+        held = self.held_version()
+        return {} if held is None else {HELD_HEADER: str(held)}
+
+    def latest_version(self) -> int:
+        """The highest version any reachable source lists."""
+        best: int | None = None
+        problems = []
+        for url in self.pool.urls:
+            try:
+                resp = self.conns.get(url, "/versions", self._headers())
+                body = resp.read(MANIFEST_LIMIT)
+                if resp.status != 200:
+                    raise OSError(f"HTTP {resp.status}")
+                latest = parse_version_list(body).latest
+            except (OSError, PeerError, Exception) as exc:  # noqa: B014 - any broken answer
+                problems.append(f"{url}: {exc}")
+                self.conns.drop(url)
+                continue
+            if latest is not None and (best is None or latest > best):
+                best = latest
+        if best is None:
+            raise PeerUnavailable(
+                f"no source lists any version ({'; '.join(problems) or 'all empty'})"
+            )
+        return best
+
+    def fetch(
+        self,
+        version: int | str = "latest",
+        *,
+        allow_rollback: bool = False,
+        timeout_s: float | None = None,
+    ) -> Path:
+        """Make ``version`` ready under ``out_root`` and return its directory."""
+        target = self.latest_version() if version == "latest" else int(version)
+        held = self.held_version()
+        if held is not None and target < held and not allow_rollback:
+            raise ReplayedRequest(
+                f"refusing rollback to v{target}: v{held} is already held (allow_rollback=True to go back)"
+            )
+        ready = store.ready_dir(self.out_root, target)
+        if store.manifest_path(ready).is_file():
+            return ready
+        deadline = time.monotonic() + (timeout_s or self.config.fetch_timeout_s)
+        manifest = fetch_manifest(
+            self.pool,
+            self.conns,
+            target,
+            self.trusted,
+            held=held,
+            allow_rollback=allow_rollback,
+            timeout_s=self.config.request_timeout_s,
+        )
+        path, self.last_report = install_version(
+            manifest, self.out_root, self.pool, self.conns, self.writer, self.config, deadline
+        )
+        store.prune(self.out_root, self.config.keep_versions, protect=frozenset({target}))
+        return path
+
+    def wait_for_newer(self, than: int | None = None, timeout_s: float = 60.0) -> int:
+        """Block until some source announces a version newer than ``than`` (default: held).
+
+        Raises :class:`WaitTimeout` after ``timeout_s`` seconds.
+        """
+        floor = self.held_version() if than is None else than
+        after = -1 if floor is None else floor
+        found: queue.Queue[int] = queue.Queue()
+        stop = threading.Event()
+        deadline = time.monotonic() + timeout_s
+
+        def watch(url: str) -> None:
+            conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.client_id})
+            while not stop.is_set() and time.monotonic() < deadline:
+                hold = max(0.1, min(self.config.long_poll_timeout_s, deadline - time.monotonic()))
+                try:
+                    resp = conns.get(
+                        url,
+                        f"/versions/wait?after={after}&timeout={hold:.2f}",
+                        self._headers(),
+                        timeout_s=hold + 10,
+                    )
+                    body = resp.read(MANIFEST_LIMIT)
+                    latest = parse_version_list(body).latest if resp.status == 200 else None
+                except (OSError, PeerError, Exception):  # noqa: B014 - retry any broken answer
+                    conns.close_all()
+                    stop.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+                    continue
+                if latest is not None and latest > after:
+                    found.put(latest)
+                    return
+            conns.close_all()
+
+        threads = [threading.Thread(target=watch, args=(u,), daemon=True) for u in self.pool.urls]
+        for thread in threads:
+            thread.start()
+        try:
+            return found.get(timeout=timeout_s)
+        except queue.Empty:
+            raise WaitTimeout(
+                f"no version newer than v{after} announced by {self.pool.urls} within {timeout_s:.1f}s"
+            ) from None
+        finally:
+            stop.set()
+
+    def fetch_newer(self, timeout_s: float = 60.0) -> Path:
+        """Wait for a newer version than the one held, then fetch the latest."""
+        self.wait_for_newer(timeout_s=timeout_s)
+        return self.fetch("latest")
+
+    def close(self) -> None:
+        self.conns.close_all()
+
+
+def install_version(
+    manifest: Manifest,
+    root: Path,
+    pool: SourcePool,
+    conns: Connections,
+    writer: FileWriter,
+    config: ShardcastConfig,
+    deadline: float,
+    *,
+    on_partial=None,
+    on_shard=lambda index: None,
+    on_delta=lambda index: None,
+) -> tuple[Path, AssemblyReport]:
+    """Assemble ``manifest`` under ``root`` and rename it ready; the partial dir never survives a failure."""
+    parent_dir, parent = None, None
+    if manifest.parent_version is not None:
+        candidate = store.ready_dir(root, manifest.parent_version)
+        if store.manifest_path(candidate).is_file():
+            parent_dir, parent = candidate, store.load_manifest(candidate)
+    partial = store.new_partial(root, manifest.version)
+    try:
+        if on_partial is not None:
+            on_partial(partial)
+        started = time.perf_counter()
+        report = Assembly(
+            manifest,
+            partial,
+            pool,
+            conns,
+            parent_dir=parent_dir,
+            parent=parent,
+            writer=writer,
+            parallel=config.parallel_downloads,
+            deadline=deadline,
+            on_shard=on_shard,
+            on_delta=on_delta,
+        ).run()
+        store.write_manifest(partial, manifest)
+        path = store.promote(partial, root, manifest.version)
+    except BaseException:
+        store.discard(partial)
+        raise
+    log.info(
+        "v%d ready in %.2fs: %s",
+        manifest.version,
+        time.perf_counter() - started,
+        json.dumps(
+            {
+                "reused": report.reused,
+                "delta": report.from_delta,
+                "downloaded": len(report.downloaded),
+                "network_bytes": report.network_bytes,
+            }
+        ),
+    )
+    return path, report

@@ -1,0 +1,331 @@
+"""The shardcast HTTP service (origin and relay alike) and a helper to run it in a thread.
+
+Routes::
+
+    GET /health                         {"status": "ok", "role": …, "latest": N}
+    GET /metrics                        Prometheus text format
+    GET /versions                       VersionList
+    GET /versions/wait?after=N&timeout=S   long-poll: answers as soon as a version > N is
+                                        known, or after S seconds with the current list
+    GET /clients                        the version each client last reported
+    GET /v/{version}/manifest           the signed manifest (JSON)
+    GET /v/{version}/shard/{index}      shard bytes; single-range ``Range`` supported
+    GET /v/{version}/delta/{index}      delta blob bytes; ``Range`` supported
+
+Clients report the version they hold with the ``X-Shardcast-Held-Version`` header (or the
+``held`` query parameter) and name themselves with ``X-Shardcast-Client``. A shard of a
+version still arriving is served as soon as it is verified; a request for one not yet here
+waits up to ``shard_wait_s`` and then gets ``503`` with ``Retry-After``.
+
+Knows nothing about signatures (what is in the catalog was verified before it got there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.errors import WaitTimeout
+from swarmrl.shardcast import store
+from swarmrl.shardcast.catalog import Catalog, ServedVersion
+
+SEND_CHUNK = 1 << 20
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``(start, end_exclusive)`` of a single ``bytes=`` range, ``None`` for the whole object.
+
+    Raises ``ValueError`` for a malformed or unsatisfiable range (answered with 416).
+    """
+    if not header:
+        return None
+    unit, _, spec = header.partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        raise ValueError(f"unsupported range {header!r}")
+    first, _, last = spec.strip().partition("-")
+    if first == "":
+        length = int(last)
+        if length <= 0:
+            raise ValueError("empty suffix range")
+        return max(0, size - length), size
+    start = int(first)
+    end = size if last == "" else min(int(last) + 1, size)
+    if start >= size or end <= start:
+        raise ValueError(f"range {header!r} outside 0..{size}")
+    return start, end
+
+
+class _FileSliceResponse(Response):
+    """Streams ``length`` bytes of an already open file from ``offset`` (closes the fd)."""
+
+    def __init__(
+        self,
+        fd: int,
+        offset: int,
+        length: int,
+        status: int,
+        headers: dict[str, str],
+        catalog: Catalog,
+    ) -> None:
+        super().__init__(status_code=status, headers=headers, media_type="application/octet-stream")
+        self.fd, self.offset, self.length, self.catalog = fd, offset, length, catalog
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            sent = 0
+            while sent < self.length:
+                want = min(SEND_CHUNK, self.length - sent)
+                data = await anyio.to_thread.run_sync(os.pread, self.fd, want, self.offset + sent)
+                if not data:
+                    break  # file shorter than the manifest says: the connection ends short
+                sent += len(data)
+                await send(
+                    {"type": "http.response.body", "body": data, "more_body": sent < self.length}
+                )
+            self.catalog.count("bytes_served_total", sent)
+        finally:
+            os.close(self.fd)
+
+
+def _client_report(request: Request, catalog: Catalog) -> None:
+    held_raw = request.headers.get("x-shardcast-held-version") or request.query_params.get("held")
+    client = request.headers.get("x-shardcast-client")
+    if client is None and request.client is not None:
+        client = request.client.host
+    try:
+        held = int(held_raw) if held_raw is not None else None
+    except ValueError:
+        held = None
+    if client:
+        catalog.report_client(client, held)
+
+
+def build_app(
+    catalog: Catalog,
+    config: ShardcastConfig | None = None,
+    role: str = "origin",
+    watch_disk: bool = False,
+) -> Starlette:
+    """The ASGI app over ``catalog``; ``watch_disk`` picks up versions another process publishes."""
+    cfg = config or ShardcastConfig()
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "role": role, "latest": catalog.latest()})
+
+    async def metrics(request: Request) -> Response:
+        lines = []
+        for name, value in sorted(catalog.counters.items()):
+            lines += [f"# TYPE shardcast_{name} counter", f"shardcast_{name} {value:g}"]
+        listing = catalog.version_list()
+        gauges = {
+            "latest_version": listing.latest if listing.latest is not None else -1,
+            "versions_complete": sum(v.complete for v in listing.versions),
+            "versions_arriving": sum(not v.complete for v in listing.versions),
+            "clients_reported": len(catalog.clients),
+            "clients_behind": catalog.clients_behind(),
+        }
+        for name, value in gauges.items():
+            lines += [f"# TYPE shardcast_{name} gauge", f"shardcast_{name} {value}"]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def versions(request: Request) -> Response:
+        _client_report(request, catalog)
+        return JSONResponse(catalog.version_list().model_dump(mode="json"))
+
+    async def versions_wait(request: Request) -> Response:
+        _client_report(request, catalog)
+        try:
+            after = int(request.query_params.get("after", "-1"))
+            hold = min(
+                float(request.query_params.get("timeout", cfg.long_poll_timeout_s)),
+                cfg.long_poll_timeout_s,
+            )
+        except ValueError:
+            return JSONResponse({"error": "after and timeout must be numbers"}, status_code=400)
+        deadline = time.monotonic() + max(0.0, hold)
+        while True:
+            latest = catalog.latest()
+            left = deadline - time.monotonic()
+            if (latest is not None and latest > after) or left <= 0:
+                return JSONResponse(catalog.version_list().model_dump(mode="json"))
+            await catalog.wait_change(left)
+
+    async def clients(request: Request) -> Response:
+        latest = catalog.latest()
+        body = {
+            cid: {
+                "held": c.held,
+                "behind": latest is not None and (c.held is None or c.held < latest),
+                "last_seen": c.last_seen,
+            }
+            for cid, c in list(catalog.clients.items())
+        }
+        return JSONResponse({"latest": latest, "clients": body})
+
+    def _entry(request: Request) -> ServedVersion | None:
+        return catalog.get(int(request.path_params["version"]))
+
+    async def manifest(request: Request) -> Response:
+        entry = _entry(request)
+        if entry is None:
+            return JSONResponse({"error": "unknown version"}, status_code=404)
+        catalog.count("manifests_served_total")
+        return Response(entry.manifest_json, media_type="application/json")
+
+    async def _serve_slice(request: Request, kind: str) -> Response:
+        version, index = int(request.path_params["version"]), int(request.path_params["index"])
+        deadline = time.monotonic() + cfg.shard_wait_s
+        while True:
+            entry = catalog.get(version)
+            if entry is None:
+                catalog.count(f"{kind}_not_found_total")
+                return JSONResponse({"error": f"unknown version {version}"}, status_code=404)
+            flags = entry.shard_ready if kind == "shard" else entry.delta_ready
+            if not 0 <= index < len(flags):
+                return JSONResponse({"error": f"no {kind} {index} in v{version}"}, status_code=404)
+            if flags[index]:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                catalog.count(f"{kind}_not_ready_total")
+                return JSONResponse(
+                    {"error": f"{kind} {index} of v{version} still arriving"},
+                    status_code=503,
+                    headers={"Retry-After": "1"},
+                )
+            await catalog.wait_change(left)
+        if kind == "shard":
+            owner = next(f for f in entry.manifest.files if f.shards[-1].index >= index)
+            shard = next(s for s in owner.shards if s.index == index)
+            rel, base, size = owner.path, shard.offset, shard.size
+        else:
+            rel, base, size = None, 0, entry.manifest.deltas[index].size
+        try:
+            span = parse_range(request.headers.get("range"), size)
+        except ValueError as exc:
+            return JSONResponse(
+                {"error": str(exc)}, status_code=416, headers={"Content-Range": f"bytes */{size}"}
+            )
+        start, end = span if span is not None else (0, size)
+        fd = None
+        for _ in range(2):  # the directory may be renamed (promoted) between lookup and open
+            entry = catalog.get(version) or entry
+            path = (
+                entry.directory / rel
+                if rel is not None
+                else store.delta_path(entry.directory, index)
+            )
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                break
+            except FileNotFoundError:
+                await asyncio.sleep(0.01)
+        if fd is None:
+            return JSONResponse({"error": f"{kind} {index} of v{version} is gone"}, status_code=404)
+        headers = {"Content-Length": str(end - start), "Accept-Ranges": "bytes"}
+        status = 200
+        if span is not None:
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        catalog.count(f"{kind}_requests_total")
+        return _FileSliceResponse(fd, base + start, end - start, status, headers, catalog)
+
+    async def shard(request: Request) -> Response:
+        return await _serve_slice(request, "shard")
+
+    async def delta(request: Request) -> Response:
+        return await _serve_slice(request, "delta")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        catalog.attach_loop(asyncio.get_running_loop())
+        task = None
+        if watch_disk:
+
+            async def watch() -> None:
+                while True:  # a local stat() loop; remote peers are told through long-polls
+                    await anyio.to_thread.run_sync(catalog.refresh)
+                    await asyncio.sleep(0.2)
+
+            task = asyncio.create_task(watch())
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    routes = [
+        Route("/health", health),
+        Route("/metrics", metrics),
+        Route("/versions", versions),
+        Route("/versions/wait", versions_wait),
+        Route("/clients", clients),
+        Route("/v/{version:int}/manifest", manifest),
+        Route("/v/{version:int}/shard/{index:int}", shard),
+        Route("/v/{version:int}/delta/{index:int}", delta),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+@dataclass
+class RunningServer:
+    """A uvicorn server running in a background thread of this process."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    url: str
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(timeout_s)
+
+
+def serve_in_thread(
+    app: Starlette, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 15.0
+) -> RunningServer:
+    """Start ``app`` on ``host:port`` (0 = ephemeral) and wait until it accepts connections."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"shardcast-{bound}"
+    )
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise WaitTimeout(
+                f"shardcast server on {host}:{bound} did not start within {timeout_s}s"
+            )
+        time.sleep(0.02)
+    return RunningServer(server, thread, f"http://{host}:{bound}")

@@ -1,0 +1,299 @@
+"""HTTP transport of the fetch side: source scoring, pooled connections, verified downloads.
+
+``download_object`` fetches one byte object (a shard or a delta blob) whose size and digest
+come from a signed manifest: it picks a source by weight, streams the body through the
+digest into a sink (``pwrite`` at offsets), resumes with ``Range`` from another source after
+a broken or truncated response, and on a digest mismatch penalises every source that
+contributed bytes, reports it, and starts over from a different source.
+
+Source weight (higher is chosen more often, chosen at random in proportion)::
+
+    weight = throughput_ewma_bytes_per_s × (successes + 1) / (successes + failures + 1)
+             × 0.05 ** corrupt_count
+
+Uses the standard library's ``http.client`` (its ``readinto`` moves bytes at socket speed).
+Knows nothing about manifests beyond a path, a size and a digest.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from swarmrl.errors import CorruptData, InfraError, PeerUnavailable, WaitTimeout
+from swarmrl.shardcast.manifest import new_hasher
+
+CHUNK = 1 << 20
+PRIOR_BPS = 100e6  # assumed throughput of a source never measured
+EWMA = 0.3
+
+
+class FetchAborted(Exception):
+    """Another part of the same fetch failed; this download stops quietly."""
+
+
+class DiskWriteError(InfraError):
+    """Writing received bytes to the local disk failed (full disk, I/O error)."""
+
+
+class ObjectMissing(PeerUnavailable):
+    """No source has this object (every one answered 404)."""
+
+
+@dataclass
+class CorruptReport:
+    """A source that served bytes not matching the signed digest (or a bad manifest)."""
+
+    source: str
+    version: int
+    what: str
+    reason: str
+    at: float = field(default_factory=time.time)
+
+
+@dataclass
+class SourceStats:
+    url: str
+    ewma_bps: float | None = None
+    successes: int = 0
+    failures: int = 0
+    corrupt: int = 0
+    bytes_ok: int = 0
+
+    def weight(self) -> float:
+        bps = self.ewma_bps if self.ewma_bps is not None else PRIOR_BPS
+        score = (self.successes + 1) / (self.successes + self.failures + 1)
+        return max(bps, 1.0) * score * (0.05**self.corrupt)
+
+
+class SourcePool:
+    """Thread-safe scores of the sources a fetch may use."""
+
+    def __init__(self, urls: list[str]) -> None:
+        if not urls:
+            raise ValueError("at least one source URL is needed")
+        self._lock = threading.Lock()
+        self.stats = {u.rstrip("/"): SourceStats(u.rstrip("/")) for u in urls}
+        self.reports: list[CorruptReport] = []
+        self._rng = random.Random()
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.stats)
+
+    def choose(self, exclude: set[str]) -> str | None:
+        with self._lock:
+            options = [s for u, s in self.stats.items() if u not in exclude]
+            if not options:
+                return None
+            return self._rng.choices(options, weights=[s.weight() for s in options])[0].url
+
+    def ordered(self) -> list[str]:
+        """Sources best first (for one-off requests such as manifests)."""
+        with self._lock:
+            return [s.url for s in sorted(self.stats.values(), key=lambda s: -s.weight())]
+
+    def success(self, url: str, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            stats = self.stats[url]
+            stats.successes += 1
+            stats.bytes_ok += nbytes
+            if nbytes >= 256 * 1024:  # small objects measure latency, not throughput
+                bps = nbytes / max(seconds, 1e-6)
+                stats.ewma_bps = (
+                    bps if stats.ewma_bps is None else EWMA * bps + (1 - EWMA) * stats.ewma_bps
+                )
+
+    def failure(self, url: str) -> None:
+        with self._lock:
+            self.stats[url].failures += 1
+
+    def corrupt(self, url: str, version: int, what: str, reason: str) -> None:
+        with self._lock:
+            self.stats[url].corrupt += 1
+            self.reports.append(CorruptReport(url, version, what, reason))
+
+
+class Connections:
+    """One keep-alive ``http.client`` connection per (thread, source)."""
+
+    def __init__(self, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+        self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
+        self._local = threading.local()
+
+    def _conn(self, url: str) -> http.client.HTTPConnection:
+        cache: dict[str, http.client.HTTPConnection] = self._local.__dict__.setdefault("c", {})
+        conn = cache.get(url)
+        if conn is None:
+            parts = urlsplit(url)
+            cls = (
+                http.client.HTTPSConnection
+                if parts.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            conn = cls(parts.hostname or "127.0.0.1", parts.port, timeout=self.timeout_s)
+            cache[url] = conn
+        return conn
+
+    def drop(self, url: str) -> None:
+        cache = self._local.__dict__.get("c", {})
+        conn = cache.pop(url, None)
+        if conn is not None:
+            conn.close()
+
+    def close_all(self) -> None:
+        for url in list(self._local.__dict__.get("c", {})):
+            self.drop(url)
+
+    def get(
+        self,
+        url: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> http.client.HTTPResponse:
+        """Send a GET and return the response (body unread). Network errors propagate."""
+        conn = self._conn(url)
+        conn.timeout = timeout_s or self.timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(conn.timeout)
+        base = urlsplit(url).path.rstrip("/")
+        try:
+            conn.request("GET", base + path, headers={**self.headers, **(headers or {})})
+            return conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            self.drop(url)
+            raise
+
+    def get_bytes(
+        self, url: str, path: str, limit: int, timeout_s: float | None = None
+    ) -> tuple[int, bytes]:
+        """Status and body (at most ``limit`` bytes) of a small GET."""
+        resp = self.get(url, path, timeout_s=timeout_s)
+        try:
+            length = int(resp.getheader("content-length") or -1)
+            if length > limit:
+                raise http.client.HTTPException(
+                    f"{url}{path}: body of {length} bytes exceeds {limit}"
+                )
+            body = resp.read(limit + 1)
+            if len(body) > limit:
+                raise http.client.HTTPException(f"{url}{path}: body exceeds {limit} bytes")
+            return resp.status, body
+        except (OSError, http.client.HTTPException):
+            self.drop(url)
+            raise
+
+
+Sink = Callable[[int, memoryview], None]
+
+
+def _expect_range(resp: http.client.HTTPResponse, start: int, size: int) -> None:
+    """Check a 200/206 answer covers exactly bytes [start, size) of the object."""
+    length = int(resp.getheader("content-length") or -1)
+    if resp.status == 206:
+        want = f"bytes {start}-{size - 1}/{size}"
+        if resp.getheader("content-range") != want or length != size - start:
+            raise http.client.HTTPException(f"bad range answer {resp.getheader('content-range')}")
+    elif resp.status == 200:
+        if start != 0 or length != size:
+            raise http.client.HTTPException(f"full answer of {length} bytes, want {size - start}")
+    else:
+        raise http.client.HTTPException(f"unexpected status {resp.status}")
+
+
+def download_object(
+    pool: SourcePool,
+    conns: Connections,
+    path: str,
+    size: int,
+    digest: str,
+    algorithm: str,
+    sink: Sink,
+    *,
+    version: int,
+    what: str,
+    deadline: float,
+    abort: threading.Event,
+    max_attempts: int,
+) -> None:
+    """Fetch ``path`` (``size`` bytes, signed ``digest``) into ``sink``; see module docstring."""
+    got, hasher = 0, new_hasher(algorithm)
+    contributors: set[str] = set()
+    excluded: set[str] = set()  # corrupt or missing for this object
+    attempts, last_error = 0, "no attempt made"
+    buf = memoryview(bytearray(min(CHUNK, max(size, 1))))
+    while True:
+        if abort.is_set():
+            raise FetchAborted
+        if time.monotonic() > deadline:
+            raise WaitTimeout(
+                f"v{version} {what}: deadline passed while downloading ({last_error})"
+            )
+        if got == size:
+            if hasher.hexdigest() == digest:
+                return
+            for url in contributors:
+                pool.corrupt(url, version, what, "digest mismatch")
+            excluded |= contributors
+            last_error = f"digest mismatch from {sorted(contributors)}"
+            got, hasher, contributors = 0, new_hasher(algorithm), set()
+            attempts += 1
+        if attempts >= max_attempts:
+            if "digest" in last_error:
+                raise CorruptData(
+                    f"v{version} {what}: no source served the signed bytes ({last_error})"
+                )
+            raise PeerUnavailable(
+                f"v{version} {what}: gave up after {attempts} tries ({last_error})"
+            )
+        url = pool.choose(excluded)
+        if url is None:
+            if any(pool.stats[u].corrupt for u in excluded):
+                raise CorruptData(
+                    f"v{version} {what}: every source served corrupt bytes ({last_error})"
+                )
+            raise ObjectMissing(f"v{version} {what}: no source has it ({last_error})")
+        started, before = time.monotonic(), got
+        try:
+            resp = conns.get(url, path, {"Range": f"bytes={got}-{size - 1}"} if got else None)
+            if resp.status == 404:
+                resp.read()
+                excluded.add(url)
+                last_error = f"{url}: 404"
+                continue
+            if resp.status == 503:  # still arriving at that relay: wait a little, no penalty
+                resp.read()
+                last_error = f"{url}: 503 not yet available"
+                time.sleep(min(float(resp.getheader("retry-after") or 0.2), 1.0))
+                continue
+            _expect_range(resp, got, size)
+            contributors.add(url)
+            while got < size:
+                if abort.is_set():
+                    conns.drop(url)
+                    raise FetchAborted
+                n = resp.readinto(buf[: min(len(buf), size - got)])
+                if not n:
+                    raise http.client.IncompleteRead(b"", size - got)
+                chunk = buf[:n]
+                hasher.update(chunk)
+                try:
+                    sink(got, chunk)
+                except OSError as exc:
+                    raise DiskWriteError(
+                        f"v{version} {what}: writing to disk failed: {exc}"
+                    ) from exc
+                got += n
+            pool.success(url, got - before, time.monotonic() - started)
+        except (OSError, http.client.HTTPException) as exc:
+            conns.drop(url)
+            pool.failure(url)
+            attempts += 1
+            last_error = f"{url}: {type(exc).__name__}: {exc}"
