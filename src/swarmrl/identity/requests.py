@@ -43,7 +43,9 @@ class OversizedRequest(PeerError):
     """A request body larger than the server accepts."""
 
 
-def request_message(method: str, path: str, body_digest: str, timestamp_ms: int, nonce: str) -> bytes:
+def request_message(
+    method: str, path: str, body_digest: str, timestamp_ms: int, nonce: str
+) -> bytes:
     """The exact bytes a request signature covers (``path`` includes ``?query`` if any)."""
     return "\n".join(
         ["swarmrl-request-v1", method.upper(), path, body_digest, str(timestamp_ms), nonce]

@@ -24,7 +24,7 @@ Severity = Literal["hard", "soft"]
 class Message(BaseModel):
     """Base of every wire message: unknown fields are refused."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Requirements(Message):
@@ -76,7 +76,9 @@ class PoolSpec(Message):
     lease_target_s: float = Field(30.0, gt=0, le=86400, description="work a lease should hold, s")
     lease_timeout_s: float = Field(120.0, gt=0, le=86400, description="lease deadline, s")
     max_leases_in_flight: int = Field(2, gt=0, le=64, description="open leases per node")
-    credit_lock_s: float = Field(3600.0, ge=0, description="credits stay locked this long, s")
+    credit_lock_s: float = Field(
+        3600.0, ge=0, le=1e9, description="credits stay locked this long, s"
+    )
 
 
 class PoolInfo(Message):
@@ -97,7 +99,7 @@ class Invite(Message):
 
     pool_id: str = Field(pattern=POOL_ID_PATTERN)
     invite_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="random; used once")
-    expires_at: float = Field(description="Unix seconds after which it is refused")
+    expires_at: float = Field(ge=0, le=1e11, description="Unix seconds after which it is refused")
     node_id: str | None = Field(
         None, pattern=NODE_ID, description="only this node may use it; None = any node"
     )
@@ -140,7 +142,9 @@ class NodeView(Message):
 
 class Heartbeat(Message):
     status: Literal["ok", "degraded", "error"] = Field(description="the node's own view")
-    model_version: int | None = Field(None, ge=0, description="loaded policy; None = none yet")
+    model_version: int | None = Field(
+        None, ge=0, lt=2**31, description="loaded policy; None = none yet"
+    )
     tokens_per_s: float | None = Field(None, ge=0, le=1e9, description="decode throughput")
     log_tail: list[str] = Field(
         default_factory=list, max_length=200, description="latest log lines, oldest first"
@@ -183,12 +187,12 @@ class LeaseReply(Message):
 class Sample(Message):
     """One completion. Shapes: ``prompt_tokens`` [P], ``output_tokens`` [T], ``logprobs`` [T]."""
 
-    task_index: int = Field(ge=0)
+    task_index: int = Field(ge=0, lt=2**40)
     prompt_tokens: list[int] = Field(max_length=1_000_000)
     output_tokens: list[int] = Field(max_length=1_000_000)
     logprobs: list[float] = Field(max_length=1_000_000, description="worker's, nats per token")
     finish_reason: FinishReason
-    policy_version: int = Field(ge=0, description="version that generated the tokens")
+    policy_version: int = Field(ge=0, lt=2**31, description="version that generated the tokens")
     proof: dict[str, Any] | str | None = Field(
         None, description="opaque proof bundle: JSON object or hex bytes; None = no proof"
     )
@@ -239,7 +243,7 @@ class Verdict(Message):
     accept: bool
     severity: Severity = Field("hard", description="for rejections: hard bans, soft drops one unit")
     reasons: list[str] = Field(default_factory=list, max_length=64)
-    measured_tokens: int = Field(ge=0, description="tokens the validator replayed")
+    measured_tokens: int = Field(ge=0, lt=2**62, description="tokens the validator replayed")
     behaviour_logprobs: list[list[float]] | None = Field(None, description="[n_samples][T_i]")
 
 
@@ -250,11 +254,13 @@ class VerdictReceipt(Message):
 
 
 class VersionUpdate(Message):
-    version: int = Field(ge=0, description="the trainer's current policy version")
+    version: int = Field(ge=0, lt=2**31, description="the trainer's current policy version")
 
 
 class BatchRequest(Message):
-    step: int = Field(ge=0, description="trainer step n; versions ≥ n − async_level are served")
+    step: int = Field(
+        ge=0, lt=2**31, description="trainer step n; versions ≥ n − async_level are served"
+    )
     limit: int = Field(64, gt=0, le=4096, description="most submissions to return")
 
 

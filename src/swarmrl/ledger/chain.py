@@ -1,0 +1,113 @@
+"""The contribution ledger: hash-chained entries signed by the orchestrator.
+
+Entry ``k`` is the canonical JSON object ``{seq, ts, kind, pool_id, node_id, body, prev_hash}``;
+``entry_hash = sha256(canonical_json(entry))`` and ``prev_hash`` of entry ``k`` is the
+``entry_hash`` of entry ``k − 1`` (64 zeros for the first). The orchestrator signs the ASCII bytes
+of ``entry_hash``. Changing, dropping, reordering or inserting any entry therefore breaks either
+a hash, the chain or a signature, and anyone holding the orchestrator's public key can check an
+export offline (``swarmrl.ledger.verify``).
+
+Entries are appended inside the caller's database transaction, so a ledger entry exists exactly
+when the state change it records was committed. One orchestrator process writes a ledger; this
+module knows nothing about pools beyond the entry kinds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from swarmrl.identity.keys import KeyPair, canonical_json, digest_hex
+
+GENESIS_HASH = "0" * 64
+EntryKind = Literal[
+    "pool_created",
+    "node_joined",
+    "submission",
+    "verdict",
+    "invalidation",
+    "slash",
+    "credit",
+]
+ENTRY_KINDS: tuple[str, ...] = EntryKind.__args__  # type: ignore[attr-defined]
+
+ledger_metadata = sa.MetaData()
+ledger_table = sa.Table(
+    "ledger",
+    ledger_metadata,
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("pool_id", sa.String(64), nullable=True),
+    sa.Column("node_id", sa.String(32), nullable=True, index=True),
+    sa.Column("body", sa.Text, nullable=False),  # canonical JSON, hashed byte for byte
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("entry_hash", sa.String(64), nullable=False),
+    sa.Column("signature", sa.String(128), nullable=False),
+)
+
+
+def entry_core(
+    seq: int, ts: float, kind: str, pool_id: str | None, node_id: str | None, body: Any, prev: str
+) -> dict[str, Any]:
+    """The hashed part of an entry."""
+    return {
+        "seq": seq,
+        "ts": ts,
+        "kind": kind,
+        "pool_id": pool_id,
+        "node_id": node_id,
+        "body": body,
+        "prev_hash": prev,
+    }
+
+
+def entry_hash(core: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of an entry's hashed part, hex."""
+    return digest_hex(canonical_json(core))
+
+
+class Ledger:
+    """Appends signed, chained entries through a SQLAlchemy connection."""
+
+    def __init__(self, signer: KeyPair) -> None:
+        self.signer = signer
+
+    def append(
+        self,
+        conn: sa.Connection,
+        kind: EntryKind,
+        body: dict[str, Any],
+        *,
+        pool_id: str | None = None,
+        node_id: str | None = None,
+        ts: float | None = None,
+    ) -> int:
+        """Append one entry inside ``conn``'s transaction; returns its sequence number."""
+        if kind not in ENTRY_KINDS:
+            raise ValueError(f"unknown ledger entry kind {kind!r}")
+        last = conn.execute(
+            sa.select(ledger_table.c.seq, ledger_table.c.entry_hash)
+            .order_by(ledger_table.c.seq.desc())
+            .limit(1)
+        ).first()
+        seq, prev = (0, GENESIS_HASH) if last is None else (last.seq + 1, last.entry_hash)
+        ts = round(time.time() if ts is None else ts, 6)
+        core = entry_core(seq, ts, kind, pool_id, node_id, body, prev)
+        digest = entry_hash(core)
+        conn.execute(
+            ledger_table.insert().values(
+                seq=seq,
+                ts=ts,
+                kind=kind,
+                pool_id=pool_id,
+                node_id=node_id,
+                body=canonical_json(body).decode(),
+                prev_hash=prev,
+                entry_hash=digest,
+                signature=self.signer.sign(digest.encode()),
+            )
+        )
+        return seq

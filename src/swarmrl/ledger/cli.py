@@ -1,0 +1,82 @@
+"""``swarmrl ledger``: export a ledger from its database and verify an export offline.
+
+``swarmrl ledger export --db URL --out FILE`` writes JSON Lines; ``swarmrl ledger verify FILE
+--orchestrator-key HEX`` checks every hash, link and signature, names the first bad entry, and
+prints per-node contributions. Exit status 0 = valid, 1 = tampered or invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from swarmrl.errors import MissingPathError
+from swarmrl.ledger.export import write_export
+from swarmrl.ledger.verify import verify_export
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarmrl ledger", description="the contribution ledger")
+    sub = parser.add_subparsers(dest="action", required=True)
+    exp = sub.add_parser("export", help="write the ledger of a database to a file")
+    exp.add_argument("--db", required=True, help="SQLAlchemy URL, e.g. sqlite:///run/pool.db")
+    exp.add_argument("--out", required=True, help="export file (JSON Lines)")
+    ver = sub.add_parser("verify", help="check an export offline")
+    ver.add_argument("file")
+    ver.add_argument("--orchestrator-key", required=True, help="orchestrator public key, hex")
+    return parser
+
+
+def main(verb: str, argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    console = Console()
+    if args.action == "export":
+        from swarmrl.pool.db import make_engine
+
+        count = write_export(make_engine(args.db), args.out)
+        console.print(f"exported {count} ledger entries to {args.out}")
+        return 0
+    try:
+        report = verify_export(args.file, args.orchestrator_key.strip().lower())
+    except OSError as exc:
+        raise MissingPathError(f"cannot read ledger export {args.file}: {exc}") from exc
+    table = Table(title="contributions per node")
+    for column in (
+        "node",
+        "submissions",
+        "accepted",
+        "soft",
+        "hard",
+        "credited",
+        "dropped",
+        "net tokens",
+        "reputation",
+    ):
+        table.add_column(column, justify="left" if column == "node" else "right")
+    for node, c in sorted(report.contributions.items(), key=lambda kv: -kv[1].net_tokens):
+        table.add_row(
+            node + (" (banned)" if c.banned else ""),
+            str(c.submissions),
+            str(c.accepted),
+            str(c.soft),
+            str(c.hard),
+            str(c.credited_tokens),
+            str(c.dropped_tokens),
+            str(c.net_tokens),
+            f"{c.reputation:.2f}",
+        )
+    console.print(table)
+    if report.ok:
+        console.print(
+            f"OK: {report.entries} entries, chain and signatures valid; "
+            f"last hash {report.last_hash}"
+        )
+        return 0
+    console.print(
+        f"INVALID: first bad {report.first_bad}: {report.reason} "
+        f"({report.entries} entries before it are valid)"
+    )
+    return 1

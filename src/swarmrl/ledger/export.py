@@ -1,0 +1,55 @@
+"""Reading ledger entries out of a database and writing export files.
+
+Knows the ledger table and the export format; knows nothing about pools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from swarmrl.ledger.chain import ledger_table
+from swarmrl.ledger.verify import export_lines
+
+
+def read_entries(engine: sa.Engine, last: int | None = None) -> list[dict[str, Any]]:
+    """Entries in sequence order (only the newest ``last`` if given), in export form."""
+    query = sa.select(ledger_table).order_by(
+        ledger_table.c.seq.desc() if last else ledger_table.c.seq
+    )
+    if last:
+        query = query.limit(last)
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    if last:
+        rows = rows[::-1]
+    return [
+        {
+            "seq": r.seq,
+            "ts": r.ts,
+            "kind": r.kind,
+            "pool_id": r.pool_id,
+            "node_id": r.node_id,
+            "body": json.loads(r.body),
+            "prev_hash": r.prev_hash,
+            "entry_hash": r.entry_hash,
+            "signature": r.signature,
+        }
+        for r in rows
+    ]
+
+
+def write_export(engine: sa.Engine, out: str | Path) -> int:
+    """Write every entry to ``out`` (JSON Lines, atomically); returns the entry count."""
+    entries = read_entries(engine)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries, round(time.time(), 3))))
+    os.replace(tmp, out)
+    return len(entries)

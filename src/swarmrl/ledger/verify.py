@@ -1,0 +1,158 @@
+"""Ledger export files and their offline verification.
+
+An export is JSON Lines: a header line ``{"format": "swarmrl-ledger-v1", "entries": N,
+"exported_at": t}`` then one canonical-JSON line per entry (the hashed part plus
+``entry_hash`` and ``signature``), in sequence order. :func:`verify_export` re-derives every hash,
+checks the chain and each ed25519 signature against the orchestrator key, insists each line is
+byte-for-byte canonical (so no byte can change without notice), and names the first bad entry.
+It also sums per-node contributions. Knows nothing about databases (see ``swarmrl.ledger.cli``).
+
+The header is not signed (an export needs no key): a cut at the very end of a file that also
+rewrites the header count goes unnoticed; compare ``last_hash`` with a trusted one to rule it out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarmrl.errors import BadSignature
+from swarmrl.identity.keys import canonical_json, verify_signature
+from swarmrl.ledger.chain import GENESIS_HASH, entry_core, entry_hash
+from swarmrl.ledger.reputation import reputation
+
+EXPORT_FORMAT = "swarmrl-ledger-v1"
+
+
+def export_lines(entries: list[dict[str, Any]], exported_at: float) -> list[bytes]:
+    """Canonical lines of an export (header first), each without its newline."""
+    header = {"format": EXPORT_FORMAT, "entries": len(entries), "exported_at": exported_at}
+    return [canonical_json(header)] + [canonical_json(e) for e in entries]
+
+
+@dataclass
+class Contribution:
+    """What the ledger says one node did."""
+
+    credited_tokens: int = 0
+    dropped_tokens: int = 0
+    submissions: int = 0
+    accepted: int = 0
+    soft: int = 0
+    hard: int = 0
+    banned: bool = False
+
+    @property
+    def net_tokens(self) -> int:
+        return self.credited_tokens - self.dropped_tokens
+
+    @property
+    def reputation(self) -> float:
+        return reputation(self.accepted, self.soft, self.hard, self.banned)
+
+
+@dataclass
+class VerifyReport:
+    ok: bool
+    entries: int
+    first_bad: str | None = None  # "header", or "entry <seq> (line <n>)"
+    reason: str = ""
+    last_hash: str = GENESIS_HASH
+    contributions: dict[str, Contribution] = field(default_factory=dict)
+
+
+def _tally(contrib: dict[str, Contribution], entry: dict[str, Any]) -> None:
+    node, kind, body = entry.get("node_id"), entry["kind"], entry["body"]
+    if node is None:
+        return
+    c = contrib.setdefault(node, Contribution())
+    if kind == "submission":
+        c.submissions += 1
+    elif kind == "credit":
+        c.credited_tokens += int(body.get("tokens", 0))
+    elif kind == "slash":
+        c.dropped_tokens += int(body.get("dropped_tokens", 0))
+    elif kind == "verdict" and body.get("accept"):
+        c.accepted += 1
+    elif kind == "invalidation":
+        if body.get("severity") == "hard":
+            c.hard += 1
+            c.banned = True
+        else:
+            c.soft += 1
+
+
+def _check_entry(
+    raw: bytes, expected_seq: int, prev: str, orchestrator_key: str
+) -> tuple[dict[str, Any] | None, str]:
+    """Parse and check one line; returns (entry, "") or (None, reason)."""
+    try:
+        entry = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not JSON ({exc})"
+    if not isinstance(entry, dict):
+        return None, "not a JSON object"
+    keys = {"seq", "ts", "kind", "pool_id", "node_id", "body", "prev_hash", "entry_hash"}
+    if set(entry) != keys | {"signature"}:
+        return None, f"fields {sorted(entry)} are not the ledger entry fields"
+    if canonical_json(entry) != raw:
+        return None, "line is not canonical JSON (bytes were altered)"
+    if entry["seq"] != expected_seq:
+        return None, f"sequence number {entry['seq']!r}, expected {expected_seq}"
+    if entry["prev_hash"] != prev:
+        return None, "prev_hash does not match the previous entry's hash (chain broken)"
+    core = entry_core(
+        *(entry[k] for k in ("seq", "ts", "kind", "pool_id", "node_id", "body")), prev
+    )
+    if entry_hash(core) != entry["entry_hash"]:
+        return None, "entry_hash does not match the entry's content"
+    try:
+        verify_signature(orchestrator_key, str(entry["entry_hash"]).encode(), entry["signature"])
+    except BadSignature as exc:
+        return None, f"orchestrator signature invalid ({exc})"
+    return entry, ""
+
+
+def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
+    """Verify an export given as lines (without newlines); see the module docstring."""
+    if not lines:
+        return VerifyReport(False, 0, "header", "empty file")
+    try:
+        header = json.loads(lines[0])
+    except (ValueError, UnicodeDecodeError) as exc:
+        return VerifyReport(False, 0, "header", f"header is not JSON ({exc})")
+    if not isinstance(header, dict) or canonical_json(header) != lines[0]:
+        return VerifyReport(False, 0, "header", "header is not canonical JSON")
+    if header.get("format") != EXPORT_FORMAT:
+        return VerifyReport(False, 0, "header", f"format {header.get('format')!r} unknown")
+    report = VerifyReport(True, 0)
+    for line_no, raw in enumerate(lines[1:], start=2):
+        entry, reason = _check_entry(raw, report.entries, report.last_hash, orchestrator_key)
+        if entry is None:
+            report.ok, report.reason = False, reason
+            report.first_bad = f"entry {report.entries} (line {line_no})"
+            return report
+        _tally(report.contributions, entry)
+        report.entries += 1
+        report.last_hash = entry["entry_hash"]
+    if header.get("entries") != report.entries:
+        report.ok, report.first_bad = False, "header"
+        report.reason = (
+            f"header says {header.get('entries')!r} entries, file holds {report.entries}"
+        )
+    return report
+
+
+def verify_export(path: str | Path, orchestrator_key: str) -> VerifyReport:
+    """Verify an export file; a missing final newline or stray bytes count as tampering."""
+    data = Path(path).read_bytes()
+    if not data.endswith(b"\n"):
+        lines = data.split(b"\n")
+        report = verify_lines(lines, orchestrator_key)
+        if report.ok:
+            report.ok, report.first_bad = False, f"entry {report.entries - 1} (line {len(lines)})"
+            report.reason = "file does not end with a newline (bytes were altered)"
+        return report
+    return verify_lines(data[:-1].split(b"\n"), orchestrator_key)

@@ -1,0 +1,281 @@
+"""The orchestrator's HTTP API (FastAPI): routes, request authentication, error mapping.
+
+Every state-changing route needs a signed request (``swarmrl.identity.requests``); the signer's
+key decides the role: any key may act as a node, the pool's validator keys post verdicts, and the
+orchestrator key or the pool owner key is admin (pool creation needs the orchestrator key). All
+database work runs on one dedicated thread, in arrival order, so SQLite never sees concurrent
+writers and no two operations race. Bodies over the size cap are refused before they are parsed.
+
+Knows nothing about how the pool rules are implemented (``swarmrl.pool.service`` / ``work``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+
+from swarmrl import __version__
+from swarmrl.errors import BadSignature, PeerError, ReplayedRequest
+from swarmrl.identity.requests import OversizedRequest, RequestVerifier, SignedRequest
+from swarmrl.ledger.export import read_entries
+from swarmrl.pool import service, work
+from swarmrl.pool.db import DbNonceStore
+from swarmrl.pool.rejections import Rejected, Unauthorized
+from swarmrl.pool.service import Context
+from swarmrl.protocol.pool import (
+    BatchReply,
+    BatchRequest,
+    ClaimReply,
+    ClaimRequest,
+    ErrorReply,
+    Heartbeat,
+    HeartbeatReply,
+    InvalidateRequest,
+    JoinRequest,
+    LeaseReply,
+    NodeLogs,
+    NodeView,
+    PoolInfo,
+    PoolMetrics,
+    PoolSpec,
+    Submission,
+    SubmissionReceipt,
+    Verdict,
+    VerdictReceipt,
+    VersionUpdate,
+)
+
+log = logging.getLogger("swarmrl.pool")
+T = TypeVar("T")
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorReply} for code in (400, 401, 403, 404, 409, 410, 413, 422)
+}
+
+
+class BodyLimit:
+    """ASGI middleware: read the whole body up to ``limit`` bytes, answer 413 beyond it."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                detail = f"request body exceeds the limit of {self.limit} bytes"
+                await JSONResponse({"error": "OversizedRequest", "detail": detail}, 413)(
+                    scope, receive, send
+                )
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _status_of(exc: PeerError) -> int:
+    if isinstance(exc, Rejected):
+        return exc.status
+    if isinstance(exc, OversizedRequest):
+        return 413
+    if isinstance(exc, BadSignature | ReplayedRequest):
+        return 401
+    return 400
+
+
+def build_app(ctx: Context) -> FastAPI:
+    """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper."""
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-db")
+    verifier = RequestVerifier(
+        DbNonceStore(ctx.engine),
+        window_s=ctx.config.request_window_s,
+        max_body_bytes=ctx.config.max_body_bytes,
+    )
+
+    async def on_db(fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    async def sweeper() -> None:
+        while True:
+            await asyncio.sleep(ctx.config.sweep_interval_s)
+            try:
+                await on_db(service.sweep, ctx)
+            except Exception:  # the sweeper must outlive one bad pass; the error is logged
+                log.exception("pool sweep failed; retrying next period")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(sweeper())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            executor.shutdown(wait=True)
+
+    app = FastAPI(
+        title="swarmrl orchestrator",
+        version=__version__,
+        lifespan=lifespan,
+        description=(
+            "Compute pool protocol. Signed routes need the headers X-Swarm-Key, "
+            "X-Swarm-Timestamp, X-Swarm-Nonce and X-Swarm-Signature (swarmrl.identity.requests)."
+        ),
+    )
+    app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
+
+    @app.exception_handler(PeerError)
+    async def _peer_error(_: Request, exc: PeerError) -> JSONResponse:
+        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, _status_of(exc))
+
+    async def signed(request: Request) -> SignedRequest:
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        query = request.scope.get("query_string", b"")
+        path = (raw + (b"?" + query if query else b"")).decode("latin-1")
+        body = await request.body()
+        return await on_db(verifier.verify, request.method, path, body, request.headers)
+
+    async def admin(pool_id: str, who: SignedRequest) -> None:
+        def check() -> None:
+            with ctx.engine.connect() as conn:
+                if not ctx.is_admin(conn, pool_id, who.public_key.hex):
+                    raise Unauthorized("admin route: sign with the orchestrator or pool owner key")
+
+        await on_db(check)
+
+    # --- public ---------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Liveness and the orchestrator's public key (which signs the ledger)."""
+        return {"ok": True, "orchestrator_key": ctx.key.public_key_hex, "version": __version__}
+
+    @app.get("/pools", response_model=list[PoolInfo])
+    async def pools() -> list[PoolInfo]:
+        return await on_db(service.list_pools, ctx)
+
+    @app.get("/pools/{pool_id}", response_model=PoolInfo, responses=ERRORS)
+    async def pool(pool_id: str) -> PoolInfo:
+        return await on_db(service.get_pool, ctx, pool_id)
+
+    # --- orchestrator admin ----------------------------------------------------------------
+
+    @app.post("/pools", response_model=PoolInfo, responses=ERRORS)
+    async def create_pool(spec: PoolSpec, who: SignedRequest = Depends(signed)) -> PoolInfo:
+        if who.public_key.hex != ctx.key.public_key_hex:
+            raise Unauthorized("creating a pool needs the orchestrator key")
+        return await on_db(service.create_pool, ctx, spec)
+
+    # --- nodes -----------------------------------------------------------------------------
+
+    @app.post("/pools/{pool_id}/join", response_model=NodeView, responses=ERRORS)
+    async def join(
+        pool_id: str, req: JoinRequest, who: SignedRequest = Depends(signed)
+    ) -> NodeView:
+        return await on_db(service.join, ctx, pool_id, who.public_key.hex, who.node_id, req)
+
+    @app.post("/pools/{pool_id}/heartbeat", response_model=HeartbeatReply, responses=ERRORS)
+    async def heartbeat(
+        pool_id: str, beat: Heartbeat, who: SignedRequest = Depends(signed)
+    ) -> HeartbeatReply:
+        return await on_db(service.heartbeat, ctx, pool_id, who.node_id, beat)
+
+    @app.post("/pools/{pool_id}/lease", response_model=LeaseReply, responses=ERRORS)
+    async def lease(pool_id: str, who: SignedRequest = Depends(signed)) -> LeaseReply:
+        return await on_db(work.lease, ctx, pool_id, who.node_id)
+
+    @app.post("/pools/{pool_id}/submissions", response_model=SubmissionReceipt, responses=ERRORS)
+    async def submit(
+        pool_id: str, sub: Submission, who: SignedRequest = Depends(signed)
+    ) -> SubmissionReceipt:
+        return await on_db(work.submit, ctx, pool_id, who, sub)
+
+    # --- validators ------------------------------------------------------------------------
+
+    @app.post("/pools/{pool_id}/validation/claim", response_model=ClaimReply, responses=ERRORS)
+    async def claim(
+        pool_id: str, req: ClaimRequest, who: SignedRequest = Depends(signed)
+    ) -> ClaimReply:
+        subs = await on_db(work.claim, ctx, pool_id, who.public_key.hex, req.limit)
+        return ClaimReply(submissions=subs)
+
+    @app.post("/pools/{pool_id}/verdicts", response_model=VerdictReceipt, responses=ERRORS)
+    async def verdict(
+        pool_id: str, v: Verdict, who: SignedRequest = Depends(signed)
+    ) -> VerdictReceipt:
+        return await on_db(work.record_verdict, ctx, pool_id, who.public_key.hex, v)
+
+    # --- trainer and pool admin ------------------------------------------------------------
+
+    @app.post("/pools/{pool_id}/version", response_model=VersionUpdate, responses=ERRORS)
+    async def set_version(
+        pool_id: str, update: VersionUpdate, who: SignedRequest = Depends(signed)
+    ) -> VersionUpdate:
+        await admin(pool_id, who)
+        return VersionUpdate(version=await on_db(work.set_version, ctx, pool_id, update.version))
+
+    @app.post("/pools/{pool_id}/batches", response_model=BatchReply, responses=ERRORS)
+    async def batch(
+        pool_id: str, req: BatchRequest, who: SignedRequest = Depends(signed)
+    ) -> BatchReply:
+        await admin(pool_id, who)
+        return await on_db(work.take_batch, ctx, pool_id, req.step, req.limit)
+
+    @app.get("/pools/{pool_id}/nodes", response_model=list[NodeView], responses=ERRORS)
+    async def nodes(pool_id: str, who: SignedRequest = Depends(signed)) -> list[NodeView]:
+        await admin(pool_id, who)
+        return await on_db(service.list_nodes, ctx, pool_id)
+
+    @app.get("/pools/{pool_id}/nodes/{node_id}/logs", response_model=NodeLogs, responses=ERRORS)
+    async def logs(pool_id: str, node_id: str, who: SignedRequest = Depends(signed)) -> NodeLogs:
+        await admin(pool_id, who)
+        return await on_db(service.node_logs, ctx, pool_id, node_id)
+
+    @app.post(
+        "/pools/{pool_id}/nodes/{node_id}/invalidate", response_model=NodeView, responses=ERRORS
+    )
+    async def invalidate(
+        pool_id: str, node_id: str, req: InvalidateRequest, who: SignedRequest = Depends(signed)
+    ) -> NodeView:
+        await admin(pool_id, who)
+        return await on_db(
+            service.invalidate, ctx, pool_id, node_id, req.severity, req.reason, req.submission_id
+        )
+
+    @app.get("/pools/{pool_id}/metrics", response_model=PoolMetrics, responses=ERRORS)
+    async def pool_metrics(pool_id: str, who: SignedRequest = Depends(signed)) -> PoolMetrics:
+        await admin(pool_id, who)
+        return await on_db(service.metrics, ctx, pool_id)
+
+    @app.get("/ledger/head")
+    async def ledger_head(limit: int = Query(20, ge=1, le=1000)) -> list[dict[str, Any]]:
+        """The latest ledger entries (public: the ledger is meant to be auditable)."""
+
+        return await on_db(read_entries, ctx.engine, limit)
+
+    return app

@@ -1,0 +1,110 @@
+"""``swarmrl orchestrator`` (run the pool service) and ``swarmrl pool`` (invites, pool creation).
+
+    swarmrl orchestrator --key orch.json [--db URL] [--store DIR|URL] [--run-dir DIR]
+                         [--host 127.0.0.1] [--port 8600] [--pool spec.json …] [--set k=v …]
+    swarmrl pool invite --key owner.json --pool ID [--expires-in 86400] [--node NODE_ID] [--out F]
+    swarmrl pool create --url URL --key orch.json --spec spec.json
+
+Knows only argument parsing; the work is in ``swarmrl.pool.server`` and the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from swarmrl.config.load import parse_override
+from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import ConfigError, MissingPathError, UserError
+from swarmrl.identity.keys import load_keypair
+from swarmrl.protocol.pool import PoolSpec
+
+
+def _read_spec(path: str) -> PoolSpec:
+    file = Path(path)
+    if not file.is_file():
+        raise MissingPathError(f"pool spec not found: {path}")
+    try:
+        return PoolSpec.model_validate_json(file.read_text())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"pool spec {path}: {where}: {first['msg']}") from exc
+
+
+def _orchestrator(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="swarmrl orchestrator", description="run the pool service"
+    )
+    parser.add_argument("--key", required=True, help="orchestrator key file (signs the ledger)")
+    parser.add_argument("--db", default="", help="SQLAlchemy URL (default: SQLite in --run-dir)")
+    parser.add_argument("--store", default="", help="rollout dir or fsspec URL (default: run dir)")
+    parser.add_argument("--run-dir", default="runs/orchestrator", help="default db/store home")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8600, help="0 = any free port")
+    parser.add_argument("--port-file", default=None, help="write the bound port here")
+    parser.add_argument("--pool", action="append", default=[], help="pool spec JSON to host")
+    parser.add_argument("--set", action="append", default=[], help="pool config key=value")
+    args = parser.parse_args(list(argv))
+    overrides: dict[str, object] = {}
+    for item in args.set:
+        overrides.update(parse_override(item))
+    try:
+        config = PoolConfig(**{**overrides, "db_url": args.db, "store_url": args.store})
+    except ValidationError as exc:
+        raise ConfigError(f"pool config: {exc.errors()[0]['msg']}") from exc
+    from swarmrl.pool import service
+    from swarmrl.pool.rejections import Conflict
+    from swarmrl.pool.server import make_context, serve_forever
+
+    ctx = make_context(load_keypair(args.key), args.run_dir, config)
+    for path in args.pool:
+        try:
+            service.create_pool(ctx, _read_spec(path))
+        except Conflict:
+            pass  # already hosted (restart): its state comes back from the database
+    serve_forever(ctx, args.host, args.port, args.port_file)
+    return 0
+
+
+def _pool(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="swarmrl pool", description="pool administration")
+    sub = parser.add_subparsers(dest="action", required=True)
+    inv = sub.add_parser("invite", help="sign a single-use invite offline with the owner key")
+    inv.add_argument("--key", required=True, help="pool owner key file")
+    inv.add_argument("--pool", required=True, help="pool id")
+    inv.add_argument("--expires-in", type=float, default=86400.0, help="seconds of validity")
+    inv.add_argument("--node", default=None, help="only this node id may use it")
+    inv.add_argument("--out", default=None, help="write the invite JSON here (else stdout)")
+    create = sub.add_parser("create", help="create a pool on a running orchestrator")
+    create.add_argument("--url", required=True)
+    create.add_argument("--key", required=True, help="orchestrator key file")
+    create.add_argument("--spec", required=True, help="pool spec JSON")
+    args = parser.parse_args(list(argv))
+    if args.action == "invite":
+        from swarmrl.pool.invites import make_invite
+
+        if args.expires_in <= 0:
+            raise UserError("--expires-in must be positive")
+        invite = make_invite(load_keypair(args.key), args.pool, args.expires_in, args.node)
+        text = invite.model_dump_json(indent=2)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+            print(f"invite {invite.invite_id} to pool {args.pool} written to {args.out}")
+        else:
+            print(text)
+        return 0
+    from swarmrl.pool.client import PoolClient
+
+    with PoolClient(args.url, load_keypair(args.key)) as client:
+        info = client.create_pool(_read_spec(args.spec))
+    print(json.dumps(info.model_dump(mode="json"), indent=2))
+    return 0
+
+
+def main(verb: str, argv: Sequence[str]) -> int:
+    return _orchestrator(argv) if verb == "orchestrator" else _pool(argv)

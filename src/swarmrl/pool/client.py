@@ -1,0 +1,272 @@
+"""Clients of the orchestrator API for nodes, validators and the trainer.
+
+``PoolClient(url, keypair)`` is synchronous, ``AsyncPoolClient(url, keypair)`` the same calls
+as coroutines. Every request is signed (``swarmrl.identity.requests``) and bounded by
+``timeout_s``. A refusal (4xx) raises :class:`RequestRefused` with the server's reason; no answer
+in time or a 5xx raises :class:`swarmrl.errors.PeerUnavailable` naming the call.
+Knows the wire types, nothing about how the orchestrator decides.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from swarmrl.errors import PeerUnavailable, SwarmError
+from swarmrl.identity.keys import KeyPair
+from swarmrl.identity.requests import sign_request
+from swarmrl.protocol.pool import (
+    BatchReply,
+    BatchRequest,
+    ClaimReply,
+    ClaimRequest,
+    Heartbeat,
+    HeartbeatReply,
+    InvalidateRequest,
+    Invite,
+    JoinRequest,
+    LeaseReply,
+    NodeLogs,
+    NodeMetadata,
+    NodeView,
+    PendingSubmission,
+    PoolInfo,
+    PoolMetrics,
+    PoolSpec,
+    Submission,
+    SubmissionReceipt,
+    Verdict,
+    VerdictReceipt,
+    VersionUpdate,
+)
+
+T = TypeVar("T")
+_NODES = TypeAdapter(list[NodeView])
+_POOLS = TypeAdapter(list[PoolInfo])
+
+
+class RequestRefused(SwarmError):
+    """The orchestrator refused a request (HTTP 4xx); ``detail`` says why."""
+
+    def __init__(self, status: int, error: str, detail: str, call: str) -> None:
+        super().__init__(f"{call}: {status} {error}: {detail}")
+        self.status, self.error, self.detail = status, error, detail
+
+
+class _Base:
+    def __init__(self, url: str, keypair: KeyPair, timeout_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.keypair = keypair
+        self.timeout_s = timeout_s
+
+    def _prepare(
+        self, method: str, path: str, payload: BaseModel | None
+    ) -> tuple[str, bytes, dict[str, str]]:
+        body = b"" if payload is None else payload.model_dump_json().encode()
+        headers = sign_request(self.keypair, method, path, body)
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        return self.url + path, body, headers
+
+    def _parse(self, call: str, response: httpx.Response, adapter: Any) -> Any:
+        if response.status_code >= 500:
+            raise PeerUnavailable(f"orchestrator {self.url} failed {call}: {response.status_code}")
+        if response.status_code >= 400:
+            try:
+                data = response.json()
+            except json.JSONDecodeError:
+                data = {}
+            detail = data.get("detail", response.text[:500]) if isinstance(data, dict) else data
+            error = data.get("error", "") if isinstance(data, dict) else ""
+            raise RequestRefused(response.status_code, error, str(detail), call)
+        if adapter is None:
+            return response.json()
+        if isinstance(adapter, TypeAdapter):
+            return adapter.validate_json(response.content)
+        return adapter.model_validate_json(response.content)
+
+
+class PoolClient(_Base):
+    """Synchronous client; see the module docstring."""
+
+    def __init__(self, url: str, keypair: KeyPair, timeout_s: float = 30.0) -> None:
+        super().__init__(url, keypair, timeout_s)
+        self._http = httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, payload: BaseModel | None, adapter: Any) -> Any:
+        url, body, headers = self._prepare(method, path, payload)
+        call = f"{method} {path}"
+        try:
+            response = self._http.request(method, url, content=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise PeerUnavailable(
+                f"{call}: no answer from {self.url} in {self.timeout_s} s"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise PeerUnavailable(f"{call}: cannot reach {self.url}: {exc}") from exc
+        return self._parse(call, response, adapter)
+
+    # public
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/health", None, None)
+
+    def pools(self) -> list[PoolInfo]:
+        return self._call("GET", "/pools", None, _POOLS)
+
+    def pool(self, pool_id: str) -> PoolInfo:
+        return self._call("GET", f"/pools/{pool_id}", None, PoolInfo)
+
+    def ledger_head(self, limit: int = 20) -> list[dict[str, Any]]:
+        return self._call("GET", f"/ledger/head?limit={limit}", None, None)
+
+    # orchestrator admin
+    def create_pool(self, spec: PoolSpec) -> PoolInfo:
+        return self._call("POST", "/pools", spec, PoolInfo)
+
+    # node
+    def join(self, pool_id: str, metadata: NodeMetadata, invite: Invite | None = None) -> NodeView:
+        req = JoinRequest(metadata=metadata, invite=invite)
+        return self._call("POST", f"/pools/{pool_id}/join", req, NodeView)
+
+    def heartbeat(self, pool_id: str, beat: Heartbeat) -> HeartbeatReply:
+        return self._call("POST", f"/pools/{pool_id}/heartbeat", beat, HeartbeatReply)
+
+    def lease(self, pool_id: str) -> LeaseReply:
+        return self._call("POST", f"/pools/{pool_id}/lease", None, LeaseReply)
+
+    def submit(self, pool_id: str, submission: Submission) -> SubmissionReceipt:
+        return self._call("POST", f"/pools/{pool_id}/submissions", submission, SubmissionReceipt)
+
+    # validator
+    def claim(self, pool_id: str, limit: int = 8) -> list[PendingSubmission]:
+        req = ClaimRequest(limit=limit)
+        return self._call("POST", f"/pools/{pool_id}/validation/claim", req, ClaimReply).submissions
+
+    def verdict(self, pool_id: str, verdict: Verdict) -> VerdictReceipt:
+        return self._call("POST", f"/pools/{pool_id}/verdicts", verdict, VerdictReceipt)
+
+    # trainer and pool admin
+    def set_version(self, pool_id: str, version: int) -> int:
+        req = VersionUpdate(version=version)
+        return self._call("POST", f"/pools/{pool_id}/version", req, VersionUpdate).version
+
+    def batch(self, pool_id: str, step: int, limit: int = 64) -> BatchReply:
+        req = BatchRequest(step=step, limit=limit)
+        return self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply)
+
+    def nodes(self, pool_id: str) -> list[NodeView]:
+        return self._call("GET", f"/pools/{pool_id}/nodes", None, _NODES)
+
+    def node_logs(self, pool_id: str, node_id: str) -> NodeLogs:
+        return self._call("GET", f"/pools/{pool_id}/nodes/{node_id}/logs", None, NodeLogs)
+
+    def invalidate(self, pool_id: str, node_id: str, req: InvalidateRequest) -> NodeView:
+        path = f"/pools/{pool_id}/nodes/{node_id}/invalidate"
+        return self._call("POST", path, req, NodeView)
+
+    def metrics(self, pool_id: str) -> PoolMetrics:
+        return self._call("GET", f"/pools/{pool_id}/metrics", None, PoolMetrics)
+
+
+class AsyncPoolClient(_Base):
+    """The calls of :class:`PoolClient` as coroutines (one shared connection pool)."""
+
+    def __init__(self, url: str, keypair: KeyPair, timeout_s: float = 30.0) -> None:
+        super().__init__(url, keypair, timeout_s)
+        self._http = httpx.AsyncClient(
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncPoolClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, payload: BaseModel | None, adapter: Any) -> Any:
+        url, body, headers = self._prepare(method, path, payload)
+        call = f"{method} {path}"
+        try:
+            response = await self._http.request(method, url, content=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise PeerUnavailable(
+                f"{call}: no answer from {self.url} in {self.timeout_s} s"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise PeerUnavailable(f"{call}: cannot reach {self.url}: {exc}") from exc
+        return self._parse(call, response, adapter)
+
+    async def health(self) -> dict[str, Any]:
+        return await self._call("GET", "/health", None, None)
+
+    async def pools(self) -> list[PoolInfo]:
+        return await self._call("GET", "/pools", None, _POOLS)
+
+    async def pool(self, pool_id: str) -> PoolInfo:
+        return await self._call("GET", f"/pools/{pool_id}", None, PoolInfo)
+
+    async def ledger_head(self, limit: int = 20) -> list[dict[str, Any]]:
+        return await self._call("GET", f"/ledger/head?limit={limit}", None, None)
+
+    async def create_pool(self, spec: PoolSpec) -> PoolInfo:
+        return await self._call("POST", "/pools", spec, PoolInfo)
+
+    async def join(
+        self, pool_id: str, metadata: NodeMetadata, invite: Invite | None = None
+    ) -> NodeView:
+        req = JoinRequest(metadata=metadata, invite=invite)
+        return await self._call("POST", f"/pools/{pool_id}/join", req, NodeView)
+
+    async def heartbeat(self, pool_id: str, beat: Heartbeat) -> HeartbeatReply:
+        return await self._call("POST", f"/pools/{pool_id}/heartbeat", beat, HeartbeatReply)
+
+    async def lease(self, pool_id: str) -> LeaseReply:
+        return await self._call("POST", f"/pools/{pool_id}/lease", None, LeaseReply)
+
+    async def submit(self, pool_id: str, submission: Submission) -> SubmissionReceipt:
+        path = f"/pools/{pool_id}/submissions"
+        return await self._call("POST", path, submission, SubmissionReceipt)
+
+    async def claim(self, pool_id: str, limit: int = 8) -> list[PendingSubmission]:
+        path, req = f"/pools/{pool_id}/validation/claim", ClaimRequest(limit=limit)
+        return (await self._call("POST", path, req, ClaimReply)).submissions
+
+    async def verdict(self, pool_id: str, verdict: Verdict) -> VerdictReceipt:
+        return await self._call("POST", f"/pools/{pool_id}/verdicts", verdict, VerdictReceipt)
+
+    async def set_version(self, pool_id: str, version: int) -> int:
+        req = VersionUpdate(version=version)
+        return (await self._call("POST", f"/pools/{pool_id}/version", req, VersionUpdate)).version
+
+    async def batch(self, pool_id: str, step: int, limit: int = 64) -> BatchReply:
+        req = BatchRequest(step=step, limit=limit)
+        return await self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply)
+
+    async def nodes(self, pool_id: str) -> list[NodeView]:
+        return await self._call("GET", f"/pools/{pool_id}/nodes", None, _NODES)
+
+    async def node_logs(self, pool_id: str, node_id: str) -> NodeLogs:
+        return await self._call("GET", f"/pools/{pool_id}/nodes/{node_id}/logs", None, NodeLogs)
+
+    async def invalidate(self, pool_id: str, node_id: str, req: InvalidateRequest) -> NodeView:
+        path = f"/pools/{pool_id}/nodes/{node_id}/invalidate"
+        return await self._call("POST", path, req, NodeView)
+
+    async def metrics(self, pool_id: str) -> PoolMetrics:
+        return await self._call("GET", f"/pools/{pool_id}/metrics", None, PoolMetrics)

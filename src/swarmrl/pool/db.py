@@ -1,0 +1,175 @@
+"""The orchestrator's database: tables, engine creation, and a database-backed nonce store.
+
+SQLite by default (one file, WAL journal) or PostgreSQL by URL, through SQLAlchemy Core. All
+state that must survive a restart lives here: pools, nodes, invites used, request nonces, leases,
+submissions, credits and the ledger (``swarmrl.ledger.chain``). Rollout bytes live in the rollout
+store, not here. Knows nothing about HTTP or the protocol's rules.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from swarmrl.errors import UserError
+from swarmrl.ledger.chain import ledger_metadata
+
+metadata = ledger_metadata  # one schema; the ledger table is defined by swarmrl.ledger
+
+pools = sa.Table(
+    "pools",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("spec", sa.Text, nullable=False),  # PoolSpec JSON
+    sa.Column("current_version", sa.Integer, nullable=False, default=0),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("node_id", sa.String(32), primary_key=True),
+    sa.Column("public_key", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),  # NodeMetadata JSON
+    sa.Column("joined_at", sa.Float, nullable=False),
+    sa.Column("last_beat_at", sa.Float, nullable=True),
+    sa.Column("status", sa.String(16), nullable=True),
+    sa.Column("model_version", sa.Integer, nullable=True),
+    sa.Column("reported_tps", sa.Float, nullable=True),
+    sa.Column("measured_tps", sa.Float, nullable=True),
+    sa.Column("log_tail", sa.Text, nullable=False, default="[]"),
+    sa.Column("lease_counter", sa.Integer, nullable=False, default=0),
+    sa.Column("accepted", sa.Integer, nullable=False, default=0),
+    sa.Column("soft", sa.Integer, nullable=False, default=0),
+    sa.Column("hard", sa.Integer, nullable=False, default=0),
+)
+
+invites_used = sa.Table(
+    "invites_used",
+    metadata,
+    sa.Column("invite_id", sa.String(32), primary_key=True),
+    sa.Column("pool_id", sa.String(64), nullable=False),
+    sa.Column("node_id", sa.String(32), nullable=False),
+    sa.Column("used_at", sa.Float, nullable=False),
+)
+
+nonces = sa.Table(
+    "nonces",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("nonce", sa.String(64), primary_key=True),
+    sa.Column("expires_at", sa.Float, nullable=False, index=True),
+)
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("lease_id", sa.String(32), primary_key=True),
+    sa.Column("pool_id", sa.String(64), nullable=False),
+    sa.Column("node_id", sa.String(32), nullable=False),
+    # active → submitted | expired; an expired lease is reassigned once (reassigned_to set)
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("work", sa.Text, nullable=False),  # WorkUnit JSON
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("deadline", sa.Float, nullable=False),
+    sa.Column("reassigned_to", sa.String(32), nullable=True),
+    sa.Index("ix_leases_node_state", "pool_id", "node_id", "state"),
+    sa.Index("ix_leases_state_deadline", "state", "deadline"),
+)
+
+submissions = sa.Table(
+    "submissions",
+    metadata,
+    sa.Column("submission_id", sa.String(32), primary_key=True),
+    sa.Column("pool_id", sa.String(64), nullable=False),
+    sa.Column("lease_id", sa.String(32), nullable=False, unique=True),
+    sa.Column("node_id", sa.String(32), nullable=False),
+    sa.Column("received_at", sa.Float, nullable=False),
+    sa.Column("rollout_key", sa.String(256), nullable=False),
+    sa.Column("n_samples", sa.Integer, nullable=False),
+    sa.Column("tokens", sa.Integer, nullable=False),
+    sa.Column("min_version", sa.Integer, nullable=False),
+    sa.Column("auth", sa.Text, nullable=False),  # node key, signature, body digest (JSON)
+    # pending → accepted | rejected; accepted → dropped (soft/hard invalidation)
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("validated", sa.Boolean, nullable=False),
+    sa.Column("claimed_by", sa.String(64), nullable=True),
+    sa.Column("claim_expires_at", sa.Float, nullable=True),
+    sa.Column("verdict", sa.Text, nullable=True),  # Verdict JSON without behaviour log-probs
+    sa.Column("consumed_step", sa.Integer, nullable=True),
+    sa.Index("ix_submissions_pool_status", "pool_id", "status"),
+)
+
+credits = sa.Table(
+    "credits",
+    metadata,
+    sa.Column("submission_id", sa.String(32), primary_key=True),
+    sa.Column("pool_id", sa.String(64), nullable=False),
+    sa.Column("node_id", sa.String(32), nullable=False, index=True),
+    sa.Column("tokens", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("unlock_at", sa.Float, nullable=False),
+    sa.Column("dropped", sa.Boolean, nullable=False, default=False),
+)
+
+
+def sqlite_url(path: str | Path) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def make_engine(url: str) -> sa.Engine:
+    """Engine for ``url`` with the schema created; SQLite gets WAL and a busy timeout."""
+    try:
+        if url.startswith("sqlite"):
+            engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+            @sa.event.listens_for(engine, "connect")
+            def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.close()
+        else:
+            engine = sa.create_engine(url, pool_pre_ping=True)
+        metadata.create_all(engine)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+        raise UserError(f"bad database URL {url!r}: {exc}") from exc
+    except sa.exc.OperationalError as exc:
+        raise UserError(f"cannot open database {url!r}: {exc.orig}") from exc
+    return engine
+
+
+class DbNonceStore:
+    """A :class:`swarmrl.identity.requests.NonceStore` in the ``nonces`` table (survives restarts)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def claim(self, public_key_hex: str, nonce: str, expires_at_s: float) -> bool:
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                sa.select(nonces.c.expires_at).where(
+                    nonces.c.key == public_key_hex, nonces.c.nonce == nonce
+                )
+            ).first()
+            if row is not None and row.expires_at > time.time():
+                return False
+            if row is not None:
+                conn.execute(
+                    nonces.update()
+                    .where(nonces.c.key == public_key_hex, nonces.c.nonce == nonce)
+                    .values(expires_at=expires_at_s)
+                )
+            else:
+                conn.execute(
+                    nonces.insert().values(key=public_key_hex, nonce=nonce, expires_at=expires_at_s)
+                )
+            return True
+
+    def purge(self, now_s: float) -> int:
+        with self.engine.begin() as conn:
+            return conn.execute(nonces.delete().where(nonces.c.expires_at <= now_s)).rowcount

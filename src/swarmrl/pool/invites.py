@@ -1,0 +1,27 @@
+"""Making invites offline from a pool owner's key (verified by ``swarmrl.pool.service.join``)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from swarmrl.identity.keys import KeyPair, canonical_json
+from swarmrl.protocol.pool import Invite
+
+
+def make_invite(
+    owner: KeyPair,
+    pool_id: str,
+    expires_in_s: float = 86400.0,
+    node_id: str | None = None,
+    *,
+    now_s: float | None = None,
+) -> Invite:
+    """A fresh single-use invite to ``pool_id``, valid ``expires_in_s`` seconds."""
+    unsigned = {
+        "pool_id": pool_id,
+        "invite_id": secrets.token_hex(16),
+        "expires_at": round((time.time() if now_s is None else now_s) + expires_in_s, 3),
+        "node_id": node_id,
+    }
+    return Invite(**unsigned, signature=owner.sign(canonical_json(unsigned)))

@@ -1,0 +1,529 @@
+"""Pool membership: pools, joins with invites, heartbeats, health sweeps, invalidations, views.
+
+Every public function runs one database transaction: it either commits the whole state change
+together with its ledger entries, or raises a :class:`Rejected` and leaves nothing behind. The
+functions are synchronous and meant to run on the orchestrator's single database thread
+(``swarmrl.pool.app``), so they never race each other. Work (leases, submissions, verdicts,
+batches) lives in ``swarmrl.pool.work``. Knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import BadSignature
+from swarmrl.identity.keys import KeyPair, canonical_json, verify_signature
+from swarmrl.ledger.chain import Ledger
+from swarmrl.ledger.reputation import reputation
+from swarmrl.pool import db
+from swarmrl.pool.health import next_state
+from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
+from swarmrl.pool.store import RolloutStore
+from swarmrl.protocol.pool import (
+    Heartbeat,
+    HeartbeatReply,
+    JoinRequest,
+    NodeLogs,
+    NodeMetadata,
+    NodeView,
+    PoolInfo,
+    PoolMetrics,
+    PoolSpec,
+    Requirements,
+)
+
+LOG_TAIL_LINES = 200
+
+
+@dataclass
+class Context:
+    """What every pool operation needs: database, rollout store, ledger signer, limits, clock."""
+
+    engine: sa.Engine
+    store: RolloutStore
+    key: KeyPair
+    config: PoolConfig
+    clock: Callable[[], float] = time.time
+    started_at: float = field(default_factory=time.time)
+    _specs: dict[str, PoolSpec] = field(default_factory=dict)
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.key)
+
+    def spec(self, conn: sa.Connection, pool_id: str) -> PoolSpec:
+        """The spec of a pool (cached: specs never change), or :class:`NotFound`."""
+        if pool_id not in self._specs:
+            row = conn.execute(
+                sa.select(db.pools.c.spec).where(db.pools.c.pool_id == pool_id)
+            ).first()
+            if row is None:
+                raise NotFound(f"unknown pool {pool_id!r}")
+            self._specs[pool_id] = PoolSpec.model_validate_json(row.spec)
+        return self._specs[pool_id]
+
+    def is_admin(self, conn: sa.Connection, pool_id: str, public_key_hex: str) -> bool:
+        return public_key_hex in (self.key.public_key_hex, self.spec(conn, pool_id).owner_key)
+
+
+def current_version(conn: sa.Connection, pool_id: str) -> int:
+    return int(
+        conn.execute(
+            sa.select(db.pools.c.current_version).where(db.pools.c.pool_id == pool_id)
+        ).scalar_one()
+    )
+
+
+def node_row(conn: sa.Connection, pool_id: str, node_id: str) -> Any:
+    """The node's row, or :class:`NotFound` telling it to join."""
+    row = conn.execute(
+        sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"unknown node {node_id} in pool {pool_id!r}: join first")
+    return row
+
+
+def require_member(row: Any, allowed: tuple[str, ...] = ("healthy", "unhealthy")) -> None:
+    if row.state == "banned":
+        raise Unauthorized(f"node {row.node_id} is banned from this pool")
+    if row.state not in allowed:
+        raise Unauthorized(f"node {row.node_id} is {row.state}; join again to take part")
+
+
+def _node_view(conn: sa.Connection, row: Any) -> NodeView:
+    in_flight = conn.execute(
+        sa.select(sa.func.count())
+        .select_from(db.leases)
+        .where(
+            db.leases.c.pool_id == row.pool_id,
+            db.leases.c.node_id == row.node_id,
+            db.leases.c.state == "active",
+        )
+    ).scalar_one()
+    return NodeView(
+        node_id=row.node_id,
+        public_key=row.public_key,
+        state=row.state,
+        metadata=NodeMetadata.model_validate_json(row.metadata),
+        joined_at=row.joined_at,
+        last_beat_at=row.last_beat_at,
+        model_version=row.model_version,
+        reported_tokens_per_s=row.reported_tps,
+        measured_tokens_per_s=row.measured_tps,
+        leases_in_flight=in_flight,
+        reputation=reputation(row.accepted, row.soft, row.hard, row.state == "banned"),
+    )
+
+
+# --- pools -----------------------------------------------------------------------------------
+
+
+def create_pool(ctx: Context, spec: PoolSpec) -> PoolInfo:
+    if spec.min_tasks_per_lease > spec.max_tasks_per_lease:
+        raise Invalid("min_tasks_per_lease exceeds max_tasks_per_lease")
+    now = ctx.clock()
+    with ctx.engine.begin() as conn:
+        exists = conn.execute(
+            sa.select(db.pools.c.pool_id).where(db.pools.c.pool_id == spec.pool_id)
+        ).first()
+        if exists is not None:
+            raise Conflict(f"pool {spec.pool_id!r} already exists")
+        conn.execute(
+            db.pools.insert().values(
+                pool_id=spec.pool_id, spec=spec.model_dump_json(), current_version=0, created_at=now
+            )
+        )
+        ctx.ledger.append(
+            conn,
+            "pool_created",
+            {"spec": spec.model_dump(mode="json")},
+            pool_id=spec.pool_id,
+            ts=now,
+        )
+    return PoolInfo(spec=spec, current_version=0, created_at=now)
+
+
+def get_pool(ctx: Context, pool_id: str) -> PoolInfo:
+    with ctx.engine.connect() as conn:
+        spec = ctx.spec(conn, pool_id)
+        row = conn.execute(sa.select(db.pools).where(db.pools.c.pool_id == pool_id)).one()
+    return PoolInfo(spec=spec, current_version=row.current_version, created_at=row.created_at)
+
+
+def list_pools(ctx: Context) -> list[PoolInfo]:
+    with ctx.engine.connect() as conn:
+        rows = conn.execute(sa.select(db.pools).order_by(db.pools.c.pool_id)).all()
+    return [
+        PoolInfo(
+            spec=PoolSpec.model_validate_json(r.spec),
+            current_version=r.current_version,
+            created_at=r.created_at,
+        )
+        for r in rows
+    ]
+
+
+# --- joining ---------------------------------------------------------------------------------
+
+
+def _check_requirements(req: Requirements, meta: NodeMetadata) -> None:
+    problems = []
+    if req.engines and meta.engine not in req.engines:
+        problems.append(f"engine {meta.engine!r} not in {req.engines}")
+    if meta.memory_gb < req.min_memory_gb:
+        problems.append(f"memory {meta.memory_gb:g} GiB < {req.min_memory_gb:g} GiB")
+    if req.accelerators and meta.accelerator not in req.accelerators:
+        problems.append(f"accelerator {meta.accelerator!r} not in {req.accelerators}")
+    if problems:
+        raise Unauthorized("node does not meet the pool's requirements: " + "; ".join(problems))
+
+
+def _check_invite(
+    conn: sa.Connection, spec: PoolSpec, req: JoinRequest, node_id: str, now: float
+) -> str:
+    invite = req.invite
+    if invite is None:
+        raise Unauthorized(f"pool {spec.pool_id!r} is closed: an invite from its owner is required")
+    if invite.pool_id != spec.pool_id:
+        raise Unauthorized(f"invite is for pool {invite.pool_id!r}, not {spec.pool_id!r}")
+    try:
+        verify_signature(spec.owner_key, canonical_json(invite.signed_part()), invite.signature)
+    except BadSignature as exc:
+        raise Unauthorized(f"invite is not signed by the pool owner ({exc})") from exc
+    if invite.expires_at <= now:
+        raise Expired(f"invite {invite.invite_id} expired at {invite.expires_at:.0f}")
+    if invite.node_id is not None and invite.node_id != node_id:
+        raise Unauthorized(f"invite {invite.invite_id} is for another node")
+    used = conn.execute(
+        sa.select(db.invites_used.c.node_id).where(db.invites_used.c.invite_id == invite.invite_id)
+    ).first()
+    if used is not None:
+        raise Conflict(f"invite {invite.invite_id} was already used")
+    conn.execute(
+        db.invites_used.insert().values(
+            invite_id=invite.invite_id, pool_id=spec.pool_id, node_id=node_id, used_at=now
+        )
+    )
+    return invite.invite_id
+
+
+def join(
+    ctx: Context, pool_id: str, public_key_hex: str, node_id: str, req: JoinRequest
+) -> NodeView:
+    """Admit a node (or return it unchanged if it is already a member)."""
+    now = ctx.clock()
+    with ctx.engine.begin() as conn:
+        spec = ctx.spec(conn, pool_id)
+        existing = conn.execute(
+            sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
+        ).first()
+        if existing is not None and existing.state == "banned":
+            raise Unauthorized(f"node {node_id} is banned from pool {pool_id!r}")
+        if existing is not None and existing.state != "ejected":
+            return _node_view(conn, existing)
+        _check_requirements(spec.requirements, req.metadata)
+        invite_id = None if spec.open else _check_invite(conn, spec, req, node_id, now)
+        values = dict(
+            public_key=public_key_hex,
+            state="healthy",
+            metadata=req.metadata.model_dump_json(),
+            joined_at=now,
+            last_beat_at=now,
+            status="ok",
+        )
+        if existing is None:
+            conn.execute(
+                db.nodes.insert().values(
+                    pool_id=pool_id,
+                    node_id=node_id,
+                    log_tail="[]",
+                    lease_counter=0,
+                    accepted=0,
+                    soft=0,
+                    hard=0,
+                    **values,
+                )
+            )
+        else:
+            conn.execute(
+                db.nodes.update()
+                .where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
+                .values(**values)
+            )
+        body = {"public_key": public_key_hex, "metadata": req.metadata.model_dump(mode="json")}
+        ctx.ledger.append(
+            conn,
+            "node_joined",
+            {**body, "invite_id": invite_id},
+            pool_id=pool_id,
+            node_id=node_id,
+            ts=now,
+        )
+        return _node_view(conn, node_row(conn, pool_id, node_id))
+
+
+# --- health ----------------------------------------------------------------------------------
+
+
+def heartbeat(ctx: Context, pool_id: str, node_id: str, beat: Heartbeat) -> HeartbeatReply:
+    now = ctx.clock()
+    limit = ctx.config.max_log_line_chars
+    with ctx.engine.begin() as conn:
+        ctx.spec(conn, pool_id)
+        row = node_row(conn, pool_id, node_id)
+        require_member(row, ("healthy", "unhealthy", "dead"))
+        tail = (json.loads(row.log_tail) + [line[:limit] for line in beat.log_tail])[
+            -LOG_TAIL_LINES:
+        ]
+        state = "unhealthy" if beat.status == "error" else "healthy"
+        conn.execute(
+            db.nodes.update()
+            .where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
+            .values(
+                state=state,
+                last_beat_at=now,
+                status=beat.status,
+                model_version=beat.model_version,
+                reported_tps=beat.tokens_per_s,
+                log_tail=json.dumps(tail) if beat.log_tail else row.log_tail,
+            )
+        )
+        version = current_version(conn, pool_id)
+    return HeartbeatReply(
+        state=state, current_version=version, next_beat_s=ctx.config.heartbeat_interval_s
+    )
+
+
+def release_leases(conn: sa.Connection, pool_id: str, node_id: str) -> None:
+    """Expire a node's active leases so their tasks are reassigned (no penalty)."""
+    conn.execute(
+        db.leases.update()
+        .where(
+            db.leases.c.pool_id == pool_id,
+            db.leases.c.node_id == node_id,
+            db.leases.c.state == "active",
+        )
+        .values(state="expired")
+    )
+
+
+def sweep(ctx: Context) -> dict[str, int]:
+    """Advance node health, expire overdue leases (a soft invalidation each), forget old nonces."""
+    cfg, now = ctx.config, ctx.clock()
+    changed = {"nodes": 0, "leases": 0}
+    with ctx.engine.begin() as conn:
+        silent = conn.execute(
+            sa.select(db.nodes).where(
+                db.nodes.c.state.in_(("healthy", "unhealthy", "dead")),
+                sa.func.coalesce(db.nodes.c.last_beat_at, db.nodes.c.joined_at)
+                < now - cfg.unhealthy_after_s,
+            )
+        ).all()
+        for row in silent:
+            since = max(row.last_beat_at or row.joined_at, ctx.started_at)
+            state = next_state(
+                row.state,
+                now - since,
+                row.status,
+                unhealthy_after_s=cfg.unhealthy_after_s,
+                dead_after_s=cfg.dead_after_s,
+                eject_after_s=cfg.eject_after_s,
+            )
+            if state != row.state:
+                changed["nodes"] += 1
+                conn.execute(
+                    db.nodes.update()
+                    .where(db.nodes.c.pool_id == row.pool_id, db.nodes.c.node_id == row.node_id)
+                    .values(state=state)
+                )
+                if state in ("dead", "ejected"):
+                    release_leases(conn, row.pool_id, row.node_id)
+        overdue = conn.execute(
+            sa.select(
+                db.leases.c.lease_id, db.leases.c.pool_id, db.leases.c.node_id, db.leases.c.deadline
+            ).where(db.leases.c.state == "active", db.leases.c.deadline < now)
+        ).all()
+        for lease in overdue:
+            changed["leases"] += 1
+            conn.execute(
+                db.leases.update()
+                .where(db.leases.c.lease_id == lease.lease_id)
+                .values(state="expired")
+            )
+            conn.execute(
+                db.nodes.update()
+                .where(db.nodes.c.pool_id == lease.pool_id, db.nodes.c.node_id == lease.node_id)
+                .values(soft=db.nodes.c.soft + 1)
+            )
+            body = {
+                "severity": "soft",
+                "reason": "lease expired unanswered",
+                "lease_id": lease.lease_id,
+            }
+            ctx.ledger.append(
+                conn, "invalidation", body, pool_id=lease.pool_id, node_id=lease.node_id, ts=now
+            )
+        conn.execute(db.nonces.delete().where(db.nonces.c.expires_at <= now))
+    return changed
+
+
+# --- invalidation ----------------------------------------------------------------------------
+
+
+def _drop_credits(
+    ctx: Context, conn: sa.Connection, pool_id: str, node_id: str, where: Any, reason: str
+) -> None:
+    now = ctx.clock()
+    rows = conn.execute(
+        sa.select(db.credits.c.submission_id, db.credits.c.tokens).where(
+            db.credits.c.pool_id == pool_id,
+            db.credits.c.node_id == node_id,
+            db.credits.c.dropped.is_(False),
+            db.credits.c.unlock_at > now,
+            where,
+        )
+    ).all()
+    if not rows:
+        return
+    ids = [r.submission_id for r in rows]
+    conn.execute(
+        db.credits.update().where(db.credits.c.submission_id.in_(ids)).values(dropped=True)
+    )
+    body = {"dropped_tokens": sum(r.tokens for r in rows), "submission_ids": ids, "reason": reason}
+    ctx.ledger.append(conn, "slash", body, pool_id=pool_id, node_id=node_id, ts=now)
+
+
+def invalidate_in(
+    ctx: Context,
+    conn: sa.Connection,
+    pool_id: str,
+    node_id: str,
+    severity: str,
+    reason: str,
+    submission_id: str | None,
+) -> None:
+    """Hard: ban, drop all locked credits and untrained work. Soft: drop one unit."""
+    now = ctx.clock()
+    body = {"severity": severity, "reason": reason, "submission_id": submission_id}
+    ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
+    node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
+    sub_where = sa.and_(db.submissions.c.pool_id == pool_id, db.submissions.c.node_id == node_id)
+    if severity == "hard":
+        conn.execute(
+            db.nodes.update().where(node_where).values(state="banned", hard=db.nodes.c.hard + 1)
+        )
+        release_leases(conn, pool_id, node_id)
+        conn.execute(
+            db.submissions.update()
+            .where(
+                sub_where,
+                db.submissions.c.status.in_(("pending", "accepted")),
+                db.submissions.c.consumed_step.is_(None),
+            )
+            .values(status="dropped")
+        )
+        _drop_credits(ctx, conn, pool_id, node_id, sa.true(), f"hard invalidation: {reason}")
+        return
+    conn.execute(db.nodes.update().where(node_where).values(soft=db.nodes.c.soft + 1))
+    if submission_id is not None:
+        conn.execute(
+            db.submissions.update()
+            .where(
+                sub_where,
+                db.submissions.c.submission_id == submission_id,
+                db.submissions.c.consumed_step.is_(None),
+            )
+            .values(status="dropped")
+        )
+        _drop_credits(
+            ctx,
+            conn,
+            pool_id,
+            node_id,
+            db.credits.c.submission_id == submission_id,
+            f"soft invalidation: {reason}",
+        )
+
+
+def invalidate(
+    ctx: Context, pool_id: str, node_id: str, severity: str, reason: str, submission_id: str | None
+) -> NodeView:
+    with ctx.engine.begin() as conn:
+        ctx.spec(conn, pool_id)
+        row = node_row(conn, pool_id, node_id)
+        if row.state == "banned":
+            raise Conflict(f"node {node_id} is already banned")
+        if submission_id is not None:
+            owner = conn.execute(
+                sa.select(db.submissions.c.node_id).where(
+                    db.submissions.c.submission_id == submission_id,
+                    db.submissions.c.pool_id == pool_id,
+                )
+            ).first()
+            if owner is None or owner.node_id != node_id:
+                raise NotFound(f"submission {submission_id} of node {node_id} not found")
+        invalidate_in(ctx, conn, pool_id, node_id, severity, reason, submission_id)
+        return _node_view(conn, node_row(conn, pool_id, node_id))
+
+
+# --- admin views -----------------------------------------------------------------------------
+
+
+def list_nodes(ctx: Context, pool_id: str) -> list[NodeView]:
+    with ctx.engine.connect() as conn:
+        ctx.spec(conn, pool_id)
+        rows = conn.execute(
+            sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id).order_by(db.nodes.c.joined_at)
+        ).all()
+        return [_node_view(conn, r) for r in rows]
+
+
+def node_logs(ctx: Context, pool_id: str, node_id: str) -> NodeLogs:
+    with ctx.engine.connect() as conn:
+        ctx.spec(conn, pool_id)
+        row = node_row(conn, pool_id, node_id)
+    return NodeLogs(node_id=node_id, lines=json.loads(row.log_tail))
+
+
+def metrics(ctx: Context, pool_id: str) -> PoolMetrics:
+    now = ctx.clock()
+    with ctx.engine.connect() as conn:
+        ctx.spec(conn, pool_id)
+
+        def counts(table: sa.Table, column: sa.Column) -> dict[str, int]:
+            rows = conn.execute(
+                sa.select(column, sa.func.count())
+                .where(table.c.pool_id == pool_id)
+                .group_by(column)
+            ).all()
+            return {str(k): int(v) for k, v in rows}
+
+        credited = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(db.credits.c.tokens), 0)).where(
+                db.credits.c.pool_id == pool_id, db.credits.c.dropped.is_(False)
+            )
+        ).scalar_one()
+        locked = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(db.credits.c.tokens), 0)).where(
+                db.credits.c.pool_id == pool_id,
+                db.credits.c.dropped.is_(False),
+                db.credits.c.unlock_at > now,
+            )
+        ).scalar_one()
+        return PoolMetrics(
+            pool_id=pool_id,
+            current_version=current_version(conn, pool_id),
+            nodes_by_state=counts(db.nodes, db.nodes.c.state),
+            leases_active=counts(db.leases, db.leases.c.state).get("active", 0),
+            submissions_by_status=counts(db.submissions, db.submissions.c.status),
+            credited_tokens=int(credited),
+            locked_tokens=int(locked),
+        )

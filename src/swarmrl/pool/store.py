@@ -1,0 +1,103 @@
+"""The rollout store: one Parquet file per submission, in a local directory or any fsspec URL.
+
+Columns of a rollout file (one row per sample): ``task_index`` int64, ``prompt_tokens``
+list<int32> [P], ``output_tokens`` list<int32> [T], ``logprobs`` list<float32> [T],
+``finish_reason`` string, ``policy_version`` int64, ``proof`` string (canonical JSON of a proof
+object, ``hex:<bytes>`` for hex proofs, null for none). Validator log-probs go to a second file
+``<key>.behaviour.parquet`` with one column ``behaviour_logprobs`` list<float32> [T].
+
+Writes go to a temporary name and are renamed into place, so a reader never sees half a file.
+Knows nothing about leases or verdicts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from swarmrl.identity.keys import canonical_json
+from swarmrl.protocol.pool import Sample
+
+ROLLOUT_SCHEMA = pa.schema(
+    [
+        ("task_index", pa.int64()),
+        ("prompt_tokens", pa.list_(pa.int32())),
+        ("output_tokens", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("finish_reason", pa.string()),
+        ("policy_version", pa.int64()),
+        ("proof", pa.string()),
+    ]
+)
+
+
+def _proof_text(proof: dict[str, Any] | str | None) -> str | None:
+    if proof is None:
+        return None
+    return "hex:" + proof if isinstance(proof, str) else canonical_json(proof).decode()
+
+
+def _proof_value(text: str | None) -> dict[str, Any] | str | None:
+    if text is None:
+        return None
+    return text[4:] if text.startswith("hex:") else json.loads(text)
+
+
+class RolloutStore:
+    """Parquet rollouts under ``url`` (a directory path or fsspec URL)."""
+
+    def __init__(self, url: str) -> None:
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    def _path(self, key: str) -> str:
+        return f"{self.root.rstrip('/')}/{key}"
+
+    def _write(self, key: str, table: pa.Table) -> None:
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer, compression="zstd")
+        path = self._path(key)
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open(tmp, "wb") as handle:
+            handle.write(buffer.getvalue())
+        self.fs.mv(tmp, path)
+
+    def put_samples(self, key: str, samples: list[Sample]) -> None:
+        columns: dict[str, list[Any]] = {name: [] for name in ROLLOUT_SCHEMA.names}
+        for s in samples:
+            columns["task_index"].append(s.task_index)
+            columns["prompt_tokens"].append(s.prompt_tokens)
+            columns["output_tokens"].append(s.output_tokens)
+            columns["logprobs"].append(s.logprobs)
+            columns["finish_reason"].append(s.finish_reason)
+            columns["policy_version"].append(s.policy_version)
+            columns["proof"].append(_proof_text(s.proof))
+        self._write(key, pa.table(columns, schema=ROLLOUT_SCHEMA))
+
+    def get_samples(self, key: str) -> list[Sample]:
+        with self.fs.open(self._path(key), "rb") as handle:
+            rows = pq.read_table(handle).to_pylist()
+        return [Sample(**{**row, "proof": _proof_value(row["proof"])}) for row in rows]
+
+    def put_behaviour(self, key: str, logprobs: list[list[float]]) -> None:
+        table = pa.table({"behaviour_logprobs": pa.array(logprobs, pa.list_(pa.float32()))})
+        self._write(key + ".behaviour.parquet", table)
+
+    def get_behaviour(self, key: str) -> list[list[float]] | None:
+        path = self._path(key + ".behaviour.parquet")
+        if not self.fs.exists(path):
+            return None
+        with self.fs.open(path, "rb") as handle:
+            return pq.read_table(handle).column("behaviour_logprobs").to_pylist()
+
+    def delete(self, key: str) -> None:
+        for path in (self._path(key), self._path(key + ".behaviour.parquet")):
+            if self.fs.exists(path):
+                self.fs.rm(path)

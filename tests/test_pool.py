@@ -1,0 +1,241 @@
+"""The orchestrator end to end on loopback: join, heartbeat, lease, submit, verdict, batch,
+health transitions, lease reassignment, admin views, restarts."""
+
+import time
+
+import pytest
+
+from swarmrl.config.pool import PoolConfig
+from swarmrl.identity import KeyPair
+from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.invites import make_invite
+from swarmrl.pool.scheduling import draw_tasks
+from swarmrl.pool.simulate import CPU_NODE, local_orchestrator, synthetic_samples
+from swarmrl.protocol.pool import (
+    Heartbeat,
+    InvalidateRequest,
+    PoolSpec,
+    SamplingParams,
+    Submission,
+    Verdict,
+)
+
+
+def _spec(owner: KeyPair, validator: KeyPair, **kw) -> PoolSpec:
+    base = dict(
+        pool_id="arith",
+        owner_key=owner.public_key_hex,
+        task_count=100,
+        samples_per_task=2,
+        sampling=SamplingParams(max_new_tokens=4),
+        seed=7,
+        validators=[validator.public_key_hex],
+        max_tasks_per_lease=4,
+        credit_lock_s=3600,
+    )
+    base.update(kw)
+    return PoolSpec(**base)
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    orch, owner, validator = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        admin = PoolClient(server.url, orch, timeout_s=10)
+        admin.create_pool(_spec(owner, validator))
+        yield server, orch, owner, validator
+        admin.close()
+
+
+def _joined(url, owner, pool="arith"):
+    node = KeyPair.generate()
+    client = PoolClient(url, node, timeout_s=10)
+    client.join(pool, CPU_NODE, make_invite(owner, pool, 60))
+    return node, client
+
+
+def test_full_cycle_join_lease_submit_verdict_batch(swarm):
+    server, orch, owner, validator = swarm
+    node, client = _joined(server.url, owner)
+    reply = client.heartbeat("arith", Heartbeat(status="ok", model_version=0, log_tail=["up"]))
+    assert reply.state == "healthy" and reply.current_version == 0
+    work = client.lease("arith").work
+    assert work is not None and work.node_id == node.node_id
+    # the draw is a pure function anyone can recompute
+    assert work.task_indices == draw_tasks(7, node.node_id, 0, len(work.task_indices), 100)
+    receipt = client.submit(
+        "arith", Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+    )
+    assert receipt.status == "pending"
+    assert receipt.tokens == 4 * 2 * len(work.task_indices)
+
+    checker = PoolClient(server.url, validator, timeout_s=10)
+    pending = checker.claim("arith")
+    assert [p.submission_id for p in pending] == [receipt.submission_id]
+    assert pending[0].node_key == node.public_key_hex
+    behaviour = [[-0.5] * len(s.output_tokens) for s in pending[0].samples]
+    v = Verdict(
+        submission_id=receipt.submission_id,
+        accept=True,
+        measured_tokens=receipt.tokens,
+        behaviour_logprobs=behaviour,
+    )
+    assert checker.verdict("arith", v).credited_tokens == receipt.tokens
+    with pytest.raises(RequestRefused) as err:
+        checker.verdict("arith", v)
+    assert err.value.status == 409
+
+    trainer = PoolClient(server.url, owner, timeout_s=10)
+    trainer.set_version("arith", 1)
+    batch = trainer.batch("arith", step=1)
+    assert [s.submission_id for s in batch.submissions] == [receipt.submission_id]
+    assert batch.submissions[0].behaviour_logprobs == behaviour
+    assert trainer.batch("arith", step=1).submissions == []  # exactly once
+    metrics = trainer.metrics("arith")
+    assert metrics.credited_tokens == receipt.tokens == metrics.locked_tokens
+    assert metrics.submissions_by_status == {"accepted": 1}
+    assert trainer.node_logs("arith", node.node_id).lines == ["up"]
+    [view] = trainer.nodes("arith")
+    assert view.node_id == node.node_id and view.reputation > 0.5
+
+
+def test_hard_rejection_bans_node_and_drops_locked_credits(swarm):
+    server, orch, owner, validator = swarm
+    node, client = _joined(server.url, owner)
+    checker, admin = PoolClient(server.url, validator), PoolClient(server.url, owner)
+    ids = []
+    for _ in range(2):
+        work = client.lease("arith").work
+        ids.append(
+            client.submit(
+                "arith", Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+            )
+        )
+    first, second = ids
+    pend = {p.submission_id: p for p in checker.claim("arith")}
+    checker.verdict(
+        "arith",
+        Verdict(
+            submission_id=first.submission_id,
+            accept=True,
+            measured_tokens=first.tokens,
+            behaviour_logprobs=[
+                [-1.0] * len(s.output_tokens) for s in pend[first.submission_id].samples
+            ],
+        ),
+    )
+    assert admin.metrics("arith").credited_tokens == first.tokens
+    checker.verdict(
+        "arith",
+        Verdict(
+            submission_id=second.submission_id,
+            accept=False,
+            severity="hard",
+            reasons=["proof mismatch"],
+            measured_tokens=0,
+        ),
+    )
+    m = admin.metrics("arith")
+    assert m.credited_tokens == 0 and m.nodes_by_state == {"banned": 1}
+    assert admin.batch("arith", step=0).submissions == []  # its accepted work is dropped too
+    with pytest.raises(RequestRefused, match="banned") as err:
+        client.lease("arith")
+    assert err.value.status == 403
+    with pytest.raises(RequestRefused, match="banned"):
+        client.join("arith", CPU_NODE, make_invite(owner, "arith", 60))
+
+
+def test_soft_invalidation_drops_one_unit(swarm):
+    server, orch, owner, validator = swarm
+    node, client = _joined(server.url, owner)
+    admin = PoolClient(server.url, orch)
+    work = client.lease("arith").work
+    r = client.submit(
+        "arith", Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+    )
+    checker = PoolClient(server.url, validator)
+    [p] = checker.claim("arith")
+    checker.verdict(
+        "arith",
+        Verdict(
+            submission_id=r.submission_id,
+            accept=True,
+            measured_tokens=5,
+            behaviour_logprobs=[[0.0] * len(s.output_tokens) for s in p.samples],
+        ),
+    )
+    view = admin.invalidate(
+        "arith",
+        node.node_id,
+        InvalidateRequest(severity="soft", reason="late", submission_id=r.submission_id),
+    )
+    assert view.state == "healthy"
+    assert admin.metrics("arith").credited_tokens == 0
+    assert client.lease("arith").work is not None
+
+
+def test_lease_cap_and_throughput_sizing(swarm):
+    server, orch, owner, validator = swarm
+    node, client = _joined(server.url, owner)
+    a, b = client.lease("arith"), client.lease("arith")
+    assert a.work and b.work and len(a.work.task_indices) == 1  # unknown throughput: smallest
+    c = client.lease("arith")
+    assert c.work is None and "cap" in c.reason
+    client.submit(
+        "arith", Submission(lease_id=a.work.lease_id, samples=synthetic_samples(a.work, 0))
+    )
+    d = client.lease("arith")  # measured throughput is now high (instant answer): biggest unit
+    assert d.work is not None and len(d.work.task_indices) == 4
+
+
+def test_expired_lease_is_reassigned_and_late_submission_refused(tmp_path):
+    orch, owner, validator = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    cfg = PoolConfig(sweep_interval_s=0.1)
+    with local_orchestrator(tmp_path, orch, cfg) as server:
+        PoolClient(server.url, orch).create_pool(_spec(owner, validator, lease_timeout_s=0.3))
+        slow, slow_c = _joined(server.url, owner)
+        fast, fast_c = _joined(server.url, owner)
+        lost = slow_c.lease("arith").work
+        time.sleep(0.8)
+        with pytest.raises(RequestRefused, match="expired") as err:
+            slow_c.submit(
+                "arith", Submission(lease_id=lost.lease_id, samples=synthetic_samples(lost, 0))
+            )
+        assert err.value.status == 410
+        again = fast_c.lease("arith").work
+        assert again.task_indices == lost.task_indices
+        assert (again.origin_node_id, again.origin_counter) == (slow.node_id, 0)
+        assert again.node_id == fast.node_id
+        nodes = {n.node_id: n for n in PoolClient(server.url, owner).nodes("arith")}
+        assert nodes[slow.node_id].reputation < 0.5  # soft invalidation for the expiry
+
+
+def test_health_states_follow_heartbeats(tmp_path):
+    orch, owner = KeyPair.generate(), KeyPair.generate()
+    cfg = PoolConfig(
+        sweep_interval_s=0.05, unhealthy_after_s=0.3, dead_after_s=0.8, eject_after_s=1.5
+    )
+    with local_orchestrator(tmp_path, orch, cfg) as server:
+        PoolClient(server.url, orch).create_pool(_spec(owner, owner, open=True))
+        node = KeyPair.generate()
+        client = PoolClient(server.url, node)
+        client.join("arith", CPU_NODE)  # open pool: no invite
+        admin = PoolClient(server.url, owner)
+
+        def state():
+            return admin.nodes("arith")[0].state
+
+        def wait_for(want, limit=5.0):
+            end = time.monotonic() + limit
+            while state() != want:
+                assert time.monotonic() < end, f"node never became {want} (is {state()})"
+                time.sleep(0.05)
+
+        wait_for("unhealthy")
+        assert client.heartbeat("arith", Heartbeat(status="ok")).state == "healthy"
+        wait_for("dead")
+        wait_for("ejected")
+        with pytest.raises(RequestRefused, match="ejected"):
+            client.heartbeat("arith", Heartbeat(status="ok"))
+        assert client.join("arith", CPU_NODE).state == "healthy"  # rejoin after ejection
+        assert client.heartbeat("arith", Heartbeat(status="error")).state == "unhealthy"
