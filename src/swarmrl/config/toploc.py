@@ -1,9 +1,52 @@
-"""Config of the toploc subsystem."""
+"""Config of the toploc subsystem: proof shape, acceptance thresholds, limits on peer input.
+
+The hidden-state thresholds default to the reference TOPLOC values, which were set for GPU
+bf16 inference; calibrate them per model with ``swarmrl toploc calibrate`` and point
+``thresholds_path`` at the JSON it writes (its values override the ones here).
+"""
 
 from __future__ import annotations
+
+from pydantic import Field
 
 from swarmrl.config.base import Section
 
 
 class ToplocConfig(Section):
-    """Settings of `swarmrl.toploc`."""
+    """Settings of `swarmrl.toploc` (proof building on workers, verification on validators)."""
+
+    chunk_size: int = Field(32, gt=0, description="decoded tokens per proof chunk")
+    topk: int = Field(128, gt=0, le=4096, description="hidden-state entries committed per chunk")
+    min_exponent_matches: int = Field(
+        90, ge=0, description="of topk compared entries, how many bf16 exponents must match"
+    )
+    max_mantissa_mean: float = Field(
+        10.0, ge=0, description="largest accepted mean |mantissa difference| (bf16 ulps)"
+    )
+    max_mantissa_median: float = Field(
+        8.0, ge=0, description="largest accepted median |mantissa difference| (bf16 ulps)"
+    )
+    sampling_tolerance: float = Field(
+        1e-3,
+        ge=0,
+        description="near-tie slack of the Gumbel-max replay, in units of logit/T + noise",
+    )
+    top_p_tolerance: float = Field(
+        1e-4, ge=0, description="slack on the top-p boundary, in probability mass"
+    )
+    logprob_tolerance: float = Field(
+        1e-2, ge=0, description="largest accepted |reported - replayed| log-prob (nats)"
+    )
+    eos_min_prob: float = Field(
+        1e-4, ge=0, le=1, description="a final stop token needs at least this replay probability"
+    )
+    reward_tolerance: float = Field(
+        1e-6, ge=0, description="largest accepted |reported - recomputed| reward"
+    )
+    max_prompt_tokens: int = Field(4096, gt=0, description="longest accepted prompt, tokens")
+    max_bundle_bytes: int = Field(
+        8 * 2**20, gt=0, description="largest accepted serialised proof bundle, bytes"
+    )
+    thresholds_path: str | None = Field(
+        None, description="JSON from `swarmrl toploc calibrate`; None = use the values above"
+    )

@@ -1,0 +1,133 @@
+"""Checks beyond hidden states, from the validator's own logits: sampling, termination, log-probs.
+
+A worker could decode with a cheaper model and then prove with one prefill of the real one;
+its hidden-state proofs would pass. These checks catch it, because sampling is a pure function
+of (logits, seed, step) (``swarmrl.inference.sampling``):
+
+* sampling replay: with s = logits/T (T = 1 when greedy), the validator's top-k/top-p mask
+  A (``mask_logits``) and the regenerated Gumbel noise g, token y at step t must satisfy
+      s_y + g_y >= max_{v in A} (s_v + g_v) - tol            (greedy: g = 0)
+  and y must be allowed up to slack: s_y >= (k-th largest s) - tol for top-k, and the mass of
+  tokens strictly more likely than y (after top-k) < top_p + tol_p for top-p. The slack makes
+  honest near-ties (tiny numeric differences between machines) pass.
+* behaviour log-probs: log_softmax over A plus y itself, at y (the engine's rule; adding y
+  only matters for a token allowed by slack alone).
+* termination: no stop token before the last position; "eos"/"stop" ends on a stop token whose
+  replay probability is at least ``eos_min_prob``; "length" has exactly max_new_tokens tokens.
+* log-probs: |reported - replayed| <= tolerance at every step.
+
+Knows nothing about proofs, signatures or rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swarmrl.inference.sampling import gumbel_noise, mask_logits
+from swarmrl.inference.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingReplay:
+    """Outcome of the sampling replay of one sample.
+
+    bad_steps: decode steps whose token is not the (near-)winner or not allowed.
+    logprobs: [n] float64 validator log-probs of the output tokens (the behaviour policy).
+    worst_margin: max over steps of (best score - token score), <= 0 means exact winners;
+        what ``calibrate`` measures to size ``sampling_tolerance``.
+    """
+
+    bad_steps: list[int]
+    logprobs: torch.Tensor
+    worst_margin: float
+
+
+def replay_sampling(
+    logits: torch.Tensor,
+    tokens: Sequence[int],
+    params: SamplingParams,
+    seed: int,
+    tolerance: float,
+    top_p_tolerance: float,
+) -> SamplingReplay:
+    """Check every token against the replayed Gumbel-max rule.  logits: [n, vocab] float32."""
+    n, vocab = logits.shape
+    token = torch.tensor(list(tokens), dtype=torch.int64).view(n, 1)  # [n, 1]
+    scaled = logits.float()
+    if not params.greedy and params.temperature != 1.0:
+        scaled = scaled / params.temperature
+    allowed = mask_logits(logits, params)  # [n, vocab], -inf outside A
+    token_scaled = scaled.gather(1, token)  # [n, 1]
+
+    member = torch.ones(n, dtype=torch.bool)
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]  # [n, 1]
+        member &= (token_scaled >= kth - tolerance).view(n)
+        after_k = scaled.masked_fill(scaled < kth, float("-inf"))
+    else:
+        after_k = scaled
+    if params.top_p < 1.0:
+        probs = torch.softmax(after_k, dim=-1)  # [n, vocab]
+        mass_before = (probs * (after_k > token_scaled)).sum(dim=-1)  # [n]
+        member &= mass_before < params.top_p + top_p_tolerance
+
+    if params.greedy:
+        noise = torch.zeros(n, vocab)
+    else:
+        seeds = torch.tensor([seed], dtype=torch.int64)
+        noise = torch.cat([gumbel_noise(seeds, step, vocab) for step in range(n)])  # [n, vocab]
+    best = (allowed + noise).max(dim=-1).values  # [n]
+    mine = (token_scaled + noise.gather(1, token)).view(n)
+    margin = best - mine  # [n]; > 0: another token scored higher
+    bad = (~member) | ~(margin <= tolerance)  # NaN margins count as bad
+
+    with_token = allowed.scatter(1, token, token_scaled)  # A plus y
+    logprobs = torch.log_softmax(with_token.double(), dim=-1).gather(1, token).view(n)
+    worst = float(margin.max()) if n else 0.0
+    return SamplingReplay(bad.nonzero().flatten().tolist(), logprobs, worst)
+
+
+def termination_problems(
+    tokens: Sequence[int],
+    finish_reason: str,
+    replay_logprobs: torch.Tensor,
+    params: SamplingParams,
+    eos_token_ids: Sequence[int],
+    eos_min_prob: float,
+) -> list[str]:
+    """Reasons the sequence's ending is implausible; empty when it is fine."""
+    stops = set(eos_token_ids) | set(params.stop_token_ids)
+    problems = []
+    early = [i for i, t in enumerate(tokens[:-1]) if t in stops]
+    if early:
+        problems.append(f"stop token inside the output at position {early[0]}")
+    last = tokens[-1]
+    if finish_reason in ("eos", "stop"):
+        if last not in stops:
+            problems.append(f"finish_reason {finish_reason!r} but last token {last} is no stop")
+        else:
+            prob = float(torch.exp(replay_logprobs[-1]))
+            if not prob >= eos_min_prob:
+                problems.append(f"final stop token has replay probability {prob:.3g}")
+    elif finish_reason == "length":
+        if len(tokens) != params.max_new_tokens:
+            problems.append(
+                f"finish_reason 'length' after {len(tokens)} of {params.max_new_tokens} tokens"
+            )
+        if last in stops:
+            problems.append("finish_reason 'length' but the last token is a stop token")
+    else:
+        problems.append(f"unknown finish_reason {finish_reason!r}")
+    return problems
+
+
+def logprob_errors(
+    reported: Sequence[float], replayed: torch.Tensor, tolerance: float
+) -> list[int]:
+    """Steps whose reported log-prob differs from the replay by more than ``tolerance``."""
+    claimed = torch.tensor(list(reported), dtype=torch.float64)
+    close = (claimed - replayed.double()).abs() <= tolerance  # NaN/inf compare False
+    return (~close).nonzero().flatten().tolist()

@@ -1,0 +1,410 @@
+"""The validator's entry point: judge a sample's claim and proof bundle against its assignment.
+
+``Verifier.check`` (one sample) and ``Verifier.check_many`` (a batch; hidden-state comparison
+runs batched) return a :class:`~swarmrl.protocol.proofs.ProofVerdict` for any input and never
+raise on peer data: null, truncated, oversized, mistyped or NaN-laden bundles are rejections
+with a reason. Order of work, cheapest first, so junk costs the validator almost nothing:
+
+1. parse and bound the bundle and claim                               -> "malformed"
+2. compare with the assignment (prompt, version, model, sampling, seed, key) -> "assignment"
+3. lengths, token ids, chunk count and chunk encodings                  -> "structure"
+4. binding digest and the worker's signature                            -> "binding"
+5. one prefill of prompt + output with the declared model (only if 1-4 pass) -> "replay"
+6. hidden-state chunks, sampling replay, termination, log-probs, reward (all reported)
+
+A "replay" rejection means the validator itself failed (not the peer's fault): callers should
+not penalise on it. The token count in the verdict is what was replayed, never a claim.
+
+Knows nothing about HTTP, leases or ledgers; the caller maps verdicts onto those.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from pydantic import ValidationError
+
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.errors import BadProof, BadSignature, MissingPathError, UserError
+from swarmrl.identity import canonical_json, verify_signature
+from swarmrl.inference.types import Prefill
+from swarmrl.protocol.proofs import (
+    Assignment,
+    ChunkReport,
+    ProofBundle,
+    ProofVerdict,
+    Rejection,
+    RejectionCode,
+    SampleClaim,
+)
+from swarmrl.toploc.bundle import binding_digest, sampling_params
+from swarmrl.toploc.encoding import chunk_count, decode_chunks
+from swarmrl.toploc.hidden import ChunkAgreement, compare_chunks
+from swarmrl.toploc.replay import logprob_errors, replay_sampling, termination_problems
+
+log = logging.getLogger(__name__)
+
+Scorer = Callable[[Sequence[int], Sequence[int]], float]
+"""The environment's reward of (prompt tokens, output tokens); trusted code."""
+
+THRESHOLD_KEYS = (
+    "min_exponent_matches",
+    "max_mantissa_mean",
+    "max_mantissa_median",
+    "sampling_tolerance",
+    "top_p_tolerance",
+    "logprob_tolerance",
+)
+
+
+class Replayer(Protocol):
+    """What the verifier needs from an engine: one prefill of a fixed prompt + completion."""
+
+    def prefill(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> Prefill: ...
+
+
+def load_thresholds(config: ToplocConfig) -> ToplocConfig:
+    """``config`` with the thresholds of ``config.thresholds_path`` (calibrate's JSON) applied."""
+    if config.thresholds_path is None:
+        return config
+    path = Path(config.thresholds_path)
+    if not path.is_file():
+        raise MissingPathError(f"toploc thresholds file not found: {path}")
+    try:
+        values = json.loads(path.read_text())["thresholds"]
+        update = {k: values[k] for k in THRESHOLD_KEYS if k in values}
+        return ToplocConfig.model_validate({**config.model_dump(), **update})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path} is not a toploc thresholds file ({exc})") from exc
+
+
+@dataclass
+class _Case:
+    """One sample moving through the stages; ``reasons`` grows as checks fail."""
+
+    bundle: ProofBundle | None = None
+    claim: SampleClaim | None = None
+    assignment: Assignment | None = None
+    moduli: np.ndarray | None = None
+    coeffs: np.ndarray | None = None
+    prefill: Prefill | None = None
+    reasons: list[Rejection] = field(default_factory=list)
+
+    def reject(self, code: RejectionCode, detail: str) -> None:
+        self.reasons.append(Rejection(code=code, detail=detail[:2000]))
+
+
+class Verifier:
+    """Judges samples by replaying them with ``engine`` (loaded with the declared version).
+
+    eos_token_ids: the model's end-of-sequence ids (stop tokens besides the sampling's own).
+    vocab_size: token ids must lie in [0, vocab_size); None skips that check (the replay
+        then rejects out-of-range ids as a replay failure).
+    scorer: recomputes the reward from the tokens; None skips reward checks.
+    """
+
+    def __init__(
+        self,
+        engine: Replayer,
+        config: ToplocConfig | None = None,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        vocab_size: int | None = None,
+        scorer: Scorer | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config = load_thresholds(config or ToplocConfig())
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.vocab_size = vocab_size
+        self.scorer = scorer
+
+    def check(self, bundle: Any, claim: Any, assignment: Any) -> ProofVerdict:
+        """The verdict on one sample; never raises on peer input."""
+        return self.check_many([(bundle, claim, assignment)])[0]
+
+    def check_many(self, items: Sequence[tuple[Any, Any, Any]]) -> list[ProofVerdict]:
+        """Verdicts for many samples; the hidden-state comparison runs as one batch.
+
+        Input that slips past every specific check and still breaks a stage becomes a
+        "replay" rejection (the validator's own failure, logged with its traceback) rather
+        than an exception: one bad sample must not take the validator down.
+        """
+        try:
+            return self._check_many(items)
+        except Exception as exc:  # recovery intended: see docstring
+            log.exception("verifier failed on a batch of %d samples", len(items))
+            detail = f"validator error: {type(exc).__name__}: {exc}"[:2000]
+            return [
+                ProofVerdict(accepted=False, reasons=[Rejection(code="replay", detail=detail)])
+                for _ in items
+            ]
+
+    def _check_many(self, items: Sequence[tuple[Any, Any, Any]]) -> list[ProofVerdict]:
+        cases = [self._screen(b, c, a) for b, c, a in items]
+        for case in cases:
+            if not case.reasons:
+                self._replay(case)
+        live = [c for c in cases if not c.reasons and c.prefill is not None]
+        agreements = self._compare(live)
+        return [self._judge(case, agreements.get(id(case))) for case in cases]
+
+    # -- stages 1-4: no model work --------------------------------------------------------
+
+    def _screen(self, raw_bundle: Any, raw_claim: Any, raw_assignment: Any) -> _Case:
+        case = _Case()
+        try:
+            case.assignment = _parse(Assignment, raw_assignment, self.config.max_bundle_bytes)
+        except BadProof as exc:
+            case.reject("malformed", f"assignment: {exc}")
+            return case
+        try:
+            case.claim = _parse(SampleClaim, raw_claim, self.config.max_bundle_bytes)
+            case.bundle = _parse(ProofBundle, raw_bundle, self.config.max_bundle_bytes)
+        except BadProof as exc:
+            case.reject("malformed", str(exc))
+            return case
+        self._check_assignment(case)
+        if not case.reasons:
+            self._check_structure(case)
+        if not case.reasons:
+            self._check_binding(case)
+        return case
+
+    def _check_assignment(self, case: _Case) -> None:
+        bundle, claim, want = case.bundle, case.claim, case.assignment
+        assert bundle is not None and claim is not None and want is not None
+        pairs = [
+            ("prompt tokens", claim.prompt_tokens, want.prompt_tokens),
+            ("policy version", bundle.policy_version, want.policy_version),
+            ("model digest", bundle.model_digest, want.model_digest),
+            ("sampling parameters", bundle.sampling, want.sampling),
+            ("seed", bundle.seed, want.seed),
+            ("worker key", bundle.worker_key, want.worker_key),
+        ]
+        for name, got, expected in pairs:
+            if got != expected:
+                case.reject("assignment", f"{name} differ from the assignment")
+
+    def _check_structure(self, case: _Case) -> None:
+        bundle, claim, cfg = case.bundle, case.claim, self.config
+        assert bundle is not None and claim is not None
+        n, p = len(claim.output_tokens), len(claim.prompt_tokens)
+        limit = bundle.sampling.max_new_tokens
+        problems = []
+        if not 1 <= n <= limit:
+            problems.append(f"{n} output tokens, want 1..{limit}")
+        if not 1 <= p <= cfg.max_prompt_tokens:
+            problems.append(f"{p} prompt tokens, want 1..{cfg.max_prompt_tokens}")
+        if len(claim.logprobs) != n:
+            problems.append(f"{len(claim.logprobs)} log-probs for {n} tokens")
+        if (bundle.chunk_size, bundle.topk) != (cfg.chunk_size, cfg.topk):
+            problems.append(
+                f"proof shape chunk_size={bundle.chunk_size} topk={bundle.topk}, "
+                f"want {cfg.chunk_size}/{cfg.topk}"
+            )
+        ids = claim.prompt_tokens + claim.output_tokens
+        if self.vocab_size is not None and any(not 0 <= t < self.vocab_size for t in ids):
+            problems.append(f"token ids outside [0, {self.vocab_size})")
+        if problems:
+            for problem in problems:
+                case.reject("structure", problem)
+            return
+        want = chunk_count(p, n, cfg.chunk_size)
+        if len(bundle.chunks) != want:
+            case.reject("structure", f"{len(bundle.chunks)} proof chunks, want {want}")
+            return
+        try:
+            raw = [base64.b64decode(c, validate=True) for c in bundle.chunks]
+            case.moduli, case.coeffs = decode_chunks(raw, cfg.topk)
+        except (binascii.Error, ValueError) as exc:
+            case.reject("structure", f"chunk is not base64: {exc}")
+        except BadProof as exc:
+            case.reject("structure", str(exc))
+
+    def _check_binding(self, case: _Case) -> None:
+        bundle, claim = case.bundle, case.claim
+        assert bundle is not None and claim is not None
+        if binding_digest(bundle, claim) != bundle.digest:
+            case.reject("binding", "digest does not match the claim and proofs")
+            return
+        try:
+            verify_signature(bundle.worker_key, bytes.fromhex(bundle.digest), bundle.signature)
+        except BadSignature as exc:
+            case.reject("binding", f"signature: {exc}")
+
+    # -- stage 5: the replay ---------------------------------------------------------------
+
+    def _replay(self, case: _Case) -> None:
+        claim = case.claim
+        assert claim is not None
+        n, p = len(claim.output_tokens), len(claim.prompt_tokens)
+        try:
+            prefill = self.engine.prefill(claim.prompt_tokens, claim.output_tokens)
+        except (ValueError, IndexError, RuntimeError) as exc:
+            case.reject("replay", f"prefill failed: {type(exc).__name__}: {exc}")
+            return
+        shapes_ok = tuple(prefill.logits.shape[:1]) == (n,) and prefill.hidden_states.shape[0] == (
+            p + n - 1
+        )
+        if not shapes_ok:
+            case.reject("replay", "prefill returned unexpected shapes")
+        elif not (
+            bool(torch.isfinite(prefill.hidden_states).all())
+            and bool(torch.isfinite(prefill.logits).all())
+        ):
+            case.reject("replay", "replayed hidden states or logits are not finite")
+        else:
+            case.prefill = prefill
+
+    # -- stage 6: comparisons --------------------------------------------------------------
+
+    def _compare(self, live: list[_Case]) -> dict[int, list[ChunkAgreement]]:
+        if not live:
+            return {}
+        results = compare_chunks(
+            [c.prefill.hidden_states for c in live],  # type: ignore[union-attr]
+            [len(c.claim.prompt_tokens) for c in live],  # type: ignore[union-attr]
+            [c.moduli for c in live],  # type: ignore[misc]
+            [c.coeffs for c in live],  # type: ignore[misc]
+            self.config.chunk_size,
+            self.config.topk,
+        )
+        return {id(c): r for c, r in zip(live, results, strict=True)}
+
+    def _chunk_passes(self, chunk: ChunkAgreement) -> bool:
+        cfg = self.config
+        need = math.ceil(cfg.min_exponent_matches * chunk.k / cfg.topk)
+        return (
+            chunk.k - chunk.exp_mismatches >= need
+            and chunk.mant_err_mean <= cfg.max_mantissa_mean
+            and chunk.mant_err_median <= cfg.max_mantissa_median
+        )
+
+    def _judge(self, case: _Case, agreements: list[ChunkAgreement] | None) -> ProofVerdict:
+        if case.prefill is None or agreements is None:
+            return ProofVerdict(accepted=False, reasons=case.reasons or _no_replay())
+        claim, bundle, cfg = case.claim, case.bundle, self.config
+        assert claim is not None and bundle is not None
+        reports, failing = [], []
+        for index, chunk in enumerate(agreements):
+            passed = self._chunk_passes(chunk)
+            if not passed:
+                failing.append(index)
+                case.reject(
+                    "hidden_states",
+                    f"chunk {index}: {chunk.k - chunk.exp_mismatches}/{chunk.k} exponents "
+                    f"match, mantissa error mean {chunk.mant_err_mean:.3g} "
+                    f"median {chunk.mant_err_median:.3g}",
+                )
+            reports.append(_report(index, chunk, passed))
+
+        params = sampling_params(bundle.sampling)
+        replay = replay_sampling(
+            case.prefill.logits,
+            claim.output_tokens,
+            params,
+            bundle.seed,
+            cfg.sampling_tolerance,
+            cfg.top_p_tolerance,
+        )
+        if replay.bad_steps:
+            case.reject(
+                "sampling",
+                f"{len(replay.bad_steps)} tokens are not the seeded choice, "
+                f"first at step {replay.bad_steps[0]}",
+            )
+        for problem in termination_problems(
+            claim.output_tokens,
+            claim.finish_reason,
+            replay.logprobs,
+            params,
+            self.eos_token_ids,
+            cfg.eos_min_prob,
+        ):
+            case.reject("termination", problem)
+        off = logprob_errors(claim.logprobs, replay.logprobs, cfg.logprob_tolerance)
+        if off:
+            case.reject("logprobs", f"{len(off)} log-probs off the replay, first at step {off[0]}")
+        behaviour = replay.logprobs.tolist()
+        if not all(math.isfinite(x) for x in behaviour):
+            behaviour = None
+        reward = self._reward(case)
+        return ProofVerdict(
+            accepted=not case.reasons,
+            reasons=case.reasons,
+            failing_chunks=failing,
+            tokens_replayed=len(claim.prompt_tokens) + len(claim.output_tokens),
+            behaviour_logprobs=behaviour,
+            reward=reward,
+            chunks=reports,
+        )
+
+    def _reward(self, case: _Case) -> float | None:
+        claim = case.claim
+        assert claim is not None
+        if self.scorer is None:
+            return None
+        try:
+            reward = float(self.scorer(claim.prompt_tokens, claim.output_tokens))
+        except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
+            case.reject("reward", f"scorer failed on this completion: {exc}")
+            return None
+        if not math.isfinite(reward):
+            case.reject("reward", "scorer returned a non-finite reward")
+            return None
+        if claim.reward is not None and abs(claim.reward - reward) > self.config.reward_tolerance:
+            case.reject("reward", f"reported reward {claim.reward} but recomputed {reward}")
+        return reward
+
+
+def _no_replay() -> list[Rejection]:
+    return [Rejection(code="replay", detail="no replay ran")]
+
+
+def _report(index: int, chunk: ChunkAgreement, passed: bool) -> ChunkReport:
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return ChunkReport(
+        index=index,
+        compared=chunk.k,
+        exp_mismatches=chunk.exp_mismatches,
+        mant_err_mean=finite(chunk.mant_err_mean),
+        mant_err_median=finite(chunk.mant_err_median),
+        passed=passed,
+    )
+
+
+def _parse(model: type, raw: Any, max_bytes: int) -> Any:
+    """``raw`` (model instance, dict, JSON str/bytes) as ``model``; BadProof when it is not."""
+    if raw is None:
+        raise BadProof(f"{model.__name__} is missing (null)")
+    if isinstance(raw, model):
+        return raw
+    try:
+        if isinstance(raw, bytes | bytearray | str):
+            if len(raw) > max_bytes:
+                raise BadProof(f"{model.__name__} is {len(raw)} bytes, limit {max_bytes}")
+            return model.model_validate_json(raw)  # type: ignore[attr-defined]
+        if isinstance(raw, dict):
+            size = len(canonical_json(raw))
+            if size > max_bytes:
+                raise BadProof(f"{model.__name__} is {size} bytes, limit {max_bytes}")
+            return model.model_validate(raw)  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise BadProof(f"{model.__name__} invalid at {where or '(root)'}: {first['msg']}") from exc
+    except (ValueError, TypeError) as exc:  # e.g. NaN in a dict that canonical_json refuses
+        raise BadProof(f"{model.__name__} cannot be read: {exc}") from exc
+    raise BadProof(f"{model.__name__} has type {type(raw).__name__}")
