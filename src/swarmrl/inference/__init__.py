@@ -1,1 +1,14 @@
-"""swarmrl.inference (see docs/architecture.md)."""
+"""swarmrl.inference: the batched PyTorch engine and its seeded Gumbel-max sampling."""
+
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.sampling import gumbel_noise, sample_tokens
+from swarmrl.inference.types import Generation, Prefill, SamplingParams
+
+__all__ = [
+    "Generation",
+    "Prefill",
+    "SamplingParams",
+    "TorchEngine",
+    "gumbel_noise",
+    "sample_tokens",
+]

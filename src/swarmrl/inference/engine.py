@@ -1,0 +1,198 @@
+"""The built-in PyTorch inference engine: batched generation and prefill over one policy.
+
+``TorchEngine.generate`` left-pads ragged prompts into one batch, runs one prefill and then one
+decode step per output token with a key/value cache, and samples each token with the seeded
+Gumbel-max rule of ``swarmrl.inference.sampling`` (so every token is replayable from its seed
+and step). ``prefill`` is the validator's single pass over a fixed prompt + completion.
+``load_state_dict`` swaps in a new policy version in place.
+
+Llama and Qwen2 weights run through the lean forward of ``swarmrl.inference.llama``; any other
+causal LM runs through its own transformers forward (``HFBackbone``).
+
+Knows nothing about rewards, proofs or networking: it turns token ids into token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from swarmrl.inference import llama
+from swarmrl.inference.backbone import Backbone, HFBackbone
+from swarmrl.inference.sampling import sample_tokens
+from swarmrl.inference.types import Generation, Prefill, SamplingParams, check_token_ids
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
+    """The engine's EOS ids: the tokenizer's if given, else the model config's (maybe none)."""
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return {int(tokenizer.eos_token_id)}
+    eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in eos} if isinstance(eos, list | tuple) else {int(eos)}
+
+
+class TorchEngine:
+    """Batched generation with a KV cache; one model, one device."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer is not None else None
+        self.pad_id = int(pad) if pad is not None else 0
+        self.backbone: Backbone = (
+            llama.LlamaBackbone(model) if llama.supports(model) else HFBackbone(model)
+        )
+
+    @property
+    def fast_path(self) -> bool:
+        """True when the lean Llama/Qwen2 forward is in use."""
+        return isinstance(self.backbone, llama.LlamaBackbone)
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy new weights (same architecture and shapes) into the model, in place."""
+        result = self.model.load_state_dict(dict(state_dict), strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or ()) | {"lm_head.weight"}
+        missing = [k for k in result.missing_keys if k not in tied]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"state dict does not fit the model: missing {missing[:5]}, "
+                f"unexpected {result.unexpected_keys[:5]}"
+            )
+        self.backbone.reload()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int],
+        *,
+        return_hidden: bool = False,
+    ) -> list[Generation]:
+        """Sample one completion per prompt; ``seeds[i]`` drives the noise of prompt i."""
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if not prompts:
+            return []
+        vocab = self.backbone.vocab_size
+        rows = [check_token_ids(p, vocab, f"prompt {i}") for i, p in enumerate(prompts)]
+        if any(not r for r in rows):
+            raise ValueError("every prompt needs at least one token")
+        batch, width, steps = len(rows), max(len(r) for r in rows), params.max_new_tokens
+        dev = self.device
+        lens = torch.tensor([len(r) for r in rows], device=dev)  # [B]
+        tokens = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        for b, r in enumerate(rows):
+            tokens[b, width - len(r) :] = torch.tensor(r)
+        tokens = tokens.to(dev)
+        key_valid = torch.ones(batch, width + steps, dtype=torch.bool, device=dev)
+        key_valid[:, :width] = torch.arange(width, device=dev)[None] >= (width - lens)[:, None]
+        positions = (key_valid[:, :width].long().cumsum(-1) - 1).clamp(min=0)  # [B, width]
+
+        cache = self.backbone.new_cache(batch, width + steps - 1)
+        hidden, logits = self.backbone.forward(
+            tokens, positions, key_valid[:, :width], cache, 0, "last"
+        )
+        prompt_hidden = hidden.float() if return_hidden else None  # [B, width, hidden]
+        step_hidden: list[torch.Tensor] = []
+
+        stops = torch.tensor(sorted(self.eos_ids | set(params.stop_token_ids)), device=dev)
+        seed_t = torch.tensor([int(s) for s in seeds], dtype=torch.long, device=dev)
+        out_tokens = torch.zeros(batch, steps, dtype=torch.long, device=dev)
+        out_logprobs = torch.zeros(batch, steps, dtype=torch.float32, device=dev)
+        n_out = torch.full((batch,), steps, dtype=torch.long, device=dev)
+        stopped = torch.zeros(batch, dtype=torch.bool, device=dev)
+        for t in range(steps):
+            tok, lp = sample_tokens(logits, params, seed_t, t)  # [B], [B]
+            out_tokens[:, t] = tok
+            out_logprobs[:, t] = lp
+            hit = torch.isin(tok, stops) & ~stopped
+            n_out = torch.where(hit, t + 1, n_out)
+            stopped |= hit
+            if t == steps - 1 or bool(stopped.all()):
+                break
+            hidden, logits = self.backbone.forward(
+                tok[:, None], (lens + t)[:, None], key_valid, cache, width + t, "last"
+            )
+            if return_hidden:
+                step_hidden.append(hidden[:, 0].float())  # [B, hidden]
+        return self._results(
+            rows, seeds, out_tokens, out_logprobs, n_out, stopped, prompt_hidden, step_hidden
+        )
+
+    def _results(
+        self,
+        rows: list[list[int]],
+        seeds: Sequence[int],
+        out_tokens: torch.Tensor,
+        out_logprobs: torch.Tensor,
+        n_out: torch.Tensor,
+        stopped: torch.Tensor,
+        prompt_hidden: torch.Tensor | None,
+        step_hidden: list[torch.Tensor],
+    ) -> list[Generation]:
+        tokens_l, logprobs_l = out_tokens.cpu().tolist(), out_logprobs.cpu().tolist()
+        counts, stopped_l = n_out.cpu().tolist(), stopped.cpu().tolist()
+        decoded = torch.stack(step_hidden, dim=1).cpu() if step_hidden else None  # [B, t, h]
+        width = prompt_hidden.shape[1] if prompt_hidden is not None else 0
+        results = []
+        for b, row in enumerate(rows):
+            n = counts[b]
+            hidden = None
+            if prompt_hidden is not None:
+                parts = [prompt_hidden[b, width - len(row) :].cpu()]
+                if n > 1 and decoded is not None:
+                    parts.append(decoded[b, : n - 1])
+                hidden = torch.cat(parts, dim=0)  # [P + n - 1, hidden]
+            results.append(
+                Generation(
+                    prompt_tokens=row,
+                    output_tokens=tokens_l[b][:n],
+                    logprobs=logprobs_l[b][:n],
+                    finish_reason="eos" if stopped_l[b] else "length",
+                    seed=int(seeds[b]),
+                    hidden_states=hidden,
+                )
+            )
+        return results
+
+    @torch.no_grad()
+    def prefill(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> Prefill:
+        """One pass over prompt + output[:-1]: the logits behind each output token."""
+        vocab = self.backbone.vocab_size
+        prompt = check_token_ids(prompt_tokens, vocab, "prompt")
+        output = check_token_ids(output_tokens, vocab, "output")
+        if not prompt or not output:
+            raise ValueError("prefill needs at least one prompt token and one output token")
+        seq = prompt + output[:-1]
+        tokens = torch.tensor([seq], dtype=torch.long, device=self.device)  # [1, S]
+        positions = torch.arange(len(seq), device=self.device)[None]
+        key_valid = torch.ones(1, len(seq), dtype=torch.bool, device=self.device)
+        cache = self.backbone.new_cache(1, len(seq)) if not self.fast_path else None
+        hidden, logits = self.backbone.forward(tokens, positions, key_valid, cache, 0, "all")
+        assert logits is not None
+        return Prefill(
+            logits=logits[0, len(prompt) - 1 :].cpu(),  # [n, vocab]
+            hidden_states=hidden[0].float().cpu(),  # [P + n - 1, hidden]
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Short facts for logs: architecture, path, device, dtype."""
+        return {
+            "model_type": self.model.config.model_type,
+            "fast_path": self.fast_path,
+            "device": str(self.device),
+            "dtype": str(next(self.model.parameters()).dtype),
+        }
