@@ -92,12 +92,12 @@ class Catalog:
                 manifest = store.load_manifest(directory)
             except (OSError, ValueError):
                 continue  # pruned between listing and reading
-            self._put(manifest, directory, complete=True)
+            self._put(version, manifest, directory, complete=True)  # keyed by what the disk says
             changed = True
         if changed:
             self._notify()
 
-    def _put(self, manifest: Manifest, directory: Path, complete: bool) -> None:
+    def _put(self, version: int, manifest: Manifest, directory: Path, complete: bool) -> None:
         fill = 1 if complete else 0
         entry = ServedVersion(
             manifest=manifest,
@@ -108,10 +108,10 @@ class Catalog:
             complete=complete,
         )
         with self._lock:
-            self._versions[manifest.version] = entry
+            self._versions[version] = entry
 
     def add_in_progress(self, manifest: Manifest, partial: Path) -> None:
-        self._put(manifest, partial, complete=False)
+        self._put(manifest.version, manifest, partial, complete=False)
         self._notify()
 
     def mark_shard(self, version: int, index: int) -> None:

@@ -296,6 +296,7 @@ class RunningServer:
     server: uvicorn.Server
     thread: threading.Thread
     url: str
+    catalog: Catalog | None = None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self.server.should_exit = True

@@ -1,0 +1,269 @@
+"""Fault tests against real servers on loopback: every fetch ends verified or cleanly refused.
+
+A bad source here is a real HTTP server over a real store whose bytes were damaged on disk
+(flipped, truncated, forged, replayed), or a real relay process killed mid-transfer.
+"""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.errors import BadSignature, CorruptData, InfraError, PeerUnavailable, ReplayedRequest
+from swarmrl.identity import KeyPair
+from swarmrl.shardcast import Publisher, WeightClient, store
+from swarmrl.shardcast.assemble import FileWriter
+from swarmrl.shardcast.testing import random_weights, serve_store, write_checkpoint
+
+SHARD = 16 * 1024
+CFG = ShardcastConfig(
+    shard_size_bytes=SHARD, parallel_downloads=4, request_timeout_s=10, long_poll_timeout_s=2
+)
+KEY = KeyPair.from_seed(b"\x07" * 32)
+
+
+@pytest.fixture
+def origin(tmp_path):
+    """A store with v1 (~512 KiB of weights, 32+ shards) served on loopback."""
+    ck = write_checkpoint(tmp_path / "ck1", random_weights(128 * 1024, seed=1))
+    Publisher(tmp_path / "origin", KEY, CFG).publish(ck, 1)
+    server = serve_store(tmp_path / "origin", CFG)
+    yield server
+    server.stop()
+
+
+def _weights_bytes(tmp_path: Path) -> bytes:
+    return (tmp_path / "ck1" / "model.safetensors").read_bytes()
+
+
+def _assert_clean(out: Path) -> None:
+    """No ready version and no partial directory left behind."""
+    assert store.ready_versions(out) == []
+    assert list(out.iterdir()) == []
+
+
+def _damaged_copy(tmp_path: Path, name: str, damage) -> Path:
+    bad = tmp_path / name
+    shutil.copytree(tmp_path / "origin", bad)
+    damage(store.ready_dir(bad, 1))
+    return bad
+
+
+def _flip_bytes(version_dir: Path) -> None:
+    path = version_dir / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    for offset in range(100, len(data), SHARD):  # one flipped bit in every shard
+        data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_corrupting_relay_is_penalised_reported_and_bypassed(tmp_path, origin):
+    bad = serve_store(_damaged_copy(tmp_path, "bad", _flip_bytes), CFG)
+    try:
+        client = WeightClient([bad.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        path = client.fetch("latest")
+        assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+        assert client.reports and {r.source for r in client.reports} == {bad.url}
+        assert all(r.reason == "digest mismatch" for r in client.reports)
+        stats = client.pool.stats
+        assert stats[bad.url].corrupt > 0 and stats[bad.url].weight() < stats[origin.url].weight()
+        alone = WeightClient([bad.url], KEY.public_key_hex, tmp_path / "out2", CFG)
+        with pytest.raises(CorruptData, match="corrupt"):
+            alone.fetch(1)
+        _assert_clean(tmp_path / "out2")
+    finally:
+        bad.stop()
+
+
+def test_truncated_responses_are_resumed_elsewhere(tmp_path, origin):
+    def truncate(version_dir: Path) -> None:
+        path = version_dir / "model.safetensors"
+        os.truncate(path, path.stat().st_size // 2 + 1000)  # mid-shard cut: short bodies
+
+    short = serve_store(_damaged_copy(tmp_path, "short", truncate), CFG)
+    try:
+        client = WeightClient([short.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        path = client.fetch(1)
+        assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+        assert client.pool.stats[short.url].failures > 0
+        alone = WeightClient([short.url], KEY.public_key_hex, tmp_path / "out2", CFG)
+        with pytest.raises(PeerUnavailable, match="IncompleteRead|gave up"):
+            alone.fetch(1)
+        _assert_clean(tmp_path / "out2")
+    finally:
+        short.stop()
+
+
+def test_forged_and_unsigned_manifests_are_refused(tmp_path, origin):
+    forger = KeyPair.from_seed(b"\x09" * 32)
+    ck = write_checkpoint(tmp_path / "evil", random_weights(1000, seed=666))
+    Publisher(tmp_path / "forged", forger, CFG).publish(ck, 1)
+    forged = serve_store(tmp_path / "forged", CFG)
+
+    def strip_signature(version_dir: Path) -> None:
+        mpath = store.manifest_path(version_dir)
+        mpath.write_text(mpath.read_text().replace('"signature":"', '"signature":"00', 1))
+
+    tampered = serve_store(_damaged_copy(tmp_path, "tampered", strip_signature), CFG)
+    try:
+        for server, message in ((forged, "unknown publisher"), (tampered, "signature")):
+            client = WeightClient([server.url], KEY.public_key_hex, tmp_path / "o", CFG)
+            with pytest.raises(BadSignature, match=message):
+                client.fetch(1)
+            _assert_clean(tmp_path / "o")
+        both = WeightClient([forged.url, origin.url], KEY.public_key_hex, tmp_path / "ok", CFG)
+        assert (both.fetch(1) / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+    finally:
+        forged.stop()
+        tampered.stop()
+
+
+def test_replayed_older_manifest_and_rollback_are_refused(tmp_path, origin):
+    # a relay answers "v2" with the validly signed v1 manifest and bytes
+    replay_store = tmp_path / "replay"
+    shutil.copytree(tmp_path / "origin", replay_store)
+    shutil.copytree(store.ready_dir(replay_store, 1), store.ready_dir(replay_store, 2))
+    replay = serve_store(replay_store, CFG)
+    try:
+        client = WeightClient([replay.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        with pytest.raises(ReplayedRequest, match="asked for manifest v2, got a validly signed v1"):
+            client.fetch("latest")
+        _assert_clean(tmp_path / "out")
+        # a client already holding v2 refuses to be rolled back to v1 unless asked
+        shutil.copytree(tmp_path / "origin", tmp_path / "only_v1")
+        ck2 = write_checkpoint(tmp_path / "ck2", random_weights(128 * 1024, seed=2))
+        Publisher(tmp_path / "origin", KEY, CFG).publish(ck2, 2)
+        holder = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "held", CFG)
+        deadline = time.monotonic() + 5
+        while holder.latest_version() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holder.fetch("latest")
+        with pytest.raises(ReplayedRequest, match="rollback"):
+            holder.fetch(1)
+        only_v1 = serve_store(tmp_path / "only_v1", CFG)
+        try:
+            behind = WeightClient([only_v1.url], KEY.public_key_hex, tmp_path / "held", CFG)
+            with pytest.raises(ReplayedRequest, match="refusing rollback to v1"):
+                behind.fetch("latest")
+        finally:
+            only_v1.stop()
+        assert store.ready_versions(tmp_path / "held") == [2]
+        assert holder.fetch(1, allow_rollback=True).name == "v00000001"
+    finally:
+        replay.stop()
+
+
+class _FullDisk(FileWriter):
+    """The disk fills up after ``budget`` bytes: the next write raises ENOSPC."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+
+    def write(self, fd, offset, data):
+        self.budget -= len(data)
+        if self.budget < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().write(fd, offset, data)
+
+
+def test_full_disk_is_a_clean_infra_error(tmp_path, origin):
+    client = WeightClient(
+        [origin.url], KEY.public_key_hex, tmp_path / "out", CFG, writer=_FullDisk(100_000)
+    )
+    with pytest.raises(InfraError, match="No space left"):
+        client.fetch(1)
+    _assert_clean(tmp_path / "out")
+
+
+def test_corrupt_delta_falls_back_to_full_download(tmp_path, origin):
+    client = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+    client.fetch(1)
+    weights = {
+        k: v + np.float32(1e-4) * (np.arange(v.size) % 101 == 0)
+        for k, v in random_weights(128 * 1024, 1).items()
+    }
+    ck2 = write_checkpoint(tmp_path / "ck2", weights)
+    m2 = Publisher(tmp_path / "origin", KEY, CFG).publish(ck2, 2)
+    assert m2.deltas
+    blob = store.delta_path(store.ready_dir(tmp_path / "origin", 2), 0)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    client.wait_for_newer(timeout_s=5)
+    path = client.fetch("latest")
+    assert (path / "model.safetensors").read_bytes() == (ck2 / "model.safetensors").read_bytes()
+    assert client.last_report.delta_failures and client.last_report.downloaded == [
+        "model.safetensors"
+    ]
+    assert any(r.what == "delta 0" for r in client.reports)
+
+
+def test_relay_killed_mid_transfer(tmp_path, origin):
+    relay_store = tmp_path / "relay"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl.cli",
+            "relay",
+            "--upstream",
+            origin.url,
+            "--publisher-key",
+            KEY.public_key_hex,
+            "--store",
+            str(relay_store),
+            "--port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving on "), line
+        relay_url = line.split()[-1]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            listing = httpx.get(f"{relay_url}/versions", timeout=5).json()
+            if listing["versions"] and listing["versions"][-1]["complete"]:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("relay did not replicate v1 within 20 s")
+
+        class KillRelayHalfway(FileWriter):
+            written = 0
+
+            def write(self, fd, offset, data):
+                KillRelayHalfway.written += len(data)
+                if KillRelayHalfway.written > 200_000 and proc.poll() is None:
+                    proc.kill()
+                    proc.wait(5)
+                super().write(fd, offset, data)
+
+        client = WeightClient(
+            [relay_url, origin.url],
+            KEY.public_key_hex,
+            tmp_path / "out",
+            CFG,
+            writer=KillRelayHalfway(),
+        )
+        path = client.fetch(1)
+        assert proc.poll() is not None
+        assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+        assert client.pool.stats[relay_url].failures > 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
