@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from swarmrl import __version__
@@ -152,6 +153,15 @@ def build_app(ctx: Context) -> FastAPI:
     @app.exception_handler(PeerError)
     async def _peer_error(_: Request, exc: PeerError) -> JSONResponse:
         return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, _status_of(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # the offending input is left out: it may not even be JSON-serialisable (NaN)
+        parts = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+            for e in exc.errors()[:5]
+        ]
+        return JSONResponse({"error": "InvalidRequest", "detail": "; ".join(parts)}, 422)
 
     async def signed(request: Request) -> SignedRequest:
         raw = request.scope.get("raw_path") or request.url.path.encode()
