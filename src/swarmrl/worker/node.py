@@ -1,0 +1,325 @@
+"""The untrusted inference node: join a pool, follow policy versions, lease, generate, submit.
+
+Three loops run side by side:
+
+- weights (thread): long-polls the weight sources (relays, then the origin as a fallback) and
+  downloads each new version as soon as it is announced, while generation goes on with the
+  version already loaded;
+- heartbeat (thread): tells the orchestrator the node is alive and which version it holds;
+  learns from the reply when the node has been banned;
+- work (main thread): leases a work unit, switches to the newest downloaded version between
+  units, generates all samples with proofs, and submits them signed.
+
+Every call to a peer is retried with a bounded, logged wait (``swarmrl.launch.rolekit``). A
+refusal from the orchestrator (stale version, expired lease) drops that unit and goes on.
+
+Knows nothing about training or validation; it only produces rollouts and proofs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarmrl.config import SwarmConfig
+from swarmrl.config.swarm import cheat_after
+from swarmrl.envs import build_env
+from swarmrl.errors import InfraError, PeerError, WaitTimeout
+from swarmrl.identity import KeyPair
+from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.launch.policy import LoadedVersion, load_version, swap_version
+from swarmrl.launch.rolekit import StatusReporter, retry, wait_for
+from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
+from swarmrl.shardcast import WeightClient
+from swarmrl.toploc.bundle import build_bundles
+from swarmrl.worker.rollouts import corrupt_weights, generate_unit
+
+
+@dataclass
+class WorkerSettings:
+    """Where the node finds its peers and keeps its files."""
+
+    orchestrator: str
+    pool_id: str
+    weight_sources: list[str]
+    publisher_key: str
+    work_dir: Path
+    invite: Invite | None = None
+
+
+class WorkerNode:
+    """One inference node (see module docstring)."""
+
+    def __init__(
+        self,
+        config: SwarmConfig,
+        settings: WorkerSettings,
+        keypair: KeyPair,
+        status: StatusReporter,
+        log: logging.Logger,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.keypair = keypair
+        self.status = status
+        self.log = log
+        self.env = build_env(config.env)
+        self.pool = PoolClient(settings.orchestrator, keypair, config.swarm.peer_timeout_s)
+        self.weights = WeightClient(
+            settings.weight_sources,
+            settings.publisher_key,
+            settings.work_dir / "weights",
+            config.shardcast,
+            client_id=keypair.node_id[:12],
+        )
+        self.stop = threading.Event()
+        self.banned = threading.Event()
+        self._ready: tuple[int, Path] | None = None  # newest downloaded version
+        self._ready_lock = threading.Lock()
+        self.policy: LoadedVersion | None = None
+        self.tokens_per_s: float | None = None
+        self.submitted = 0
+        self.cheat_after = cheat_after(config.swarm.cheat)
+        self.corrupted = False
+
+    # -- weights --------------------------------------------------------------------------
+    def _fetch_latest(self) -> None:
+        path = self.weights.fetch("latest")
+        version = store_version(path)
+        with self._ready_lock:
+            if self._ready is None or version > self._ready[0]:
+                self._ready = (version, path)
+        self.status.event(f"downloaded v{version}")
+        report = self.weights.last_report
+        if report is not None:
+            self.status.add(weight_bytes=report.network_bytes)
+
+    def _weights_loop(self) -> None:
+        swarm = self.config.swarm
+        while not self.stop.is_set():
+            try:
+                retry(
+                    self._fetch_latest,
+                    "fetch the latest policy version",
+                    self.log,
+                    give_up_s=swarm.give_up_s,
+                    pause_s=swarm.retry_s,
+                    stop=self.stop,
+                )
+                self.weights.wait_for_newer(timeout_s=30.0)
+            except WaitTimeout:
+                continue  # no newer version yet (or sources away): ask again
+            except PeerError as exc:
+                self.log.warning("weight source sent bad data (%s); refetching", exc)
+                self.stop.wait(swarm.retry_s)
+
+    def _take_newest(self) -> None:
+        """Switch the engine to the newest downloaded version, if it is newer."""
+        with self._ready_lock:
+            ready = self._ready
+        if ready is None or (self.policy is not None and ready[0] <= self.policy.version):
+            return
+        version, path = ready
+        if self.policy is None:
+            self.policy = load_version(path, version)
+        else:
+            swap_version(self.policy, path, version)
+        if self.corrupted:
+            self._corrupt()
+        self.status.set(version=version)
+        self.log.info("generating with policy v%d", version)
+
+    def _corrupt(self) -> None:
+        """TEST-ONLY misbehaviour: generate with tampered weights from now on."""
+        assert self.policy is not None
+        state = corrupt_weights(self.policy.engine.model.state_dict(), seed=self.policy.version)
+        self.policy.engine.load_state_dict(state)
+
+    # -- heartbeat ------------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        interval = self.config.pool.heartbeat_interval_s
+        while not self.stop.wait(interval / 2):
+            beat = Heartbeat(
+                status="ok",
+                model_version=self.policy.version if self.policy else None,
+                tokens_per_s=self.tokens_per_s,
+            )
+            try:
+                reply = self.pool.heartbeat(self.settings.pool_id, beat)
+            except (InfraError, RequestRefused) as exc:
+                self.log.warning("heartbeat failed: %s", exc)
+                continue
+            if reply.state == "banned":
+                self.log.error("the orchestrator banned this node; stopping")
+                self.status.event("banned by the orchestrator")
+                self.banned.set()
+                self.stop.set()
+
+    # -- work -----------------------------------------------------------------------------
+    def join(self) -> None:
+        meta = NodeMetadata(engine="torch", memory_gb=0.0, accelerator="cpu")
+        swarm = self.config.swarm
+
+        def call() -> None:
+            # joining again is harmless: a member gets its current view back
+            view = self.pool.join(self.settings.pool_id, meta, self.settings.invite)
+            self.log.info(
+                "joined pool %s as node %s (%s)", self.settings.pool_id, view.node_id, view.state
+            )
+
+        retry(
+            call,
+            f"join pool {self.settings.pool_id}",
+            self.log,
+            give_up_s=swarm.give_up_s,
+            pause_s=swarm.retry_s,
+            stop=self.stop,
+        )
+
+    def _prove(self, generations: list[Generation], params: SamplingParams) -> list[dict]:
+        assert self.policy is not None
+        bundles = build_bundles(
+            generations,
+            keypair=self.keypair,
+            policy_version=self.policy.version,
+            model_digest=self.policy.root_digest,
+            params=params,
+            chunk_size=self.config.toploc.chunk_size,
+            topk=self.config.toploc.topk,
+        )
+        return [b.model_dump(mode="json") for b in bundles]
+
+    def _work_once(self) -> None:
+        swarm = self.config.swarm
+        self._take_newest()
+        reply = retry(
+            lambda: self.pool.lease(self.settings.pool_id),
+            "lease work",
+            self.log,
+            give_up_s=swarm.give_up_s,
+            pause_s=swarm.retry_s,
+            stop=self.stop,
+        )
+        if reply.work is None:
+            self.status.set(state=f"idle: {reply.reason or 'no work'}")
+            self.stop.wait(min(max(reply.retry_after_s, 0.2), 5.0))
+            return
+        work: WorkUnit = reply.work
+        assert self.policy is not None
+        if self.policy.version < work.min_version:
+            self.status.set(state=f"waiting for v{work.min_version}")
+
+            def caught_up() -> bool | None:
+                self._take_newest()
+                assert self.policy is not None
+                return True if self.policy.version >= work.min_version else None
+
+            wait_for(
+                caught_up,
+                f"policy v{work.min_version} to download",
+                self.log,
+                timeout_s=swarm.give_up_s,
+                stop=self.stop,
+            )
+        self.status.set(state="generating")
+        start = time.perf_counter()
+        samples = generate_unit(
+            self.policy.engine,
+            self.env,
+            self.policy.tokenizer,
+            work,
+            self.policy.version,
+            self._prove,
+        )
+        seconds = time.perf_counter() - start
+        tokens = sum(len(s.output_tokens) for s in samples)
+        self.tokens_per_s = tokens / max(seconds, 1e-6)
+        self.status.set(state="submitting", tokens_per_s=self.tokens_per_s)
+        try:
+            receipt = retry(
+                lambda: self.pool.submit(
+                    self.settings.pool_id, Submission(lease_id=work.lease_id, samples=samples)
+                ),
+                "submit rollouts",
+                self.log,
+                give_up_s=swarm.give_up_s,
+                pause_s=swarm.retry_s,
+                stop=self.stop,
+            )
+        except RequestRefused as exc:
+            if exc.status == 403:
+                raise  # not a member any more: handled by run()
+            self.log.warning("submission refused: %s", exc.detail)
+            self.status.add(refused=1)
+            return
+        self.submitted += 1
+        self.status.add(submitted=1, rollouts=len(samples), tokens=tokens)
+        self.log.info(
+            "submitted %d samples (v%d, %.0f tok/s): %s",
+            len(samples),
+            self.policy.version,
+            self.tokens_per_s,
+            receipt.status,
+        )
+        if (
+            self.cheat_after is not None
+            and not self.corrupted
+            and self.submitted >= self.cheat_after
+        ):
+            self.log.warning("TEST-ONLY cheat: generating with corrupted weights from now on")
+            self.corrupted = True
+            self._corrupt()
+
+    def run(self) -> int:
+        """Work until stopped or banned; returns the process exit status."""
+        swarm = self.config.swarm
+        self.status.set(state="joining")
+        self.join()
+        threads = [
+            threading.Thread(target=self._weights_loop, name="weights", daemon=True),
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        self.status.set(state="waiting for weights")
+        wait_for(
+            lambda: self._ready,
+            "the first policy version from the weight sources",
+            self.log,
+            timeout_s=swarm.ready_timeout_s,
+            stop=self.stop,
+        )
+        try:
+            while not self.stop.is_set():
+                try:
+                    self._work_once()
+                except RequestRefused as exc:
+                    self.log.warning("orchestrator refused: %s", exc)
+                    if exc.status == 403 and "banned" in exc.detail:
+                        self.banned.set()
+                        break
+                    if exc.status == 403:  # declared dead or ejected: join again
+                        self.join()
+                    self.stop.wait(swarm.retry_s)
+        except WaitTimeout:
+            if not self.stop.is_set():
+                raise
+        finally:
+            self.stop.set()
+            self.pool.close()
+            self.weights.close()
+        if self.banned.is_set():
+            self.status.set(state="banned")
+            return 3
+        return 0
+
+
+def store_version(path: Path) -> int:
+    """The version number of a ready shardcast version directory."""
+    from swarmrl.shardcast import store
+
+    return store.load_manifest(path).version

@@ -1,0 +1,116 @@
+"""Turn one leased work unit into signed-ready samples: prompts, seeded generation, proofs.
+
+A work unit names task indices into the pool's training split, ``samples_per_task`` (G) and a
+unit seed. Sample ``i`` (tasks in lease order, G consecutive samples per task) is generated with
+seed ``sample_seed(unit seed, i)`` (``swarmrl.protocol.swarm``), so a validator knows every
+sample's Gumbel noise without trusting the worker. Prompts are ``<bos> + prompt characters``,
+the layout the warm start trained on.
+
+Also holds the test-only misbehaviour :func:`corrupt_weights` used to show that a worker
+generating with other weights than the declared version is caught.
+
+Knows nothing about HTTP or pools beyond the wire types of a work unit and a sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from swarmrl.envs import Environment
+from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.protocol.pool import Sample, WorkUnit
+from swarmrl.protocol.swarm import sample_seed
+
+# generations of one unit (with hidden states) -> one wire proof bundle per generation
+ProofBuilder = Callable[[list[Generation], SamplingParams], list[dict | str | None]]
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """``<bos>`` followed by the prompt's tokens (no EOS): what the policy is conditioned on."""
+    return [int(tokenizer.bos_token_id), *tokenizer.encode(text, add_special_tokens=False)]
+
+
+def unit_prompts(
+    env: Environment, tokenizer: PreTrainedTokenizerBase, work: WorkUnit
+) -> list[tuple[int, list[int]]]:
+    """``(task index, prompt tokens)`` for every sample of ``work``, G per task, in order."""
+    out: list[tuple[int, list[int]]] = []
+    for task_index in work.task_indices:
+        tokens = encode_prompt(tokenizer, env.task("train", task_index).prompt)
+        out.extend((task_index, tokens) for _ in range(work.samples_per_task))
+    return out
+
+
+def engine_params(work: WorkUnit) -> SamplingParams:
+    """The engine's sampling parameters for a unit (EOS ends a sample; no extra stop tokens)."""
+    s = work.sampling
+    return SamplingParams(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
+    )
+
+
+class Generator:
+    """Anything with the engine's ``generate`` verb (see ``swarmrl.inference.engine``)."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int],
+        *,
+        return_hidden: bool = False,
+    ) -> list[Generation]: ...
+
+
+def generate_unit(
+    engine: Generator,
+    env: Environment,
+    tokenizer: PreTrainedTokenizerBase,
+    work: WorkUnit,
+    policy_version: int,
+    prove: ProofBuilder | None = None,
+) -> list[Sample]:
+    """All ``len(task_indices) × G`` samples of ``work`` generated with ``policy_version``."""
+    prompts = unit_prompts(env, tokenizer, work)
+    seeds = [sample_seed(work.seed, i) for i in range(len(prompts))]
+    params = engine_params(work)
+    generations = engine.generate(
+        [p for _, p in prompts], params, seeds, return_hidden=prove is not None
+    )
+    proofs = prove(generations, params) if prove is not None else [None] * len(generations)
+    samples = []
+    for (task_index, _), gen, proof in zip(prompts, generations, proofs, strict=True):
+        samples.append(
+            Sample(
+                task_index=task_index,
+                prompt_tokens=gen.prompt_tokens,
+                output_tokens=gen.output_tokens,
+                logprobs=gen.logprobs,
+                finish_reason=gen.finish_reason,
+                policy_version=policy_version,
+                proof=proof,
+            )
+        )
+    return samples
+
+
+def corrupt_weights(
+    state_dict: dict[str, torch.Tensor], scale: float = 0.5, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """TEST-ONLY: every floating tensor plus Gaussian noise of ``scale`` × its own std.
+
+    Models a worker that saves compute or tampers by decoding with different weights while
+    declaring the published version.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, tensor in state_dict.items():
+        if tensor.is_floating_point() and tensor.numel() > 1:
+            noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
+            out[name] = tensor + (scale * tensor.float().std() * noise).to(tensor.dtype)
+        else:
+            out[name] = tensor
+    return out
