@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    console = Console()
+    console = Console(width=max(Console().width, 160))
     if args.action == "export":
         from swarmrl.pool.db import make_engine
 

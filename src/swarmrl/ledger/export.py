@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,6 @@ def write_export(engine: sa.Engine, out: str | Path) -> int:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries, round(time.time(), 3))))
+    tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries)))
     os.replace(tmp, out)
     return len(entries)

@@ -1,7 +1,8 @@
 """Ledger export files and their offline verification.
 
-An export is JSON Lines: a header line ``{"format": "swarmrl-ledger-v1", "entries": N,
-"exported_at": t}`` then one canonical-JSON line per entry (the hashed part plus
+An export is JSON Lines: a header line ``{"entries": N, "format": "swarmrl-ledger-v1",
+"last_hash": h}`` (every header field is checked against the entries, so no header byte can
+change unnoticed either) then one canonical-JSON line per entry (the hashed part plus
 ``entry_hash`` and ``signature``), in sequence order. :func:`verify_export` re-derives every hash,
 checks the chain and each ed25519 signature against the orchestrator key, insists each line is
 byte-for-byte canonical (so no byte can change without notice), and names the first bad entry.
@@ -26,9 +27,10 @@ from swarmrl.ledger.reputation import reputation
 EXPORT_FORMAT = "swarmrl-ledger-v1"
 
 
-def export_lines(entries: list[dict[str, Any]], exported_at: float) -> list[bytes]:
+def export_lines(entries: list[dict[str, Any]]) -> list[bytes]:
     """Canonical lines of an export (header first), each without its newline."""
-    header = {"format": EXPORT_FORMAT, "entries": len(entries), "exported_at": exported_at}
+    last = entries[-1]["entry_hash"] if entries else GENESIS_HASH
+    header = {"format": EXPORT_FORMAT, "entries": len(entries), "last_hash": last}
     return [canonical_json(header)] + [canonical_json(e) for e in entries]
 
 
@@ -125,8 +127,10 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
         return VerifyReport(False, 0, "header", f"header is not JSON ({exc})")
     if not isinstance(header, dict) or canonical_json(header) != lines[0]:
         return VerifyReport(False, 0, "header", "header is not canonical JSON")
-    if header.get("format") != EXPORT_FORMAT:
-        return VerifyReport(False, 0, "header", f"format {header.get('format')!r} unknown")
+    if set(header) != {"format", "entries", "last_hash"}:
+        return VerifyReport(False, 0, "header", f"header fields {sorted(header)} are not expected")
+    if header["format"] != EXPORT_FORMAT:
+        return VerifyReport(False, 0, "header", f"format {header['format']!r} unknown")
     report = VerifyReport(True, 0)
     for line_no, raw in enumerate(lines[1:], start=2):
         entry, reason = _check_entry(raw, report.entries, report.last_hash, orchestrator_key)
@@ -137,11 +141,12 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
         _tally(report.contributions, entry)
         report.entries += 1
         report.last_hash = entry["entry_hash"]
-    if header.get("entries") != report.entries:
+    if header["entries"] != report.entries:
         report.ok, report.first_bad = False, "header"
-        report.reason = (
-            f"header says {header.get('entries')!r} entries, file holds {report.entries}"
-        )
+        report.reason = f"header says {header['entries']!r} entries, file holds {report.entries}"
+    elif header["last_hash"] != report.last_hash:
+        report.ok, report.first_bad = False, "header"
+        report.reason = "header last_hash differs from the last entry's hash"
     return report
 
 
