@@ -21,16 +21,12 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment
 from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.launch.policy import encode_prompt
 from swarmrl.protocol.pool import Sample, WorkUnit
 from swarmrl.protocol.swarm import sample_seed
 
 # generations of one unit (with hidden states) -> one wire proof bundle per generation
 ProofBuilder = Callable[[list[Generation], SamplingParams], list[dict | str | None]]
-
-
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """``<bos>`` followed by the prompt's tokens (no EOS): what the policy is conditioned on."""
-    return [int(tokenizer.bos_token_id), *tokenizer.encode(text, add_special_tokens=False)]
 
 
 def unit_prompts(

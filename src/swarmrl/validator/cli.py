@@ -1,0 +1,169 @@
+"""``swarmrl validator``: the trusted checker of a pool.
+
+    swarmrl validator [CONFIG] --key validator.key --orchestrator URL --pool ID
+                      --weights URL [--weights URL …] --publisher-key KEY [--work-dir DIR]
+
+Loop: claim pending submissions, fetch each declared policy version through shardcast (the
+last few stay loaded), judge (``swarmrl.validator.judge``), post the signed verdict. The
+validator's key must be listed in the pool's ``validators``. Knows nothing about training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+from swarmrl.config import SwarmConfig
+from swarmrl.envs import build_env
+from swarmrl.identity import load_keypair
+from swarmrl.launch.policy import LoadedVersion, load_version, publisher_key, set_threads
+from swarmrl.launch.rolekit import (
+    StatusReporter,
+    add_role_args,
+    load_role_config,
+    retry,
+    setup_logging,
+)
+from swarmrl.launch.supervisor import terminate_as_interrupt
+from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.shardcast import WeightClient
+from swarmrl.validator.judge import judge
+
+KEEP_LOADED = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarmrl validator", description=__doc__.splitlines()[0])
+    add_role_args(parser)
+    parser.add_argument("--orchestrator", required=True, help="orchestrator URL")
+    parser.add_argument("--pool", default="swarm", help="pool id")
+    parser.add_argument("--weights", action="append", required=True, help="relay or origin URL")
+    parser.add_argument(
+        "--publisher-key", required=True, help="trainer's public key (hex) or key file"
+    )
+    parser.add_argument(
+        "--work-dir", default=None, help="weights cache (default: ./validator-NAME)"
+    )
+    parser.add_argument("--claim", type=int, default=4, help="submissions claimed at once")
+    return parser
+
+
+class Versions:
+    """Policy versions on demand: fetched through shardcast, the last few kept loaded."""
+
+    def __init__(
+        self, client: WeightClient, config: SwarmConfig, log: logging.Logger, stop: threading.Event
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.log = log
+        self.stop = stop
+        self.loaded: OrderedDict[int, LoadedVersion] = OrderedDict()
+
+    def __call__(self, version: int) -> LoadedVersion:
+        if version in self.loaded:
+            self.loaded.move_to_end(version)
+            return self.loaded[version]
+        swarm = self.config.swarm
+        path = retry(
+            lambda: self.client.fetch(version, allow_rollback=True),
+            f"fetch policy v{version}",
+            self.log,
+            give_up_s=swarm.give_up_s,
+            pause_s=swarm.retry_s,
+            stop=self.stop,
+        )
+        loaded = load_version(path, version)
+        self.loaded[version] = loaded
+        while len(self.loaded) > KEEP_LOADED:
+            self.loaded.popitem(last=False)
+        return loaded
+
+
+def run(
+    args: argparse.Namespace, config: SwarmConfig, log: logging.Logger, status: StatusReporter
+) -> int:
+    swarm = config.swarm
+    keypair = load_keypair(args.key)
+    env = build_env(config.env)
+    stop = threading.Event()
+    work_dir = Path(args.work_dir or f"validator-{status.status.name}")
+    weights = WeightClient(
+        [u for item in args.weights for u in item.split(",") if u],
+        publisher_key(args.publisher_key),
+        work_dir / "weights",
+        config.shardcast,
+        client_id=keypair.node_id[:12],
+    )
+    versions = Versions(weights, config, log, stop)
+    banned: set[str] = set()
+    with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
+        status.set(state="waiting for submissions")
+        while True:
+            pending = retry(
+                lambda: pool.claim(args.pool, args.claim),
+                "claim pending submissions",
+                log,
+                give_up_s=swarm.give_up_s,
+                pause_s=swarm.retry_s,
+            )
+            if not pending:
+                status.set(state="waiting for submissions")
+                stop.wait(0.3)
+                continue
+            for sub in pending:
+                status.set(state=f"replaying {sub.submission_id[:8]}")
+                result = judge(sub, env, versions, config.toploc)
+                if result.verdict is None:
+                    log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
+                    status.add(deferred=1)
+                    continue
+                verdict = result.verdict
+                try:
+                    retry(
+                        lambda v=verdict: pool.verdict(args.pool, v),
+                        "post verdict",
+                        log,
+                        give_up_s=swarm.give_up_s,
+                        pause_s=swarm.retry_s,
+                    )
+                except RequestRefused as exc:
+                    # e.g. the submission was dropped when its node was banned meanwhile
+                    log.info("verdict on %s not recorded: %s", sub.submission_id, exc.detail)
+                    status.add(superseded=1)
+                    continue
+                if verdict.accept:
+                    status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
+                    if result.rewards:
+                        status.set(reward_mean=sum(result.rewards) / len(result.rewards))
+                    continue
+                status.add(rejected=1)
+                reason = verdict.reasons[0] if verdict.reasons else "rejected"
+                log.warning("rejected %s from node %s: %s", sub.submission_id, sub.node_id, reason)
+                if sub.node_id not in banned:
+                    banned.add(sub.node_id)
+                    status.set(banned=len(banned))
+                    status.event(f"banned node {sub.node_id[:8]}: {reason[:80]}")
+
+
+def main(verb: str, argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    config = load_role_config(args)
+    keypair = load_keypair(args.key)
+    name = args.name or f"validator-{keypair.node_id[:8]}"
+    log = setup_logging(name)
+    set_threads(config.swarm.role_threads)
+    status = StatusReporter(
+        "validator", name, args.status_dir, config.swarm.status_interval_s, keypair.node_id
+    )
+    with terminate_as_interrupt(), status:
+        try:
+            return run(args, config, log, status)
+        except KeyboardInterrupt:
+            log.info("stopping")
+            status.set(state="stopped")
+            return 0

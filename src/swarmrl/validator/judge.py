@@ -1,0 +1,149 @@
+"""Judge one pending submission: rebuild each sample's assignment, replay it, decide.
+
+For sample ``i`` of a work unit (tasks in lease order, G samples each) the trusted side knows
+the task (``task_indices[i // G]``), hence the prompt tokens, the seed (``sample_seed``), the
+sampling parameters and the leaseholder's key. The claimed policy version is replayed with
+that version's weights (fetched through shardcast) by ``swarmrl.toploc.Verifier``, which checks
+hidden-state proofs, the Gumbel-max sampling, termination and log-probs, and recomputes the
+reward with the environment.
+
+A submission is accepted only if every sample is; the validator's replayed log-probs become the
+trusted behaviour log-probs the trainer's importance ratio uses. A rejection is hard (the node
+is banned) unless the validator itself failed ("replay" only), in which case no verdict is
+given and the submission is judged again later.
+
+Knows nothing about HTTP; the caller fetches versions and posts verdicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.envs import Environment, Task
+from swarmrl.launch.policy import LoadedVersion, encode_prompt
+from swarmrl.protocol.pool import PendingSubmission, Verdict
+from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, SamplingSpec
+from swarmrl.protocol.swarm import sample_seed
+from swarmrl.toploc.verify import Verifier
+
+MAX_REASONS = 8
+
+
+@dataclass
+class Judgement:
+    """A verdict to post (None: the validator could not judge now) and what it learned."""
+
+    verdict: Verdict | None
+    rewards: list[float]
+    failure: str = ""
+
+
+def _reject(pending: PendingSubmission, reasons: list[str]) -> Judgement:
+    verdict = Verdict(
+        submission_id=pending.submission_id,
+        accept=False,
+        severity="hard",
+        reasons=reasons[:MAX_REASONS],
+        measured_tokens=0,
+    )
+    return Judgement(verdict, [])
+
+
+def _scorer(
+    env: Environment, tokenizer: PreTrainedTokenizerBase, by_prompt: dict[tuple[int, ...], Task]
+) -> Callable[[Sequence[int], Sequence[int]], float]:
+    """The environment's reward of (prompt tokens, output tokens) for this submission's tasks."""
+
+    def score(prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> float:
+        task = by_prompt[tuple(prompt_tokens)]
+        text = tokenizer.decode(list(output_tokens), skip_special_tokens=True)
+        return env.score(task, text, len(output_tokens)).reward
+
+    return score
+
+
+def judge(
+    pending: PendingSubmission,
+    env: Environment,
+    version_of: Callable[[int], LoadedVersion],
+    toploc: ToplocConfig,
+) -> Judgement:
+    """The verdict on ``pending``; ``version_of(v)`` returns version ``v`` loaded."""
+    work = pending.work
+    g = work.samples_per_task
+    tasks: list[Task] = []
+    for i, sample in enumerate(pending.samples):
+        expected = work.task_indices[i // g] if i // g < len(work.task_indices) else None
+        if sample.task_index != expected:
+            return _reject(
+                pending,
+                [f"sample {i}: task {sample.task_index} where the lease assigned {expected}"],
+            )
+        tasks.append(env.task("train", sample.task_index))
+    by_version: dict[int, list[int]] = {}
+    for i, sample in enumerate(pending.samples):
+        by_version.setdefault(sample.policy_version, []).append(i)
+    spec = SamplingSpec(
+        temperature=work.sampling.temperature,
+        top_p=work.sampling.top_p,
+        top_k=work.sampling.top_k,
+        max_new_tokens=work.sampling.max_new_tokens,
+    )
+    verdicts: dict[int, ProofVerdict] = {}
+    for version, indices in by_version.items():
+        loaded = version_of(version)
+        tokenizer = loaded.tokenizer
+
+        items = []
+        for i in indices:
+            sample = pending.samples[i]
+            assignment = Assignment(
+                policy_version=version,
+                model_digest=loaded.root_digest,
+                prompt_tokens=encode_prompt(tokenizer, tasks[i].prompt),
+                sampling=spec,
+                seed=sample_seed(work.seed, i),
+                worker_key=pending.node_key,
+            )
+            claim = SampleClaim(
+                prompt_tokens=sample.prompt_tokens,
+                output_tokens=sample.output_tokens,
+                logprobs=sample.logprobs,
+                finish_reason=sample.finish_reason,
+            )
+            items.append((sample.proof, claim, assignment))
+        # the verifier scores (prompt, output) token pairs; prompts identify tasks here
+        by_prompt = {
+            tuple(a.prompt_tokens): tasks[i] for i, (_, _, a) in zip(indices, items, strict=True)
+        }
+
+        verifier = Verifier(
+            loaded.engine,
+            toploc,
+            eos_token_ids=[tokenizer.eos_token_id],
+            vocab_size=len(tokenizer),
+            scorer=_scorer(env, tokenizer, by_prompt),
+        )
+        for i, verdict in zip(indices, verifier.check_many(items), strict=True):
+            verdicts[i] = verdict
+    ordered = [verdicts[i] for i in range(len(pending.samples))]
+    own_failures = [v for v in ordered if not v.accepted and v.codes == {"replay"}]
+    if own_failures:
+        return Judgement(None, [], failure=own_failures[0].reasons[0].detail)
+    reasons = [
+        f"sample {i}: {r.code}: {r.detail}" for i, v in enumerate(ordered) for r in v.reasons
+    ]
+    if reasons:
+        return _reject(pending, reasons)
+    behaviour = [list(v.behaviour_logprobs or []) for v in ordered]
+    verdict = Verdict(
+        submission_id=pending.submission_id,
+        accept=True,
+        measured_tokens=sum(len(b) for b in behaviour),
+        behaviour_logprobs=behaviour,
+    )
+    return Judgement(verdict, [v.reward or 0.0 for v in ordered])
