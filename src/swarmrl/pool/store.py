@@ -1,10 +1,11 @@
 """The rollout store: one Parquet file per submission, in a local directory or any fsspec URL.
 
 Columns of a rollout file (one row per sample): ``task_index`` int64, ``prompt_tokens``
-list<int32> [P], ``output_tokens`` list<int32> [T], ``logprobs`` list<float32> [T],
+list<int32> [P], ``output_tokens`` list<int32> [T], ``logprobs``
+list<float64> [T] (exactly the submitted values),
 ``finish_reason`` string, ``policy_version`` int64, ``proof`` string (canonical JSON of a proof
 object, ``hex:<bytes>`` for hex proofs, null for none). Validator log-probs go to a second file
-``<key>.behaviour.parquet`` with one column ``behaviour_logprobs`` list<float32> [T].
+``<key>.behaviour.parquet`` with one column ``behaviour_logprobs`` list<float64> [T].
 
 Writes go to a temporary name and are renamed into place, so a reader never sees half a file.
 Knows nothing about leases or verdicts.
@@ -29,7 +30,7 @@ ROLLOUT_SCHEMA = pa.schema(
         ("task_index", pa.int64()),
         ("prompt_tokens", pa.list_(pa.int32())),
         ("output_tokens", pa.list_(pa.int32())),
-        ("logprobs", pa.list_(pa.float32())),
+        ("logprobs", pa.list_(pa.float64())),
         ("finish_reason", pa.string()),
         ("policy_version", pa.int64()),
         ("proof", pa.string()),
@@ -87,7 +88,7 @@ class RolloutStore:
         return [Sample(**{**row, "proof": _proof_value(row["proof"])}) for row in rows]
 
     def put_behaviour(self, key: str, logprobs: list[list[float]]) -> None:
-        table = pa.table({"behaviour_logprobs": pa.array(logprobs, pa.list_(pa.float32()))})
+        table = pa.table({"behaviour_logprobs": pa.array(logprobs, pa.list_(pa.float64()))})
         self._write(key + ".behaviour.parquet", table)
 
     def get_behaviour(self, key: str) -> list[list[float]] | None:

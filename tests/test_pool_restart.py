@@ -1,0 +1,142 @@
+"""Stopping and restarting `swarmrl orchestrator` loses nothing: pools, nodes, leases, pending
+submissions, used invites and nonces, and the ledger come back from the database and store."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from swarmrl.identity import KeyPair
+from swarmrl.identity.requests import sign_request
+from swarmrl.ledger.verify import verify_export
+from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.invites import make_invite
+from swarmrl.pool.simulate import CPU_NODE, synthetic_samples
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
+
+pytestmark = pytest.mark.slow
+
+
+def start(tmp: Path, key_file: Path, spec_file: Path) -> tuple[subprocess.Popen, str]:
+    port_file = tmp / "port"
+    port_file.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarmrl.cli",
+        "orchestrator",
+        "--key",
+        str(key_file),
+        "--run-dir",
+        str(tmp / "run"),
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--pool",
+        str(spec_file),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"orchestrator did not start: {proc.stdout.read()}")
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        raise
+
+
+def test_restart_restores_everything(tmp_path):
+    orch, owner, validator, node = (KeyPair.generate() for _ in range(4))
+    key_file = tmp_path / "orch.json"
+    orch.save(key_file)
+    spec = PoolSpec(
+        pool_id="p1",
+        owner_key=owner.public_key_hex,
+        task_count=10,
+        sampling=SamplingParams(max_new_tokens=3),
+        validators=[validator.public_key_hex],
+    )
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+
+    proc, url = start(tmp_path, key_file, spec_file)
+    try:
+        invite = make_invite(owner, "p1", 600)
+        client = PoolClient(url, node)
+        client.join("p1", CPU_NODE, invite)
+        client.heartbeat("p1", Heartbeat(status="ok", log_tail=["loaded v0"]))
+        done, kept = client.lease("p1").work, client.lease("p1").work
+        receipt = client.submit(
+            "p1", Submission(lease_id=done.lease_id, samples=synthetic_samples(done, 0))
+        )
+        PoolClient(url, owner).set_version("p1", 1)
+        path, body = "/pools/p1/heartbeat", b'{"status":"ok"}'
+        replay = sign_request(node, "POST", path, body) | {"Content-Type": "application/json"}
+        assert httpx.post(url + path, content=body, headers=replay).status_code == 200
+    finally:
+        stop(proc)
+
+    proc, url = start(tmp_path, key_file, spec_file)
+    try:
+        client = PoolClient(url, node)
+        admin = PoolClient(url, owner)
+        assert admin.pool("p1").current_version == 1
+        [view] = admin.nodes("p1")
+        assert view.node_id == node.node_id and view.state == "healthy"
+        assert view.leases_in_flight == 1
+        assert admin.node_logs("p1", node.node_id).lines == ["loaded v0"]
+        # the lease taken before the restart can still be answered
+        client.submit("p1", Submission(lease_id=kept.lease_id, samples=synthetic_samples(kept, 1)))
+        # the pending submission is still there, with its rollouts
+        pending = {p.submission_id: p for p in PoolClient(url, validator).claim("p1")}
+        assert receipt.submission_id in pending
+        assert pending[receipt.submission_id].samples == synthetic_samples(done, 0)
+        # used invites and nonces stay used
+        with pytest.raises(RequestRefused, match="already used"):
+            PoolClient(url, KeyPair.generate()).join("p1", CPU_NODE, invite)
+        r = httpx.post(url + path, content=body, headers=replay)
+        assert r.status_code == 401 and "already used" in r.json()["detail"]
+        # the lease counter continued: the next draw is lease number 2
+        assert client.lease("p1").work.origin_counter == 2
+    finally:
+        stop(proc)
+
+    out = tmp_path / "ledger.jsonl"
+    db_url = f"sqlite:///{tmp_path / 'run' / 'pool.db'}"
+    export = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarmrl.cli",
+            "ledger",
+            "export",
+            "--db",
+            db_url,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert export.returncode == 0, export.stderr
+    report = verify_export(out, orch.public_key_hex)
+    assert report.ok, report.reason
+    kinds = [line for line in out.read_text().splitlines()[1:]]
+    assert len(kinds) == report.entries >= 4  # pool, join, 2 submissions
+    assert report.contributions[node.node_id].submissions == 2
