@@ -47,6 +47,7 @@ class Catalog:
         self.counters: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
+        self.closing = False
 
     # -- change notification -------------------------------------------------------------
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -63,10 +64,15 @@ class Catalog:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._fire)
 
+    def close(self) -> None:
+        """Wake every waiter for good (the server is stopping)."""
+        self.closing = True
+        self._notify()
+
     async def wait_change(self, timeout_s: float) -> None:
         """Return at the next change or after ``timeout_s`` seconds, whichever is first."""
         event = self._changed
-        if event is None or timeout_s <= 0:
+        if event is None or timeout_s <= 0 or self.closing:
             return
         try:
             await asyncio.wait_for(event.wait(), timeout_s)

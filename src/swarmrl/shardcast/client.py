@@ -199,8 +199,9 @@ class WeightClient:
         stop = threading.Event()
         deadline = time.monotonic() + timeout_s
 
+        conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.client_id})
+
         def watch(url: str) -> None:
-            conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.client_id})
             while not stop.is_set() and time.monotonic() < deadline:
                 hold = max(0.1, min(self.config.long_poll_timeout_s, deadline - time.monotonic()))
                 try:
@@ -232,6 +233,7 @@ class WeightClient:
             ) from None
         finally:
             stop.set()
+            conns.abort()
 
     def fetch_newer(self, timeout_s: float = 60.0) -> Path:
         """Wait for a newer version than the one held, then fetch the latest."""

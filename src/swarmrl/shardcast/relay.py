@@ -60,6 +60,9 @@ class Follower:
         self._cv = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._watch_conns = Connections(
+            self.config.request_timeout_s, {CLIENT_HEADER: self.node_id}
+        )
 
     def start(self) -> None:
         self.catalog.refresh()
@@ -77,6 +80,8 @@ class Follower:
         self._stop.set()
         with self._cv:
             self._cv.notify_all()
+        self._watch_conns.abort()
+        self.conns.abort()
         for thread in self._threads:
             thread.join(timeout_s)
 
@@ -84,7 +89,7 @@ class Follower:
         return self.catalog.latest(complete_only=True)
 
     def _watch(self, url: str) -> None:
-        conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.node_id})
+        conns = self._watch_conns
         backoff = 0.2
         hold = self.config.long_poll_timeout_s
         while not self._stop.is_set():

@@ -168,7 +168,7 @@ def build_app(
         while True:
             latest = catalog.latest()
             left = deadline - time.monotonic()
-            if (latest is not None and latest > after) or left <= 0:
+            if (latest is not None and latest > after) or left <= 0 or catalog.closing:
                 return JSONResponse(catalog.version_list().model_dump(mode="json"))
             await catalog.wait_change(left)
 
@@ -208,7 +208,7 @@ def build_app(
             if flags[index]:
                 break
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or catalog.closing:
                 catalog.count(f"{kind}_not_ready_total")
                 return JSONResponse(
                     {"error": f"{kind} {index} of v{version} still arriving"},
@@ -286,7 +286,9 @@ def build_app(
         Route("/v/{version:int}/shard/{index:int}", shard),
         Route("/v/{version:int}/delta/{index:int}", delta),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.catalog = catalog
+    return app
 
 
 @dataclass
@@ -299,6 +301,8 @@ class RunningServer:
     catalog: Catalog | None = None
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        if self.catalog is not None:
+            self.catalog.close()  # long-polls and shard waits answer now
         self.server.should_exit = True
         self.thread.join(timeout_s)
         if self.thread.is_alive():
@@ -329,4 +333,5 @@ def serve_in_thread(
                 f"shardcast server on {host}:{bound} did not start within {timeout_s}s"
             )
         time.sleep(0.02)
-    return RunningServer(server, thread, f"http://{host}:{bound}")
+    catalog = getattr(app.state, "catalog", None)
+    return RunningServer(server, thread, f"http://{host}:{bound}", catalog)

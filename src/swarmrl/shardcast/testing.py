@@ -51,6 +51,4 @@ def serve_store(
     cfg = config or ShardcastConfig()
     catalog = Catalog(store_dir, cfg.keep_versions)
     catalog.refresh()
-    running = serve_in_thread(build_app(catalog, cfg, role=role, watch_disk=True))
-    running.catalog = catalog
-    return running
+    return serve_in_thread(build_app(catalog, cfg, role=role, watch_disk=True))

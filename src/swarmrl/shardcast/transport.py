@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -126,6 +127,8 @@ class Connections:
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._all_lock = threading.Lock()
 
     def _conn(self, url: str) -> http.client.HTTPConnection:
         cache: dict[str, http.client.HTTPConnection] = self._local.__dict__.setdefault("c", {})
@@ -139,6 +142,8 @@ class Connections:
             )
             conn = cls(parts.hostname or "127.0.0.1", parts.port, timeout=self.timeout_s)
             cache[url] = conn
+            with self._all_lock:
+                self._all = [c for c in self._all if c.sock is not None] + [conn]
         return conn
 
     def drop(self, url: str) -> None:
@@ -148,8 +153,21 @@ class Connections:
             conn.close()
 
     def close_all(self) -> None:
+        """Close this thread's connections."""
         for url in list(self._local.__dict__.get("c", {})):
             self.drop(url)
+
+    def abort(self) -> None:
+        """From any thread: shut down every open socket, waking reads blocked on them."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed by its owner
 
     def get(
         self,

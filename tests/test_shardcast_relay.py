@@ -1,0 +1,211 @@
+"""Relays on loopback: tiers, immediate notice of new versions, serving while arriving,
+client tracking, metrics, Range, and the CLI verbs."""
+
+import json
+import os
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.identity import KeyPair
+from swarmrl.shardcast import Publisher, WeightClient, store
+from swarmrl.shardcast.catalog import Catalog
+from swarmrl.shardcast.cli import main as cli_main
+from swarmrl.shardcast.relay import Follower
+from swarmrl.shardcast.server import build_app, serve_in_thread
+from swarmrl.shardcast.testing import random_weights, serve_store, write_checkpoint
+
+KEY = KeyPair.from_seed(b"\x05" * 32)
+# long-polls are held 20 s: anything that arrives in well under that came from a push
+CFG = ShardcastConfig(
+    shard_size_bytes=32 * 1024, long_poll_timeout_s=20, request_timeout_s=30, shard_wait_s=0.5
+)
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class _Relay:
+    def __init__(self, root, upstreams):
+        self.catalog = Catalog(root, CFG.keep_versions)
+        self.follower = Follower(upstreams, [KEY.public_key_hex], self.catalog, CFG)
+        self.server = serve_in_thread(build_app(self.catalog, CFG, role="relay"))
+        self.follower.start()
+        self.url = self.server.url
+
+    def stop(self):
+        self.follower.stop(timeout_s=1)
+        self.server.stop()
+
+
+def test_two_tier_relays_push_new_versions_and_ship_deltas(tmp_path):
+    weights = random_weights(256 * 1024, seed=3)
+    pub = Publisher(tmp_path / "origin", KEY, CFG)
+    pub.publish(write_checkpoint(tmp_path / "ck1", weights), 1)
+    origin = serve_store(tmp_path / "origin", CFG)
+    tier1 = _Relay(tmp_path / "r1", [origin.url])
+    tier2 = _Relay(tmp_path / "r2", [tier1.url])
+    try:
+        client = WeightClient(
+            [tier2.url], KEY.public_key_hex, tmp_path / "out", CFG, client_id="worker-a"
+        )
+        _wait(lambda: tier2.catalog.latest(complete_only=True) == 1, 15, "v1 at tier 2")
+        client.fetch("latest")
+        # publish v2: the notice must travel origin -> tier1 -> tier2 -> client by push
+        got: list[int] = []
+        waiter = threading.Thread(target=lambda: got.append(client.wait_for_newer(timeout_s=15)))
+        waiter.start()
+        time.sleep(0.3)  # the client's long-poll is parked at tier 2
+        bumped = {
+            k: v + np.float32(1e-4) * (np.arange(v.size) % 211 == 0) for k, v in weights.items()
+        }
+        started = time.monotonic()
+        m2 = pub.publish(write_checkpoint(tmp_path / "ck2", bumped), 2)
+        waiter.join(15)
+        notice_s = time.monotonic() - started
+        assert got == [2] and notice_s < 5.0, notice_s
+        path = client.fetch("latest")
+        assert (path / "model.safetensors").read_bytes() == (
+            tmp_path / "ck2" / "model.safetensors"
+        ).read_bytes()
+        assert client.last_report.from_delta == ["model.safetensors"]
+        assert client.last_report.network_bytes == sum(d.size for d in m2.deltas)
+        # both relays rebuilt v2 from the delta too, not from full shards
+        metrics = httpx.get(f"{tier1.url}/metrics").text
+        upstream = float(
+            next(
+                line.split()[1]
+                for line in metrics.splitlines()
+                if line.startswith("shardcast_upstream_bytes_total")
+            )
+        )
+        assert upstream < m2.total_bytes * 1.2 + sum(
+            d.size for d in m2.deltas
+        )  # v1 full + v2 delta
+        assert "shardcast_latest_version 2" in metrics
+        assert "shardcast_bytes_served_total" in metrics
+        # tier 2 tracks what its client reported
+        seen = httpx.get(f"{tier2.url}/clients").json()
+        assert seen["clients"]["worker-a"]["held"] in (1, 2)
+        assert httpx.get(f"{tier2.url}/health").json()["status"] == "ok"
+    finally:
+        tier2.stop()
+        tier1.stop()
+        origin.stop()
+
+
+def test_clients_behind_are_counted_and_told_at_once(tmp_path):
+    pub = Publisher(tmp_path / "origin", KEY, CFG)
+    pub.publish(write_checkpoint(tmp_path / "ck1", random_weights(1000)), 1)
+    origin = serve_store(tmp_path / "origin", CFG)
+    try:
+        headers = {"X-Shardcast-Client": "w1", "X-Shardcast-Held-Version": "0"}
+        fast = httpx.get(
+            f"{origin.url}/versions/wait?after=0&timeout=10", headers=headers, timeout=15
+        )
+        assert fast.json()["latest"] == 1  # already behind: answered immediately
+        assert httpx.get(f"{origin.url}/clients").json()["clients"]["w1"] == {
+            "held": 0,
+            "behind": True,
+            "last_seen": pytest.approx(time.time(), abs=5),
+        }
+        assert "shardcast_clients_behind 1" in httpx.get(f"{origin.url}/metrics").text
+        started = time.monotonic()
+        held = httpx.get(f"{origin.url}/versions/wait?after=1&timeout=0.3", timeout=5)
+        assert held.json()["latest"] == 1 and 0.25 < time.monotonic() - started < 3
+    finally:
+        origin.stop()
+
+
+def test_relay_serves_verified_shards_while_the_rest_arrives(tmp_path):
+    """A version in progress: a ready shard is served, a missing one waits, then 503."""
+    Publisher(tmp_path / "origin", KEY, CFG).publish(
+        write_checkpoint(tmp_path / "ck", random_weights(64 * 1024)), 1
+    )
+    manifest = store.load_manifest(store.ready_dir(tmp_path / "origin", 1))
+    catalog = Catalog(tmp_path / "relay", 2)
+    server = serve_in_thread(build_app(catalog, CFG, role="relay"))
+    try:
+        partial = store.new_partial(tmp_path / "relay", 1)
+        weights = next(f for f in manifest.files if f.path == "model.safetensors")
+        src = (store.ready_dir(tmp_path / "origin", 1) / weights.path).read_bytes()
+        (partial / weights.path).write_bytes(src)  # bytes on disk, but not yet verified
+        catalog.add_in_progress(manifest, partial)
+        first, second = weights.shards[0], weights.shards[1]
+        catalog.mark_shard(1, first.index)
+        listing = httpx.get(f"{server.url}/versions").json()
+        assert listing["versions"][0]["complete"] is False
+        ok = httpx.get(f"{server.url}/v/1/shard/{first.index}")
+        assert ok.status_code == 200 and ok.content == src[first.offset : first.offset + first.size]
+        assert httpx.get(f"{server.url}/v/1/shard/{second.index}").status_code == 503
+        threading.Timer(0.2, catalog.mark_shard, args=(1, second.index)).start()
+        started = time.monotonic()
+        late = httpx.get(f"{server.url}/v/1/shard/{second.index}", headers={"Range": "bytes=10-19"})
+        assert late.status_code == 206 and time.monotonic() - started < 0.5 + 0.3
+        assert late.content == src[second.offset + 10 : second.offset + 20]
+        assert late.headers["content-range"] == f"bytes 10-19/{second.size}"
+        bad = httpx.get(
+            f"{server.url}/v/1/shard/{first.index}", headers={"Range": f"bytes={first.size}-"}
+        )
+        assert bad.status_code == 416
+        assert httpx.get(f"{server.url}/v/1/shard/99999").status_code == 404
+        assert httpx.get(f"{server.url}/v/7/manifest").status_code == 404
+    finally:
+        server.stop()
+
+
+def test_cli_publish_serve_and_fetch(tmp_path, capsys):
+    KEY.save(tmp_path / "key.json")
+    ck = write_checkpoint(tmp_path / "ck", random_weights(50_000))
+    assert (
+        cli_main(
+            "shardcast",
+            [
+                "publish",
+                str(ck),
+                "--key",
+                str(tmp_path / "key.json"),
+                "--store",
+                str(tmp_path / "store"),
+                "--shard-size",
+                "65536",
+            ],
+        )
+        == 0
+    )
+    published = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert published["version"] == 1 and published["shards"] >= 4
+    origin = serve_store(tmp_path / "store", CFG)
+    try:
+        code = cli_main(
+            "shardcast",
+            [
+                "fetch",
+                "--source",
+                origin.url,
+                "--out",
+                str(tmp_path / "out"),
+                "--publisher-key",
+                str(tmp_path / "key.json"),
+            ],
+        )
+        assert code == 0
+        out = capsys.readouterr().out.strip().splitlines()[-1]
+        assert out.endswith("v00000001")
+        assert (tmp_path / "out" / "v00000001" / "model.safetensors").read_bytes() == (
+            ck / "model.safetensors"
+        ).read_bytes()
+        assert os.path.isfile(store.manifest_path(tmp_path / "out" / "v00000001"))
+    finally:
+        origin.stop()
