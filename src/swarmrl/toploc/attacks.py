@@ -1,0 +1,209 @@
+"""Known cheats of an inference worker, built for real, to measure what the verifier catches.
+
+Each function returns ``(bundle, claim)`` pairs exactly as a dishonest worker would submit
+them for the given prompts and seeds (the assignment), signed with the worker's own key so
+the binding check passes and the content checks must do the catching:
+
+* ``with_engine``      generate with other weights (perturbed, older, another model, other
+                       dtype) and prove them honestly (the proofs match *those* weights)
+* ``changed_prompt``   generate from other prompts of the same length, claim the assigned one
+* ``tampered_token``   replace one output token after the fact, keep the proofs
+* ``other_sampling``   sample with another temperature or seed, claim the assigned one
+* ``cheap_decode``     decode with a cheaper model, then prove (and report log-probs) with one
+                       prefill of the real model
+* ``truncated``        stop early, claim "length" or "eos"
+* ``forged_reward``    report a reward the completion did not earn
+* ``copied_proof``     attach another sample's chunk proofs
+
+Used by ``bench/toploc.py`` and the tests. Knows nothing about pools or transport.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from swarmrl.identity import KeyPair
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.sampling import mask_logits
+from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.protocol.proofs import Assignment, ProofBundle, SampleClaim
+from swarmrl.toploc.bundle import build_bundles, claim_of, sampling_spec, seal
+
+Submission = tuple[ProofBundle, SampleClaim]
+
+
+@dataclass
+class Worker:
+    """A worker's identity and the assignment context it answers."""
+
+    engine: TorchEngine  # the declared model (an honest worker's engine)
+    keypair: KeyPair
+    params: SamplingParams
+    policy_version: int
+    model_digest: str
+    chunk_size: int = 32
+    topk: int = 128
+
+    def assignment(self, prompt: Sequence[int], seed: int) -> Assignment:
+        return Assignment(
+            policy_version=self.policy_version,
+            model_digest=self.model_digest,
+            prompt_tokens=list(prompt),
+            sampling=sampling_spec(self.params),
+            seed=seed,
+            worker_key=self.keypair.public_key_hex,
+        )
+
+    def prove(
+        self, generations: Sequence[Generation], rewards: Sequence[float | None] | None = None
+    ) -> list[Submission]:
+        """Sign proofs of ``generations`` as this worker (whatever produced them)."""
+        bundles = build_bundles(
+            generations,
+            keypair=self.keypair,
+            policy_version=self.policy_version,
+            model_digest=self.model_digest,
+            params=self.params,
+            chunk_size=self.chunk_size,
+            topk=self.topk,
+        )
+        rewards = rewards or [None] * len(generations)
+        return [(b, claim_of(g, r)) for b, g, r in zip(bundles, generations, rewards, strict=True)]
+
+
+def honest(
+    worker: Worker, prompts: Sequence[Sequence[int]], seeds: Sequence[int]
+) -> list[Submission]:
+    gens = worker.engine.generate(prompts, worker.params, seeds, return_hidden=True)
+    return worker.prove(gens)
+
+
+def with_engine(
+    worker: Worker, engine: TorchEngine, prompts: Sequence[Sequence[int]], seeds: Sequence[int]
+) -> list[Submission]:
+    """Generate and prove with ``engine`` (wrong weights or dtype), claim the declared model."""
+    return worker.prove(engine.generate(prompts, worker.params, seeds, return_hidden=True))
+
+
+def changed_prompt(
+    worker: Worker,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    substitutes: Sequence[Sequence[int]],
+) -> list[Submission]:
+    """Answer ``substitutes`` (same lengths) but claim the assigned ``prompts``."""
+    gens = worker.engine.generate(substitutes, worker.params, seeds, return_hidden=True)
+    for gen, prompt in zip(gens, prompts, strict=True):
+        gen.prompt_tokens = list(prompt)
+    return worker.prove(gens)
+
+
+def tampered_token(
+    worker: Worker,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    vocab: int,
+    rng: random.Random,
+) -> list[Submission]:
+    """Honest generation, then one output token swapped for another ordinary token."""
+    gens = worker.engine.generate(prompts, worker.params, seeds, return_hidden=True)
+    stops = worker.engine.eos_ids | set(worker.params.stop_token_ids)
+    for gen in gens:
+        limit = len(gen.output_tokens) - (1 if gen.finish_reason == "eos" else 0)
+        position = rng.randrange(max(limit, 1))
+        choices = [t for t in range(vocab) if t not in stops and t != gen.output_tokens[position]]
+        gen.output_tokens[position] = rng.choice(choices)
+    return worker.prove(gens)
+
+
+def other_sampling(
+    worker: Worker,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    *,
+    temperature: float | None = None,
+    seed_offset: int = 0,
+) -> list[Submission]:
+    """Sample with another temperature and/or seed; claim the assigned ones."""
+    params = worker.params
+    if temperature is not None:
+        params = replace(params, temperature=temperature)
+    gens = worker.engine.generate(
+        prompts, params, [s + seed_offset for s in seeds], return_hidden=True
+    )
+    for gen, seed in zip(gens, seeds, strict=True):
+        gen.seed = seed
+    return worker.prove(gens)
+
+
+def cheap_decode(
+    worker: Worker, cheap: TorchEngine, prompts: Sequence[Sequence[int]], seeds: Sequence[int]
+) -> list[Submission]:
+    """Tokens from ``cheap``; hidden states and log-probs from one real prefill each."""
+    gens = cheap.generate(prompts, worker.params, seeds)
+    for gen in gens:
+        replay = worker.engine.prefill(gen.prompt_tokens, gen.output_tokens)
+        logprobs = torch.log_softmax(mask_logits(replay.logits, worker.params), dim=-1)
+        token = torch.tensor(gen.output_tokens)[:, None]
+        gen.logprobs = logprobs.gather(1, token)[:, 0].tolist()
+        gen.hidden_states = replay.hidden_states
+    return worker.prove(gens)
+
+
+def truncated(
+    worker: Worker, prompts: Sequence[Sequence[int]], seeds: Sequence[int], rng: random.Random
+) -> list[Submission]:
+    """Honest generations cut short (samples of one token are skipped); claims alternate
+    between "length" and "eos"."""
+    gens = worker.engine.generate(prompts, worker.params, seeds, return_hidden=True)
+    cut = []
+    for index, gen in enumerate(g for g in gens if len(g.output_tokens) > 1):
+        keep = rng.randrange(1, len(gen.output_tokens))
+        p = len(gen.prompt_tokens)
+        cut.append(
+            Generation(
+                prompt_tokens=gen.prompt_tokens,
+                output_tokens=gen.output_tokens[:keep],
+                logprobs=gen.logprobs[:keep],
+                finish_reason="length" if index % 2 == 0 else "eos",
+                seed=gen.seed,
+                hidden_states=gen.hidden_states[: p + keep - 1],  # type: ignore[index]
+            )
+        )
+    return worker.prove(cut)
+
+
+def forged_reward(
+    worker: Worker,
+    prompts: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    scorer: Callable[[Sequence[int], Sequence[int]], float],
+) -> list[Submission]:
+    """Honest generations reporting 1 - (true reward) + 0.5: never the earned value."""
+    gens = worker.engine.generate(prompts, worker.params, seeds, return_hidden=True)
+    rewards = [1.5 - scorer(g.prompt_tokens, g.output_tokens) for g in gens]
+    return worker.prove(gens, rewards)
+
+
+def copied_proof(
+    worker: Worker, prompts: Sequence[Sequence[int]], seeds: Sequence[int]
+) -> list[Submission]:
+    """Each sample carries the chunks of another sample with the same chunk count, re-signed."""
+    subs = honest(worker, prompts, seeds)
+    by_count: dict[int, list[int]] = {}
+    for i, (bundle, _) in enumerate(subs):
+        by_count.setdefault(len(bundle.chunks), []).append(i)
+    out = []
+    for group in by_count.values():
+        if len(group) < 2:
+            continue
+        for pos, i in enumerate(group):
+            donor = subs[group[(pos + 1) % len(group)]][0]
+            bundle, claim = subs[i]
+            forged = bundle.model_copy(update={"chunks": donor.chunks})
+            out.append((seal(forged, claim, worker.keypair), claim))
+    return out

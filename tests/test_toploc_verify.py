@@ -1,0 +1,229 @@
+"""The verifier against a real tiny engine: honest samples pass, every rejection path fires."""
+
+import base64
+import copy
+import random
+
+import pytest
+import torch
+
+from swarmrl.config.model import TinyModelConfig
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.identity import KeyPair
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.types import SamplingParams
+from swarmrl.model.factory import create_tiny_model
+from swarmrl.model.tokenizer import build_char_tokenizer
+from swarmrl.toploc import attacks
+from swarmrl.toploc.bundle import seal
+from swarmrl.toploc.calibrate import generate_without_cache, measure, recommend
+from swarmrl.toploc.verify import Verifier
+
+DIGEST = "ab" * 32
+TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
+
+
+def _scorer(prompt, output):
+    """Toy reward: share of output tokens equal to the first prompt token."""
+    return sum(t == prompt[0] for t in output) / len(output)
+
+
+@pytest.fixture(scope="module")
+def world():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest on a shared machine
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer("abcdefghijklmnop:")
+    model = create_tiny_model(TINY, tokenizer)
+    engine = TorchEngine(model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)
+    worker = attacks.Worker(engine, KeyPair.from_seed(bytes(32)), params, 3, DIGEST)
+    # thresholds calibrated on honest samples (cached and uncached decoding), not the test ones
+    rng = random.Random(0)
+    letters = tokenizer.encode("abcdefghijklmnop")
+    calib = [[rng.choice(letters) for _ in range(8)] for _ in range(4)]
+    measured = measure(
+        engine, engine.generate(calib, params, range(4), return_hidden=True), params, ToplocConfig()
+    )
+    nocache = generate_without_cache(model, calib, params, range(4, 8), sorted(engine.eos_ids))
+    measured.extend(measure(engine, nocache, params, ToplocConfig()))
+    verifier = Verifier(
+        engine,
+        ToplocConfig(**recommend(measured, 128)),
+        eos_token_ids=engine.eos_ids,
+        vocab_size=len(tokenizer),
+        scorer=_scorer,
+    )
+    prompts = [[rng.choice(letters) for _ in range(8)] + tokenizer.encode(":") for _ in range(6)]
+    yield {
+        "tokenizer": tokenizer,
+        "model": model,
+        "engine": engine,
+        "worker": worker,
+        "verifier": verifier,
+        "prompts": prompts,
+        "seeds": list(range(100, 106)),
+    }
+    torch.set_num_threads(previous)
+
+
+def _check(world, subs, seeds=None, prompts=None):
+    worker, verifier = world["worker"], world["verifier"]
+    prompts = prompts or world["prompts"]
+    seeds = seeds or world["seeds"]
+    items = [
+        (b, c, worker.assignment(p, s)) for (b, c), p, s in zip(subs, prompts, seeds, strict=False)
+    ]
+    return verifier.check_many(items)
+
+
+def test_honest_samples_pass_with_replayed_credit_and_logprobs(world):
+    subs = attacks.honest(world["worker"], world["prompts"], world["seeds"])
+    for verdict, (bundle, claim) in zip(_check(world, subs), subs, strict=True):
+        assert verdict.accepted, verdict.reasons
+        assert verdict.tokens_replayed == len(claim.prompt_tokens) + len(claim.output_tokens)
+        assert verdict.behaviour_logprobs == pytest.approx(claim.logprobs, abs=1e-5)
+        assert verdict.reward == _scorer(claim.prompt_tokens, claim.output_tokens)
+        assert len(verdict.chunks) == len(bundle.chunks) and all(c.passed for c in verdict.chunks)
+    assert any(len(b.chunks) > 1 for b, _ in subs)  # decode chunks were exercised
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [None, 17, "not json", b"{", {"chunks": [float("nan")]}, [], {"scheme": "other"}],
+)
+def test_garbage_bundles_are_malformed_rejections(world, raw):
+    (_, claim), prompt, seed = (
+        attacks.honest(world["worker"], world["prompts"][:1], [1])[0],
+        world["prompts"][0],
+        1,
+    )
+    verdict = world["verifier"].check(raw, claim, world["worker"].assignment(prompt, seed))
+    assert not verdict.accepted and verdict.codes == {"malformed"}
+    assert verdict.tokens_replayed == 0
+
+
+def test_oversized_nan_and_truncated_proofs_are_rejected(world):
+    worker, verifier = world["worker"], world["verifier"]
+    prompt, seed = world["prompts"][0], world["seeds"][0]
+    bundle, claim = attacks.honest(worker, [prompt], [seed])[0]
+    assignment = worker.assignment(prompt, seed)
+    huge = bundle.model_dump_json() + " " * verifier.config.max_bundle_bytes
+    assert verifier.check(huge, claim, assignment).codes == {"malformed"}
+    nan_claim = claim.model_dump()
+    nan_claim["logprobs"] = [float("nan")] * len(claim.logprobs)
+    assert verifier.check(bundle, nan_claim, assignment).codes == {"malformed"}
+    short = base64.b64encode(base64.b64decode(bundle.chunks[0])[:100]).decode()
+    cut = seal(
+        bundle.model_copy(update={"chunks": [short, *bundle.chunks[1:]]}), claim, worker.keypair
+    )
+    assert verifier.check(cut, claim, assignment).codes == {"structure"}
+    fewer = seal(
+        bundle.model_copy(update={"chunks": bundle.chunks[:-1] or ["AAAA"]}), claim, worker.keypair
+    )
+    if len(bundle.chunks) > 1:
+        assert verifier.check(fewer, claim, assignment).codes == {"structure"}
+    null = base64.b64encode(bytes(258)).decode()  # the reference library's null proof
+    nulled = seal(
+        bundle.model_copy(update={"chunks": [null] * len(bundle.chunks)}), claim, worker.keypair
+    )
+    assert verifier.check(nulled, claim, assignment).codes == {"structure"}
+
+
+def test_binding_and_assignment_rejections(world):
+    worker, verifier = world["worker"], world["verifier"]
+    prompt, seed = world["prompts"][1], world["seeds"][1]
+    bundle, claim = attacks.honest(worker, [prompt], [seed])[0]
+    assignment = worker.assignment(prompt, seed)
+    # claim edited after signing
+    edited = claim.model_copy(update={"output_tokens": [*claim.output_tokens[:-1], 3]})
+    assert verifier.check(bundle, edited, assignment).codes == {"binding"}
+    forged = bundle.model_copy(update={"signature": "00" * 64})
+    assert verifier.check(forged, claim, assignment).codes == {"binding"}
+    # signed by someone else than the leaseholder
+    other = seal(bundle, claim, KeyPair.from_seed(bytes([7] * 32)))
+    assert verifier.check(other, claim, assignment).codes == {"assignment"}
+    for field, value in [("seed", seed + 1), ("policy_version", 2), ("model_digest", "cd" * 32)]:
+        changed = seal(bundle.model_copy(update={field: value}), claim, worker.keypair)
+        assert verifier.check(changed, claim, assignment).codes == {"assignment"}, field
+    wrong_prompt = worker.assignment(world["prompts"][2], seed)
+    assert "assignment" in verifier.check(bundle, claim, wrong_prompt).codes
+
+
+def test_wrong_weights_fail_hidden_states(world):
+    perturbed = copy.deepcopy(world["model"])
+    with torch.no_grad():
+        for p in perturbed.parameters():
+            p.add_(torch.randn_like(p) * 0.01 * p.std())
+    subs = attacks.with_engine(
+        world["worker"],
+        TorchEngine(perturbed, world["tokenizer"]),
+        world["prompts"],
+        world["seeds"],
+    )
+    for verdict in _check(world, subs):
+        assert "hidden_states" in verdict.codes and verdict.failing_chunks
+
+
+def test_cheap_decode_is_caught_by_sampling_replay(world):
+    torch.manual_seed(1)
+    cheap = TorchEngine(create_tiny_model(TINY, world["tokenizer"]), world["tokenizer"])
+    subs = attacks.cheap_decode(world["worker"], cheap, world["prompts"], world["seeds"])
+    genuine = attacks.honest(world["worker"], world["prompts"], world["seeds"])
+    differing = 0
+    for verdict, (_, claim), (_, honest_claim) in zip(
+        _check(world, subs), subs, genuine, strict=True
+    ):
+        assert "hidden_states" not in verdict.codes  # the proofs are genuine
+        if claim.output_tokens == honest_claim.output_tokens:
+            continue  # the cheap model happened to sample exactly the real model's tokens
+        differing += 1
+        assert not verdict.accepted and verdict.codes & {"sampling", "termination"}
+    assert differing >= 3
+
+
+def test_tampered_token_other_seed_and_temperature(world):
+    worker = world["worker"]
+    rng = random.Random(5)
+    vocab = len(world["tokenizer"])
+    for subs in (
+        attacks.tampered_token(worker, world["prompts"], world["seeds"], vocab, rng),
+        attacks.other_sampling(worker, world["prompts"], world["seeds"], seed_offset=1000),
+        attacks.other_sampling(worker, world["prompts"], world["seeds"], temperature=0.5),
+    ):
+        for verdict in _check(world, subs):
+            assert not verdict.accepted and verdict.codes & {"sampling", "logprobs", "termination"}
+
+
+def test_truncation_forged_reward_copied_proof_changed_prompt(world):
+    worker = world["worker"]
+    prompts, seeds = world["prompts"], world["seeds"]
+    subs = attacks.truncated(worker, prompts, seeds, random.Random(2))
+    verdicts = world["verifier"].check_many(
+        [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
+    )
+    assert verdicts and all("termination" in v.codes for v in verdicts)
+    for verdict in _check(world, attacks.forged_reward(worker, prompts, seeds, _scorer)):
+        assert verdict.codes == {"reward"}
+    copied = attacks.copied_proof(worker, prompts, seeds)
+    verdicts = world["verifier"].check_many(
+        [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in copied]
+    )
+    assert verdicts and all("hidden_states" in v.codes for v in verdicts)
+    rng = random.Random(9)
+    subst = [[rng.randrange(3, 19) for _ in p] for p in prompts]
+    for verdict in _check(world, attacks.changed_prompt(worker, prompts, seeds, subst)):
+        assert "hidden_states" in verdict.codes
+
+
+def test_out_of_vocab_and_failed_replay_never_raise(world):
+    worker = world["worker"]
+    prompt, seed = world["prompts"][0], world["seeds"][0]
+    bundle, claim = attacks.honest(worker, [prompt], [seed])[0]
+    bad = claim.model_copy(update={"output_tokens": [10**6] * len(claim.output_tokens)})
+    resealed = seal(bundle, bad, worker.keypair)
+    assignment = worker.assignment(prompt, seed)
+    assert world["verifier"].check(resealed, bad, assignment).codes == {"structure"}
+    blind = Verifier(world["engine"], eos_token_ids=world["engine"].eos_ids)  # no vocab check
+    verdict = blind.check(resealed, bad, assignment)
+    assert verdict.codes == {"replay"} and not verdict.accepted
