@@ -318,12 +318,15 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> list[Pe
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
         _require_validator(spec, validator_key)
+        # a submission older than the trainer can still use is not worth a replay
+        oldest = current_version(conn, pool_id) - spec.async_level
         rows = conn.execute(
             sa.select(db.submissions, db.leases.c.work)
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
             .where(
                 db.submissions.c.pool_id == pool_id,
                 db.submissions.c.status == "pending",
+                db.submissions.c.min_version >= oldest,
                 sa.or_(
                     db.submissions.c.claimed_by.is_(None),
                     db.submissions.c.claim_expires_at < now,
