@@ -120,15 +120,20 @@ class Follower:
                         self._cv.notify_all()
         conns.close_all()
 
+    def _held_or_none(self) -> int:
+        """Newest version in the catalog, -1 when empty (version 0 is a real version)."""
+        latest = self.catalog.latest()
+        return -1 if latest is None else latest
+
     def _replicate_loop(self) -> None:
         while not self._stop.is_set():
             with self._cv:
                 self._cv.wait_for(
-                    lambda: self._stop.is_set() or self._announced > (self.catalog.latest() or -1),
+                    lambda: self._stop.is_set() or self._announced > self._held_or_none(),
                     timeout=1.0,
                 )
                 target = self._announced
-            if self._stop.is_set() or target <= (self.catalog.latest() or -1):
+            if self._stop.is_set() or target <= self._held_or_none():
                 continue
             try:
                 self.replicate(target)
