@@ -38,6 +38,17 @@ class SwarmConfig(Section):
     rollouts_per_lease: int = Field(
         32, gt=0, description="completions a worker asks for per lease (prompts × group size)"
     )
+    units_per_version: int = Field(
+        4,
+        ge=0,
+        description=(
+            "a worker submits at most this many units per policy version before pausing for a "
+            "newer one (at most `version_wait_s`); 0 = never pause"
+        ),
+    )
+    version_wait_s: float = Field(
+        5.0, ge=0, description="longest pause of a worker that reached `units_per_version`"
+    )
     ready_timeout_s: float = Field(
         120.0, gt=0, description="longest wait for a started role to answer its health check"
     )
@@ -57,6 +68,7 @@ class SwarmConfig(Section):
     status_interval_s: float = Field(
         1.0, gt=0, description="how often roles write their status file and the display redraws"
     )
+    eval_every: int = Field(10, gt=0, description="trainer steps between held-out evaluations")
     display: bool = Field(True, description="live terminal display during `swarmrl run`")
     role_threads: int = Field(1, ge=1, description="torch threads per role process on one machine")
 

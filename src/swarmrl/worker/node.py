@@ -83,16 +83,20 @@ class WorkerNode:
         self.policy: LoadedVersion | None = None
         self.tokens_per_s: float | None = None
         self.submitted = 0
+        self.units_by_version: dict[int, int] = {}
         self.cheat_after = cheat_after(config.swarm.cheat)
         self.corrupted = False
 
     # -- weights --------------------------------------------------------------------------
     def _fetch_latest(self) -> None:
+        held = self.weights.held_version()
         path = self.weights.fetch("latest")
         version = store_version(path)
         with self._ready_lock:
             if self._ready is None or version > self._ready[0]:
                 self._ready = (version, path)
+        if version == held:
+            return
         self.status.event(f"downloaded v{version}")
         report = self.weights.last_report
         if report is not None:
@@ -193,9 +197,32 @@ class WorkerNode:
         )
         return [b.model_dump(mode="json") for b in bundles]
 
+    def _pace(self) -> None:
+        """After ``units_per_version`` units on one version, wait briefly for a newer one.
+
+        Rollouts far ahead of the trainer only grow stale; the bounded wait keeps a slow
+        trainer from ever stalling the node.
+        """
+        swarm = self.config.swarm
+        assert self.policy is not None
+        if not swarm.units_per_version:
+            return
+        if self.units_by_version.get(self.policy.version, 0) < swarm.units_per_version:
+            return
+        self.status.set(state=f"paced: {swarm.units_per_version} units on v{self.policy.version}")
+        deadline = time.monotonic() + swarm.version_wait_s
+        while time.monotonic() < deadline and not self.stop.is_set():
+            with self._ready_lock:
+                newer = self._ready is not None and self._ready[0] > self.policy.version
+            if newer:
+                break
+            self.stop.wait(0.1)
+        self._take_newest()
+
     def _work_once(self) -> None:
         swarm = self.config.swarm
         self._take_newest()
+        self._pace()
         reply = retry(
             lambda: self.pool.lease(self.settings.pool_id),
             "lease work",
@@ -257,6 +284,8 @@ class WorkerNode:
             self.status.add(refused=1)
             return
         self.submitted += 1
+        used = min(s.policy_version for s in samples)
+        self.units_by_version[used] = self.units_by_version.get(used, 0) + 1
         self.status.add(submitted=1, rollouts=len(samples), tokens=tokens)
         self.log.info(
             "submitted %d samples (v%d, %.0f tok/s): %s",

@@ -1,0 +1,392 @@
+"""``swarmrl run`` / ``swarmrl demo``: a whole swarm on this machine, each role its own process.
+
+Layout of a run directory::
+
+    keys/        one ed25519 key file per role (trainer = pool owner, orchestrator, validators,
+                 workers); invites/ one single-use invite per worker, signed by the owner
+    pool.json    the pool spec the orchestrator hosts
+    logs/        one log file per role            status/  one status file per role
+    orchestrator/  database (ledger) and rollout files
+    trainer/     the origin's version store and the trainer's summary
+    relay-N/, worker-N/, validator-N/   each role's weight cache
+    report.json, ledger.jsonl
+
+Start order, each step waiting (bounded) for the previous one to answer: orchestrator → trainer
+(publishes version 0 and serves it as the origin) → relays → validators → workers. The run ends
+when the trainer exits after its last step; any other role dying first ends it with an error
+that quotes the role's log. Everything is started with the same commands an operator would
+type on separate machines (see docs/deploy.md); only the addresses are loopback.
+
+Knows how to wire roles together; nothing about what they compute.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarmrl.config import SwarmConfig, save_config
+from swarmrl.errors import WaitTimeout
+from swarmrl.identity import KeyPair, load_keypair
+from swarmrl.launch.display import LiveDisplay
+from swarmrl.launch.supervisor import Supervisor, free_port, http_ok, wait_until
+from swarmrl.protocol.pool import PoolSpec, SamplingParams
+from swarmrl.protocol.swarm import RoleStatus
+
+POOL_ID = "swarm"
+HOST = "127.0.0.1"
+
+
+@dataclass
+class SwarmPlan:
+    """Names, files and addresses of every role of one local swarm."""
+
+    config: SwarmConfig
+    run_dir: Path
+    config_file: Path
+    workers: list[str] = field(default_factory=list)
+    cheats: dict[str, str] = field(default_factory=dict)
+    validators: list[str] = field(default_factory=list)
+    relays: list[str] = field(default_factory=list)
+    orchestrator_port: int = 0
+    origin_port: int = 0
+    relay_ports: dict[str, int] = field(default_factory=dict)
+
+    def key(self, name: str) -> Path:
+        return self.run_dir / "keys" / f"{name}.key"
+
+    @property
+    def orchestrator_url(self) -> str:
+        return f"http://{HOST}:{self.orchestrator_port}"
+
+    @property
+    def origin_url(self) -> str:
+        return f"http://{HOST}:{self.origin_port}"
+
+    def relay_url(self, name: str) -> str:
+        return f"http://{HOST}:{self.relay_ports[name]}"
+
+    @property
+    def weight_sources(self) -> list[str]:
+        """Relays first; the origin last as the fallback."""
+        return [self.relay_url(r) for r in self.relays] + [self.origin_url]
+
+    @property
+    def status_dir(self) -> Path:
+        return self.run_dir / "status"
+
+
+def pool_spec(config: SwarmConfig, owner: KeyPair, validators: list[KeyPair]) -> PoolSpec:
+    """The pool a swarm run trains in: its tasks are the environment's training split."""
+    from swarmrl.envs import build_env
+
+    env = build_env(config.env)
+    s = config.rl.sampling
+    return PoolSpec(
+        pool_id=POOL_ID,
+        owner_key=owner.public_key_hex,
+        open=False,
+        validators=[v.public_key_hex for v in validators],
+        task_count=env.split_size("train"),
+        samples_per_task=config.rl.group_size,
+        sampling=SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
+        ),
+        seed=config.run.seed,
+        async_level=config.rl.async_level,
+        validated_fraction=1.0,
+        min_tasks_per_lease=1,
+        max_tasks_per_lease=max(1, config.swarm.rollouts_per_lease // config.rl.group_size),
+        lease_target_s=5.0,
+        lease_timeout_s=60.0,
+        max_leases_in_flight=1,
+        credit_lock_s=3600.0,
+    )
+
+
+def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None) -> SwarmPlan:
+    """Write keys, invites, the pool spec and the resolved config into ``run_dir``."""
+    from swarmrl.pool.invites import make_invite
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(config, run_dir)
+    plan = SwarmPlan(config, run_dir, config_file or run_dir / "config.toml")
+    if config_file is None:
+        plan.config_file.write_text(_to_toml(config))
+    swarm = config.swarm
+    plan.workers = [f"worker-{i}" for i in range(swarm.workers + len(swarm.cheaters))]
+    plan.cheats = {plan.workers[swarm.workers + i]: c for i, c in enumerate(swarm.cheaters)}
+    plan.validators = [f"validator-{i}" for i in range(swarm.validators)]
+    plan.relays = [f"relay-{i}" for i in range(swarm.relays)]
+    keys: dict[str, KeyPair] = {}
+    for name in ["trainer", "orchestrator", *plan.validators, *plan.workers]:
+        path = plan.key(name)
+        keys[name] = load_keypair(path) if path.is_file() else _new_key(path)
+    spec = pool_spec(config, keys["trainer"], [keys[v] for v in plan.validators])
+    (run_dir / "pool.json").write_text(spec.model_dump_json(indent=2) + "\n")
+    invites = run_dir / "invites"
+    invites.mkdir(exist_ok=True)
+    for name in plan.workers:
+        invite = make_invite(keys["trainer"], POOL_ID, 86400.0, keys[name].node_id)
+        (invites / f"{name}.json").write_text(invite.model_dump_json(indent=2) + "\n")
+    plan.orchestrator_port = free_port()
+    plan.origin_port = free_port()
+    plan.relay_ports = {name: free_port() for name in plan.relays}
+    return plan
+
+
+def _new_key(path: Path) -> KeyPair:
+    pair = KeyPair.generate()
+    pair.save(path)
+    return pair
+
+
+def _to_toml(config: SwarmConfig) -> str:
+    """The resolved config as TOML, so every role reads exactly the same settings."""
+    lines: list[str] = []
+
+    def emit(prefix: str, data: dict) -> None:
+        scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+        if scalars and prefix:
+            lines.append(f"[{prefix}]")
+        for key, value in scalars.items():
+            if value is not None:
+                lines.append(f"{key} = {json.dumps(value)}")
+        for key, value in tables.items():
+            emit(f"{prefix}.{key}" if prefix else key, value)
+
+    emit("", config.model_dump(mode="json"))
+    return "\n".join(lines) + "\n"
+
+
+# --- starting roles --------------------------------------------------------------------------
+
+
+def _common(plan: SwarmPlan, name: str) -> list[str]:
+    return [str(plan.config_file), "--name", name, "--status-dir", str(plan.status_dir)]
+
+
+def start_orchestrator(sup: Supervisor, plan: SwarmPlan) -> None:
+    args = [
+        "--key", str(plan.key("orchestrator")),
+        "--run-dir", str(plan.run_dir / "orchestrator"),
+        "--host", HOST,
+        "--port", str(plan.orchestrator_port),
+        "--pool", str(plan.run_dir / "pool.json"),
+        "--set", f"heartbeat_interval_s={plan.config.pool.heartbeat_interval_s}",
+    ]  # fmt: skip
+    sup.start_role("orchestrator", "orchestrator", args)
+    sup.wait_http(
+        "orchestrator", f"{plan.orchestrator_url}/health", plan.config.swarm.ready_timeout_s
+    )
+
+
+def start_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
+    args = _common(plan, "trainer") + [
+        "--key", str(plan.key("trainer")),
+        "--orchestrator", plan.orchestrator_url,
+        "--pool", POOL_ID,
+        "--run-dir", str(plan.run_dir),
+        "--origin-host", HOST,
+        "--origin-port", str(plan.origin_port),
+    ]  # fmt: skip
+    sup.start_role("trainer", "trainer", args)
+
+    def published() -> bool:
+        try:
+            import httpx
+
+            return (
+                httpx.get(f"{plan.origin_url}/health", timeout=2).json().get("latest") is not None
+            )
+        except (OSError, ValueError, httpx.HTTPError):
+            return False
+
+    sup.wait_ready(
+        "trainer",
+        published,
+        f"the origin at {plan.origin_url} to list version 0 (the warm start may take minutes "
+        "the first time; it is cached afterwards)",
+        plan.config.swarm.ready_timeout_s + 600,
+    )
+
+
+def start_relay(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
+    trainer_key = load_keypair(plan.key("trainer")).public_key_hex
+    args = [
+        "--upstream", plan.origin_url,
+        "--publisher-key", trainer_key,
+        "--store", str(plan.run_dir / name),
+        "--host", HOST,
+        "--port", str(plan.relay_ports[name]),
+    ]  # fmt: skip
+    sup.start_role(name, "relay", args)
+    sup.wait_http(name, f"{plan.relay_url(name)}/health", plan.config.swarm.ready_timeout_s)
+
+
+def _weights_args(plan: SwarmPlan) -> list[str]:
+    trainer_key = load_keypair(plan.key("trainer")).public_key_hex
+    out = ["--publisher-key", trainer_key]
+    for url in plan.weight_sources:
+        out += ["--weights", url]
+    return out
+
+
+def start_validator(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
+    args = _common(plan, name) + [
+        "--key", str(plan.key(name)),
+        "--orchestrator", plan.orchestrator_url,
+        "--pool", POOL_ID,
+        "--work-dir", str(plan.run_dir / name),
+    ] + _weights_args(plan)  # fmt: skip
+    sup.start_role(name, "validator", args)
+
+
+def start_worker(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
+    args = _common(plan, name) + [
+        "--key", str(plan.key(name)),
+        "--orchestrator", plan.orchestrator_url,
+        "--pool", POOL_ID,
+        "--invite", str(plan.run_dir / "invites" / f"{name}.json"),
+        "--work-dir", str(plan.run_dir / name),
+    ] + _weights_args(plan)  # fmt: skip
+    if name in plan.cheats:
+        args += ["--set", f"swarm.cheat={plan.cheats[name]}"]
+    sup.start_role(name, "worker", args)
+
+
+def start_all(sup: Supervisor, plan: SwarmPlan) -> None:
+    start_orchestrator(sup, plan)
+    start_trainer(sup, plan)
+    for name in plan.relays:
+        start_relay(sup, plan, name)
+    for name in plan.validators:
+        start_validator(sup, plan, name)
+    for name in plan.workers:
+        start_worker(sup, plan, name)
+
+
+# --- watching --------------------------------------------------------------------------------
+
+
+def watch(
+    sup: Supervisor,
+    plan: SwarmPlan,
+    display: LiveDisplay,
+    timeout_s: float,
+    on_tick: object = None,
+) -> None:
+    """Redraw the display until the trainer exits 0; raise if any role dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    trainer = sup.roles["trainer"]
+    while True:
+        statuses = RoleStatus.read_dir(plan.status_dir)
+        alive = {name: role.alive() for name, role in sup.roles.items()}
+        display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}")
+        if callable(on_tick):
+            on_tick(statuses)
+        if trainer.popen.poll() == 0:
+            return
+        sup.check(expected_done=["trainer"])
+        if time.monotonic() > deadline:
+            raise WaitTimeout(
+                f"gave up after {timeout_s:.0f} s waiting for the trainer to finish "
+                f"{plan.config.rl.steps} steps; logs in {sup.log_dir}"
+            )
+        time.sleep(plan.config.swarm.status_interval_s)
+
+
+def orchestrator_ready(plan: SwarmPlan) -> bool:
+    return http_ok(f"{plan.orchestrator_url}/health")
+
+
+def wait_orchestrator(plan: SwarmPlan, timeout_s: float) -> None:
+    wait_until(
+        lambda: orchestrator_ready(plan), f"orchestrator at {plan.orchestrator_url}", timeout_s
+    )
+
+
+# --- the whole run ---------------------------------------------------------------------------
+
+
+def swarm_facts(plan: SwarmPlan) -> dict:
+    """What the run did as a swarm: submissions, bans, versions, bytes, and the ledger check."""
+    from swarmrl.ledger.export import write_export
+    from swarmrl.ledger.verify import verify_export
+    from swarmrl.pool.client import PoolClient
+    from swarmrl.pool.db import make_engine, sqlite_url
+
+    trainer_key = load_keypair(plan.key("trainer"))
+    with PoolClient(plan.orchestrator_url, trainer_key, plan.config.swarm.peer_timeout_s) as pool:
+        metrics = pool.metrics(POOL_ID)
+        nodes = pool.nodes(POOL_ID)
+    names = {load_keypair(plan.key(w)).node_id: w for w in plan.workers}
+    ledger_file = plan.run_dir / "ledger.jsonl"
+    engine = make_engine(sqlite_url(plan.run_dir / "orchestrator" / "pool.db"))
+    try:
+        entries = write_export(engine, ledger_file)
+    finally:
+        engine.dispose()
+    orchestrator_key = load_keypair(plan.key("orchestrator")).public_key_hex
+    verified = verify_export(ledger_file, orchestrator_key)
+    statuses = RoleStatus.read_dir(plan.status_dir)
+    summary_file = plan.run_dir / "trainer" / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    by_status = metrics.submissions_by_status
+    return {
+        "swarm": {
+            "workers": [
+                {
+                    "name": names.get(n.node_id, n.node_id[:8]),
+                    "node_id": n.node_id,
+                    "state": n.state,
+                    "cheat": plan.cheats.get(names.get(n.node_id, ""), ""),
+                    "model_version": n.model_version,
+                    "measured_tokens_per_s": n.measured_tokens_per_s,
+                    "rollouts": statuses[names[n.node_id]].metrics.get("rollouts", 0)
+                    if names.get(n.node_id) in statuses
+                    else None,
+                }
+                for n in nodes
+            ],
+            "submissions": {
+                "accepted": by_status.get("accepted", 0),
+                "rejected": by_status.get("rejected", 0),
+                "dropped": by_status.get("dropped", 0),
+                "pending": by_status.get("pending", 0),
+            },
+            "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
+            "versions_published": summary.get("versions_published"),
+            "trainer_idle_s": summary.get("idle_s"),
+            "trainer_wall_s": summary.get("wall_s"),
+        },
+        "shardcast": {
+            "bytes_full": summary.get("bytes_full"),
+            "bytes_delta": summary.get("bytes_delta"),
+        },
+        "ledger": {
+            "entries": entries,
+            "verified": verified.ok,
+            "file": str(ledger_file),
+            "credited_tokens": metrics.credited_tokens,
+        },
+    }
+
+
+def run_swarm(
+    config: SwarmConfig, run_dir: Path, *, display: bool = True, timeout_s: float = 3600.0
+) -> dict:
+    """Start a whole local swarm, wait for the trainer to finish, return the swarm facts."""
+    plan = prepare(config, run_dir)
+    with (
+        LiveDisplay(enabled=display) as live,
+        Supervisor(run_dir, config.swarm.shutdown_grace_s) as sup,
+    ):
+        start_all(sup, plan)
+        watch(sup, plan, live, timeout_s)
+        facts = swarm_facts(plan)
+    (run_dir / "swarm.json").write_text(json.dumps(facts, indent=2) + "\n")
+    return facts
