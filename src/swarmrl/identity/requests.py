@@ -9,7 +9,10 @@ and carries four headers: ``X-Swarm-Key`` (ed25519 public key, 64 hex), ``X-Swar
 (128 hex). The server accepts a request only if the signature verifies, the timestamp lies within
 ``window_s`` of its own clock, the body is at most ``max_body_bytes``, and the (key, nonce) pair
 was never seen before. A nonce is remembered until its timestamp leaves the window, after which
-the window check alone refuses a replay, so the nonce store stays bounded.
+the window check alone refuses a replay, so the nonce store stays bounded. A server may also
+refuse everything signed before an instant (``not_before_s``, e.g. its own start): then an
+in-memory nonce store is enough across restarts, because no request signed before the restart
+is accepted after it.
 
 Knows nothing about HTTP frameworks, pools or databases: the nonce store is a small protocol,
 with an in-memory implementation here and a database one in ``swarmrl.pool``.
@@ -124,10 +127,18 @@ def _header(headers: Mapping[str, str], name: str) -> str:
 class RequestVerifier:
     """Checks signature, time window, body size and nonce freshness of one request."""
 
-    def __init__(self, nonce_store: NonceStore, *, window_s: float, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        nonce_store: NonceStore,
+        *,
+        window_s: float,
+        max_body_bytes: int,
+        not_before_s: float = 0.0,
+    ) -> None:
         self.nonce_store = nonce_store
         self.window_s = window_s
         self.max_body_bytes = max_body_bytes
+        self.not_before_s = not_before_s
 
     def verify(
         self,
@@ -166,6 +177,10 @@ class RequestVerifier:
         if abs(skew_s) > self.window_s:
             raise ReplayedRequest(
                 f"timestamp is {skew_s:+.1f} s from server time; the window is ±{self.window_s:g} s"
+            )
+        if timestamp_ms / 1000.0 < self.not_before_s:
+            raise ReplayedRequest(
+                "request was signed before this server started; sign it again with a fresh nonce"
             )
         expires_at = timestamp_ms / 1000.0 + self.window_s
         if not self.nonce_store.claim(key_hex, nonce, expires_at):

@@ -24,10 +24,14 @@ from fastapi.responses import JSONResponse
 
 from swarmrl import __version__
 from swarmrl.errors import BadSignature, PeerError, ReplayedRequest
-from swarmrl.identity.requests import OversizedRequest, RequestVerifier, SignedRequest
+from swarmrl.identity.requests import (
+    MemoryNonceStore,
+    OversizedRequest,
+    RequestVerifier,
+    SignedRequest,
+)
 from swarmrl.ledger.export import read_entries
 from swarmrl.pool import service, work
-from swarmrl.pool.db import DbNonceStore
 from swarmrl.pool.rejections import Rejected, Unauthorized
 from swarmrl.pool.service import Context
 from swarmrl.protocol.pool import (
@@ -111,10 +115,13 @@ def _status_of(exc: PeerError) -> int:
 def build_app(ctx: Context) -> FastAPI:
     """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-db")
+    # Nonces live in memory: the verifier refuses anything signed before this process started,
+    # so a replay of a pre-restart request fails on its timestamp instead.
     verifier = RequestVerifier(
-        DbNonceStore(ctx.engine),
+        MemoryNonceStore(),
         window_s=ctx.config.request_window_s,
         max_body_bytes=ctx.config.max_body_bytes,
+        not_before_s=ctx.started_at,
     )
 
     async def on_db(fn: Callable[..., T], *args: Any) -> T:
@@ -168,7 +175,7 @@ def build_app(ctx: Context) -> FastAPI:
         query = request.scope.get("query_string", b"")
         path = (raw + (b"?" + query if query else b"")).decode("latin-1")
         body = await request.body()
-        return await on_db(verifier.verify, request.method, path, body, request.headers)
+        return verifier.verify(request.method, path, body, request.headers)
 
     async def admin(pool_id: str, who: SignedRequest) -> None:
         def check() -> None:

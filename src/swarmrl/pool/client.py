@@ -181,17 +181,26 @@ class PoolClient(_Base):
 
 
 class AsyncPoolClient(_Base):
-    """The calls of :class:`PoolClient` as coroutines (one shared connection pool)."""
+    """The calls of :class:`PoolClient` as coroutines.
 
-    def __init__(self, url: str, keypair: KeyPair, timeout_s: float = 30.0) -> None:
+    Pass ``http`` to share one connection pool between many clients (it is then not closed by
+    :meth:`aclose`); its own timeout is replaced by ``timeout_s`` per request.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        keypair: KeyPair,
+        timeout_s: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
         super().__init__(url, keypair, timeout_s)
-        self._http = httpx.AsyncClient(
-            timeout=timeout_s,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-        )
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(timeout=timeout_s)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._owns_http:
+            await self._http.aclose()
 
     async def __aenter__(self) -> AsyncPoolClient:
         return self
@@ -203,7 +212,9 @@ class AsyncPoolClient(_Base):
         url, body, headers = self._prepare(method, path, payload)
         call = f"{method} {path}"
         try:
-            response = await self._http.request(method, url, content=body, headers=headers)
+            response = await self._http.request(
+                method, url, content=body, headers=headers, timeout=self.timeout_s
+            )
         except httpx.TimeoutException as exc:
             raise PeerUnavailable(
                 f"{call}: no answer from {self.url} in {self.timeout_s} s"

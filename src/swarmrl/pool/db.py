@@ -1,14 +1,13 @@
-"""The orchestrator's database: tables, engine creation, and a database-backed nonce store.
+"""The orchestrator's database: tables and engine creation.
 
 SQLite by default (one file, WAL journal) or PostgreSQL by URL, through SQLAlchemy Core. All
-state that must survive a restart lives here: pools, nodes, invites used, request nonces, leases,
+state that must survive a restart lives here: pools, nodes, invites used, leases,
 submissions, credits and the ledger (``swarmrl.ledger.chain``). Rollout bytes live in the rollout
 store, not here. Knows nothing about HTTP or the protocol's rules.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -55,14 +54,6 @@ invites_used = sa.Table(
     sa.Column("pool_id", sa.String(64), nullable=False),
     sa.Column("node_id", sa.String(32), nullable=False),
     sa.Column("used_at", sa.Float, nullable=False),
-)
-
-nonces = sa.Table(
-    "nonces",
-    metadata,
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("nonce", sa.String(64), primary_key=True),
-    sa.Column("expires_at", sa.Float, nullable=False, index=True),
 )
 
 leases = sa.Table(
@@ -141,35 +132,3 @@ def make_engine(url: str) -> sa.Engine:
     except sa.exc.OperationalError as exc:
         raise UserError(f"cannot open database {url!r}: {exc.orig}") from exc
     return engine
-
-
-class DbNonceStore:
-    """A :class:`swarmrl.identity.requests.NonceStore` in the ``nonces`` table (survives restarts)."""
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self.engine = engine
-
-    def claim(self, public_key_hex: str, nonce: str, expires_at_s: float) -> bool:
-        with self.engine.begin() as conn:
-            row = conn.execute(
-                sa.select(nonces.c.expires_at).where(
-                    nonces.c.key == public_key_hex, nonces.c.nonce == nonce
-                )
-            ).first()
-            if row is not None and row.expires_at > time.time():
-                return False
-            if row is not None:
-                conn.execute(
-                    nonces.update()
-                    .where(nonces.c.key == public_key_hex, nonces.c.nonce == nonce)
-                    .values(expires_at=expires_at_s)
-                )
-            else:
-                conn.execute(
-                    nonces.insert().values(key=public_key_hex, nonce=nonce, expires_at=expires_at_s)
-                )
-            return True
-
-    def purge(self, now_s: float) -> int:
-        with self.engine.begin() as conn:
-            return conn.execute(nonces.delete().where(nonces.c.expires_at <= now_s)).rowcount

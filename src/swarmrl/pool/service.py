@@ -316,7 +316,7 @@ def release_leases(conn: sa.Connection, pool_id: str, node_id: str) -> None:
 
 
 def sweep(ctx: Context) -> dict[str, int]:
-    """Advance node health, expire overdue leases (a soft invalidation each), forget old nonces."""
+    """Advance node health and expire overdue leases (a soft invalidation each)."""
     cfg, now = ctx.config, ctx.clock()
     changed = {"nodes": 0, "leases": 0}
     with ctx.engine.begin() as conn:
@@ -371,7 +371,6 @@ def sweep(ctx: Context) -> dict[str, int]:
             ctx.ledger.append(
                 conn, "invalidation", body, pool_id=lease.pool_id, node_id=lease.node_id, ts=now
             )
-        conn.execute(db.nonces.delete().where(db.nonces.c.expires_at <= now))
     return changed
 
 

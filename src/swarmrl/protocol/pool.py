@@ -43,10 +43,13 @@ class Requirements(Message):
 class SamplingParams(Message):
     """How a work unit's completions are sampled (seeded Gumbel-max)."""
 
-    temperature: float = Field(1.0, gt=0, le=100, description="softmax temperature")
+    temperature: float = Field(1.0, ge=0, le=100, description="softmax temperature; 0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass kept")
     top_k: int = Field(0, ge=0, le=1_000_000, description="keep the k most likely; 0 = all")
     max_new_tokens: int = Field(64, gt=0, le=1_000_000, description="decode at most this many")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, max_length=64, description="stop ids besides the model's EOS"
+    )
 
 
 class PoolSpec(Message):

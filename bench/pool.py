@@ -1,0 +1,237 @@
+"""Load test of the orchestrator: N simulated nodes on loopback, heartbeating, leasing, submitting.
+
+The orchestrator runs as its own process (``swarmrl orchestrator``, SQLite, one uvicorn worker);
+all nodes are asyncio tasks in this process sharing one HTTP connection pool. Each node joins an
+open pool, then heartbeats every ``--beat-s`` seconds (first beat at a random phase) and runs a
+work loop: lease a unit, "generate" for ``--unit-s`` seconds (sleep; no model runs), submit
+synthetic samples, repeat. Reported: requests per second and client-side p50/p99/max latency per
+call kind over the measured window (joins excluded). Run from the repository root:
+
+    python bench/pool.py --nodes 100 1000 --duration 60
+
+Time compression: ``--beat-s`` and ``--unit-s`` scale the real intervals (10 s and 30 s by
+default, i.e. uncompressed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from swarmrl.errors import PeerUnavailable
+from swarmrl.identity import KeyPair
+from swarmrl.pool.client import AsyncPoolClient, RequestRefused
+from swarmrl.pool.simulate import CPU_NODE, synthetic_samples
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
+
+POOL = "bench"
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lat: dict[str, list[float]] = {}
+        self.errors: dict[str, int] = {}
+        self.measuring = False
+
+    async def timed(self, kind: str, coro):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        try:
+            return await coro
+        except (RequestRefused, PeerUnavailable) as exc:
+            if self.measuring:
+                key = f"{kind}: {type(exc).__name__} {getattr(exc, 'status', '')}"
+                self.errors[key] = self.errors.get(key, 0) + 1
+            return None
+        finally:
+            if self.measuring:
+                self.lat.setdefault(kind, []).append(time.perf_counter() - start)
+
+
+async def node_life(
+    client: AsyncPoolClient, rec: Recorder, args: argparse.Namespace, stop: asyncio.Event
+) -> None:
+    rng = random.Random(client.keypair.node_id)
+
+    async def beats() -> None:
+        await asyncio.sleep(rng.random() * args.beat_s)
+        while not stop.is_set():
+            beat = Heartbeat(
+                status="ok",
+                model_version=0,
+                tokens_per_s=100.0,
+                log_tail=[f"step ok at {time.time():.0f}"],
+            )
+            await rec.timed("heartbeat", client.heartbeat(POOL, beat))
+            await asyncio.sleep(args.beat_s)
+
+    async def work() -> None:
+        await asyncio.sleep(rng.random() * args.unit_s)
+        while not stop.is_set():
+            reply = await rec.timed("lease", client.lease(POOL))
+            if reply is None or reply.work is None:
+                await asyncio.sleep(args.beat_s)
+                continue
+            await asyncio.sleep(args.unit_s)
+            samples = synthetic_samples(reply.work, 0, rng=rng)
+            await rec.timed(
+                "submit",
+                client.submit(POOL, Submission(lease_id=reply.work.lease_id, samples=samples)),
+            )
+
+    await asyncio.gather(beats(), work())
+
+
+async def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
+    rec = Recorder()
+    limits = httpx.Limits(
+        max_connections=args.connections, max_keepalive_connections=args.connections
+    )
+    async with httpx.AsyncClient(limits=limits) as http:
+        clients = [
+            AsyncPoolClient(url, KeyPair.generate(), timeout_s=60, http=http)
+            for _ in range(n_nodes)
+        ]
+        gate = asyncio.Semaphore(32)
+
+        async def join(c: AsyncPoolClient) -> None:
+            async with gate:
+                await c.join(POOL, CPU_NODE)
+
+        await asyncio.gather(*(join(c) for c in clients))
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(node_life(c, rec, args, stop)) for c in clients]
+        await asyncio.sleep(args.warmup)
+        rec.measuring = True
+        started = time.perf_counter()
+        await asyncio.sleep(args.duration)
+        rec.measuring = False
+        elapsed = time.perf_counter() - started
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    all_lat = [x for v in rec.lat.values() for x in v]
+    row = {
+        "nodes": n_nodes,
+        "requests": len(all_lat),
+        "req_per_s": round(len(all_lat) / elapsed, 1),
+        "p50_ms": round(percentile(all_lat, 0.50) * 1000, 1),
+        "p99_ms": round(percentile(all_lat, 0.99) * 1000, 1),
+        "max_ms": round(max(all_lat, default=float("nan")) * 1000, 1),
+        "by_kind": {
+            k: {
+                "n": len(v),
+                "p50_ms": round(percentile(v, 0.5) * 1000, 1),
+                "p99_ms": round(percentile(v, 0.99) * 1000, 1),
+            }
+            for k, v in sorted(rec.lat.items())
+        },
+        "errors": rec.errors,
+    }
+    return row
+
+
+def start_orchestrator(tmp: Path, spec: PoolSpec) -> tuple[subprocess.Popen, str]:
+    key = KeyPair.generate()
+    key.save(tmp / "orch.json")
+    (tmp / "spec.json").write_text(spec.model_dump_json())
+    port_file = tmp / "port"
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarmrl.cli",
+        "orchestrator",
+        "--key",
+        str(tmp / "orch.json"),
+        "--run-dir",
+        str(tmp / "run"),
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--pool",
+        str(tmp / "spec.json"),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("orchestrator did not start within 60 s")
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--duration", type=float, default=60.0, help="measured seconds per level")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before measuring")
+    parser.add_argument("--beat-s", type=float, default=10.0, help="heartbeat period")
+    parser.add_argument("--unit-s", type=float, default=30.0, help="simulated work per unit")
+    parser.add_argument("--connections", type=int, default=256, help="client connection pool")
+    parser.add_argument("--out", default=None, help="write the results JSON here")
+    args = parser.parse_args()
+    spec = PoolSpec(
+        pool_id=POOL,
+        owner_key=KeyPair.generate().public_key_hex,
+        open=True,
+        task_count=100_000,
+        samples_per_task=4,
+        sampling=SamplingParams(max_new_tokens=32),
+        validated_fraction=0.0,
+        max_tasks_per_lease=4,
+        max_leases_in_flight=1,
+        lease_timeout_s=args.unit_s * 4,
+    )
+    rows = []
+    for n in args.nodes:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, url = start_orchestrator(Path(tmp), spec)
+            try:
+                cpu0, me0, t0 = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
+                row = asyncio.run(run_level(url, n, args))
+                wall = time.monotonic() - t0
+                row["server_cpu_share"] = round((cpu_seconds(proc.pid) - cpu0) / wall, 2)
+                row["client_cpu_share"] = round((time.process_time() - me0) / wall, 2)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\n| nodes | req/s | p50 ms | p99 ms | max ms | server CPU | client CPU | errors |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        errors = sum(r["errors"].values())
+        print(
+            f"| {r['nodes']} | {r['req_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} "
+            f"| {r['server_cpu_share']:.0%} | {r['client_cpu_share']:.0%} | {errors} |"
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
