@@ -165,6 +165,16 @@ def test_rows_stop_independently_and_hidden_lengths_follow() -> None:
         assert TOKENIZER.eos_token_id not in g.output_tokens[:-1]
         assert len(g.logprobs) == len(g.output_tokens)
         assert g.hidden_states.shape[0] == len(g.prompt_tokens) + len(g.output_tokens) - 1
+    # rows that stop early leave the batch; the others must not notice
+    for i in (0, 5, 10, 15):
+        alone = engine.generate(
+            [gens[i].prompt_tokens],
+            SamplingParams(max_new_tokens=20),
+            seeds=[i],
+            return_hidden=True,
+        )[0]
+        assert alone.output_tokens == gens[i].output_tokens
+        assert torch.allclose(alone.hidden_states, gens[i].hidden_states, atol=1e-5)
 
 
 def test_prefill_reproduces_generation() -> None:

@@ -47,6 +47,10 @@ class Backbone(Protocol):
         """
         ...
 
+    def select_rows(self, cache: Any, rows: torch.Tensor) -> Any:
+        """The cache of only ``rows`` (int64 [B']), in that order, for a shrunken batch."""
+        ...
+
     def reload(self) -> None:
         """Re-read weights from the wrapped model after they changed."""
         ...
@@ -92,6 +96,10 @@ class HFBackbone:
             return hidden, None
         logits = out.logits.float()
         return hidden, logits[:, -1] if logits_at == "last" else logits
+
+    def select_rows(self, cache: Any, rows: torch.Tensor) -> Any:
+        cache.batch_select_indices(rows)
+        return cache
 
     def reload(self) -> None:
         """Nothing to do: the forward reads the module's parameters directly."""

@@ -106,30 +106,44 @@ class TorchEngine:
             tokens, positions, key_valid[:, :width], cache, 0, "last"
         )
         prompt_hidden = hidden.float() if return_hidden else None  # [B, width, hidden]
-        step_hidden: list[torch.Tensor] = []
-
+        decoded = (  # [B, steps - 1, hidden]: state of output token t at [:, t]
+            torch.zeros(batch, steps - 1, self.backbone.hidden_size, device=dev)
+            if return_hidden
+            else None
+        )
         stops = torch.tensor(sorted(self.eos_ids | set(params.stop_token_ids)), device=dev)
-        seed_t = torch.tensor([int(s) for s in seeds], dtype=torch.long, device=dev)
         out_tokens = torch.zeros(batch, steps, dtype=torch.long, device=dev)
         out_logprobs = torch.zeros(batch, steps, dtype=torch.float32, device=dev)
         n_out = torch.full((batch,), steps, dtype=torch.long, device=dev)
         stopped = torch.zeros(batch, dtype=torch.bool, device=dev)
+        # The live batch: row r of the cache is original row `rows_idx[r]`; it shrinks when
+        # half of its rows have stopped, so finished rows stop costing compute.
+        rows_idx = torch.arange(batch, device=dev)
+        seed_t = torch.tensor([int(s) for s in seeds], dtype=torch.long, device=dev)
+        alive = torch.ones(batch, dtype=torch.bool, device=dev)
         for t in range(steps):
-            tok, lp = sample_tokens(logits, params, seed_t, t)  # [B], [B]
-            out_tokens[:, t] = tok
-            out_logprobs[:, t] = lp
-            hit = torch.isin(tok, stops) & ~stopped
-            n_out = torch.where(hit, t + 1, n_out)
-            stopped |= hit
-            if t == steps - 1 or bool(stopped.all()):
+            tok, lp = sample_tokens(logits, params, seed_t, t)  # [b], [b]
+            out_tokens[rows_idx, t] = tok
+            out_logprobs[rows_idx, t] = lp
+            hit = torch.isin(tok, stops) & alive
+            n_out[rows_idx[hit]] = t + 1
+            stopped[rows_idx[hit]] = True
+            alive &= ~hit
+            n_alive = int(alive.sum())
+            if t == steps - 1 or n_alive == 0:
                 break
+            if n_alive <= len(alive) // 2:
+                keep = alive.nonzero()[:, 0]
+                cache = self.backbone.select_rows(cache, keep)
+                rows_idx, seed_t, lens, tok = rows_idx[keep], seed_t[keep], lens[keep], tok[keep]
+                key_valid, alive = key_valid[keep], alive[keep]
             hidden, logits = self.backbone.forward(
                 tok[:, None], (lens + t)[:, None], key_valid, cache, width + t, "last"
             )
-            if return_hidden:
-                step_hidden.append(hidden[:, 0].float())  # [B, hidden]
+            if decoded is not None:
+                decoded[rows_idx, t] = hidden[:, 0].float()
         return self._results(
-            rows, seeds, out_tokens, out_logprobs, n_out, stopped, prompt_hidden, step_hidden
+            rows, seeds, out_tokens, out_logprobs, n_out, stopped, prompt_hidden, decoded
         )
 
     def _results(
@@ -141,11 +155,11 @@ class TorchEngine:
         n_out: torch.Tensor,
         stopped: torch.Tensor,
         prompt_hidden: torch.Tensor | None,
-        step_hidden: list[torch.Tensor],
+        decoded: torch.Tensor | None,
     ) -> list[Generation]:
         tokens_l, logprobs_l = out_tokens.cpu().tolist(), out_logprobs.cpu().tolist()
         counts, stopped_l = n_out.cpu().tolist(), stopped.cpu().tolist()
-        decoded = torch.stack(step_hidden, dim=1).cpu() if step_hidden else None  # [B, t, h]
+        decoded = decoded.cpu() if decoded is not None else None  # [B, steps - 1, hidden]
         width = prompt_hidden.shape[1] if prompt_hidden is not None else 0
         results = []
         for b, row in enumerate(rows):

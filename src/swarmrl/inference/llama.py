@@ -159,6 +159,9 @@ class LlamaBackbone:
             v=torch.empty(shape, dtype=self.dtype, device=self.device),
         )
 
+    def select_rows(self, cache: KVCache, rows: torch.Tensor) -> KVCache:
+        return KVCache(k=cache.k.index_select(1, rows), v=cache.v.index_select(1, rows))
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
@@ -190,7 +193,7 @@ class LlamaBackbone:
             qk = qkv[..., : (h + hk) * d].view(batch, seq, h + hk, d).transpose(1, 2)
             half = d // 2
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin  # [B, H + Hkv, S, d]
+            qk = torch.addcmul(qk * cos, rotated, sin)  # [B, H + Hkv, S, d]
             q, k = qk[:, :h], qk[:, h:]
             v = qkv[..., (h + hk) * d :].view(batch, seq, hk, d).transpose(1, 2)
             if cache is not None:
