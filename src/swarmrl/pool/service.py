@@ -273,32 +273,57 @@ def join(
 # --- health ----------------------------------------------------------------------------------
 
 
+# Heartbeats are the most frequent request: their two statements are built once.
+_BEAT_READ = (
+    sa.select(db.nodes.c.node_id, db.nodes.c.state, db.nodes.c.log_tail, db.pools.c.current_version)
+    .join(db.pools, db.pools.c.pool_id == db.nodes.c.pool_id)
+    .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
+)
+_BEAT_WRITE = (
+    db.nodes.update()
+    .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
+    .values(
+        state=sa.bindparam("state"),
+        last_beat_at=sa.bindparam("now"),
+        status=sa.bindparam("status"),
+        model_version=sa.bindparam("version"),
+        reported_tps=sa.bindparam("tps"),
+        log_tail=sa.bindparam("tail"),
+    )
+)
+
+
 def heartbeat(ctx: Context, pool_id: str, node_id: str, beat: Heartbeat) -> HeartbeatReply:
     now = ctx.clock()
     limit = ctx.config.max_log_line_chars
     with ctx.engine.begin() as conn:
         ctx.spec(conn, pool_id)
-        row = node_row(conn, pool_id, node_id)
+        row = conn.execute(_BEAT_READ, {"p": pool_id, "n": node_id}).first()
+        if row is None:
+            node_row(conn, pool_id, node_id)  # raises the "join first" rejection
         require_member(row, ("healthy", "unhealthy", "dead"))
-        tail = (json.loads(row.log_tail) + [line[:limit] for line in beat.log_tail])[
-            -LOG_TAIL_LINES:
-        ]
+        tail = row.log_tail
+        if beat.log_tail:
+            lines = json.loads(tail) + [line[:limit] for line in beat.log_tail]
+            tail = json.dumps(lines[-LOG_TAIL_LINES:])
         state = "unhealthy" if beat.status == "error" else "healthy"
         conn.execute(
-            db.nodes.update()
-            .where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
-            .values(
-                state=state,
-                last_beat_at=now,
-                status=beat.status,
-                model_version=beat.model_version,
-                reported_tps=beat.tokens_per_s,
-                log_tail=json.dumps(tail) if beat.log_tail else row.log_tail,
-            )
+            _BEAT_WRITE,
+            {
+                "p": pool_id,
+                "n": node_id,
+                "state": state,
+                "now": now,
+                "status": beat.status,
+                "version": beat.model_version,
+                "tps": beat.tokens_per_s,
+                "tail": tail,
+            },
         )
-        version = current_version(conn, pool_id)
     return HeartbeatReply(
-        state=state, current_version=version, next_beat_s=ctx.config.heartbeat_interval_s
+        state=state,
+        current_version=row.current_version,
+        next_beat_s=ctx.config.heartbeat_interval_s,
     )
 
 
