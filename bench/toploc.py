@@ -1,0 +1,449 @@
+"""Verifiable-inference benchmark: false rejections, detection of known cheats, and costs.
+
+    python bench/toploc.py [--quick] [--out bench/toploc-results.json]
+
+1. Models: the tiny Llama of ``swarmrl.model.factory`` (hidden 128, 4 layers), briefly trained
+   on the reverse task (so its distributions are peaked like a real policy's), its checkpoint
+   from earlier in training ("older version"), a smaller "cheap" model trained the same way,
+   and the untrained random-init model (long outputs, many decode chunks).
+2. Calibration: ``swarmrl.toploc.calibrate`` on a separate honest set -> thresholds.
+3. Honest bar: samples generated across batch sizes 1/8/32, 1 and 2 threads, with the
+   engine's KV cache and with a plain full-forward loop without cache; every one must pass.
+4. Cheats (``swarmrl.toploc.attacks``), >= 50 samples each: every one must be rejected.
+5. Costs: proof building vs generation time, validation vs generation time, bytes per chunk,
+   and build/verify speed of the reference ``toploc`` package on the same activations.
+
+Prints markdown tables; writes all figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from swarmrl.config.model import TinyModelConfig
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.envs import ReverseEnv
+from swarmrl.identity import KeyPair
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.types import SamplingParams
+from swarmrl.model.factory import create_tiny_model
+from swarmrl.model.tokenizer import build_char_tokenizer
+from swarmrl.toploc import attacks
+from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
+from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks
+from swarmrl.toploc.hidden import compare_chunks
+from swarmrl.toploc.verify import Verifier
+
+DIGEST = "5e" * 32
+ENV = ReverseEnv(length=12)
+
+
+def train(model: torch.nn.Module, tokenizer, steps: int, seed: int, snapshot_at: int | None = None):
+    """Teacher-forced training on reverse tasks; returns the state dict at ``snapshot_at``."""
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    tasks = ENV.sample("train", steps * 32, seed)
+    snapshot = None
+    model.train()
+    for step in range(steps):
+        batch = tasks[step * 32 : (step + 1) * 32]
+        rows = [
+            tokenizer.encode(t.prompt) + tokenizer.encode(t.answer) + [tokenizer.eos_token_id]
+            for t in batch
+        ]
+        ids = torch.tensor(rows)  # all rows have the same length
+        labels = ids.clone()
+        labels[:, : len(tokenizer.encode(batch[0].prompt))] = -100
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if snapshot_at is not None and step + 1 == snapshot_at:
+            snapshot = copy.deepcopy(model.state_dict())
+    model.eval()
+    return snapshot, float(loss.detach())
+
+
+def scorer_for(tokenizer):
+    by_prompt = {}
+
+    def score(prompt: Sequence[int], output: Sequence[int]) -> float:
+        text = tokenizer.decode(list(prompt))
+        if text not in by_prompt:
+            body = text.rstrip(":")
+            by_prompt[text] = body[::-1]
+        completion = tokenizer.decode(list(output), skip_special_tokens=True)
+        answer = by_prompt[text]
+        hits = sum(a == b for a, b in zip(answer, completion.strip(), strict=False))
+        return hits / len(answer)
+
+    return score
+
+
+def prompts_for(tokenizer, count: int, seed: int) -> list[list[int]]:
+    return [tokenizer.encode(t.prompt) for t in ENV.sample("heldout", count, seed)]
+
+
+def generate(engine, model, prompts, params, seeds, batch, cache):
+    out = []
+    for start in range(0, len(prompts), batch):
+        p, s = prompts[start : start + batch], seeds[start : start + batch]
+        if cache:
+            out += engine.generate(p, params, s, return_hidden=True)
+        else:
+            out += generate_without_cache(
+                model, p, params, s, sorted(engine.eos_ids), engine.pad_id
+            )
+    return out
+
+
+def honest_sweep(engine, model, tokenizer, params, per_config, seed, prompt_fn):
+    """Generations across batch sizes x threads x cache modes: list of (label, gens)."""
+    runs = []
+    configs = list(itertools.product([1, 8, 32], [1, 2], [True, False]))
+    for i, (batch, threads, cache) in enumerate(configs):
+        torch.set_num_threads(threads)
+        prompts = prompt_fn(per_config, seed + i)
+        seeds = [seed * 10_000 + i * 1000 + j for j in range(per_config)]
+        gens = generate(engine, model, prompts, params, seeds, batch, cache)
+        runs.append((f"b{batch}/t{threads}/{'cache' if cache else 'nocache'}", gens))
+    torch.set_num_threads(1)
+    return runs
+
+
+def verify_gens(verifier: Verifier, worker: attacks.Worker, gens):
+    subs = worker.prove(gens)
+    items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
+    return verifier.check_many(items)
+
+
+def detection(verifier, worker, subs, honest_subs):
+    """Rejections among ``subs``; a submission byte-identical to the honest one for the same
+    prompt and seed (same tokens, log-probs, reward and chunks) is counted apart: no verifier can
+    tell it from honest work, and it does no harm."""
+    items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
+    verdicts = verifier.check_many(items)
+    genuine = {
+        (tuple(c.prompt_tokens), b.seed): (c.output_tokens, c.logprobs, c.reward, b.chunks)
+        for b, c in honest_subs
+    }
+    rejected, codes, same = 0, {}, 0
+    for verdict, (bundle, claim) in zip(verdicts, subs, strict=True):
+        key = (tuple(claim.prompt_tokens), bundle.seed)
+        if genuine.get(key) == (claim.output_tokens, claim.logprobs, claim.reward, bundle.chunks):
+            same += 1
+            continue
+        rejected += not verdict.accepted
+        for code in verdict.codes:
+            codes[code] = codes.get(code, 0) + 1
+    return {
+        "samples": len(subs) - same,
+        "rejected": rejected,
+        "identical_to_honest": same,
+        "codes": codes,
+    }
+
+
+def _reference():
+    """The reference package; this file's own directory is hidden because it is toploc.py."""
+    import importlib
+    import sys
+
+    here = Path(__file__).resolve().parent
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    try:
+        return importlib.import_module("toploc")
+    finally:
+        sys.path[:] = saved
+
+
+def reference_speed(hidden: int, chunks: int) -> dict:
+    """Our build/verify vs the reference ``toploc`` on the same bf16 activations."""
+    gen = torch.Generator().manual_seed(0)
+    acts = [torch.randn(32 * chunks + 7, hidden, generator=gen)]
+    result = {"hidden": hidden, "chunks": chunks + 1}
+    t = time.perf_counter()
+    ours = build_chunk_proofs(acts, [7], 32, 128)[0]
+    result["ours_build_s"] = time.perf_counter() - t
+    moduli, coeffs = decode_chunks(ours, 128)
+    t = time.perf_counter()
+    compare_chunks(acts, [7], [moduli], [coeffs], 32, 128)
+    result["ours_verify_s"] = time.perf_counter() - t
+    try:
+        toploc = _reference()
+    except ImportError:
+        result["reference"] = "toploc not installed"
+        return result
+    bf16 = acts[0].to(torch.bfloat16)
+    ref_acts = [bf16[:7]] + [bf16[7 + i : 8 + i] for i in range(bf16.shape[0] - 7)]
+    t = time.perf_counter()
+    ref = toploc.build_proofs_bytes(ref_acts, 32, 128)
+    result["ref_build_s"] = time.perf_counter() - t
+    result["bytes_equal"] = ref == ours
+    t = time.perf_counter()
+    toploc.verify_proofs_bytes(ref_acts, ref, 32, 128)
+    result["ref_verify_s"] = time.perf_counter() - t
+    return result
+
+
+def costs(engine, worker, verifier, prompts, params, batch_sizes):
+    """Generation vs proof building vs validation, same samples, one thread."""
+    torch.set_num_threads(1)
+    rows = []
+    for batch in batch_sizes:
+        p = prompts[: max(batch, 32)]
+        seeds = list(range(len(p)))
+        t = time.perf_counter()
+        for s in range(0, len(p), batch):
+            engine.generate(p[s : s + batch], params, seeds[s : s + batch])
+        gen_plain = time.perf_counter() - t
+        gens = []
+        t = time.perf_counter()
+        for s in range(0, len(p), batch):
+            gens += engine.generate(
+                p[s : s + batch], params, seeds[s : s + batch], return_hidden=True
+            )
+        gen_hidden = time.perf_counter() - t
+        t = time.perf_counter()
+        for s in range(0, len(gens), batch):
+            worker.prove(gens[s : s + batch])
+        prove = time.perf_counter() - t
+        subs = worker.prove(gens)
+        items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
+        t = time.perf_counter()
+        verdicts = verifier.check_many(items)
+        validate = time.perf_counter() - t
+        tokens = sum(len(g.output_tokens) for g in gens)
+        rows.append(
+            {
+                "batch": batch,
+                "samples": len(gens),
+                "output_tokens": tokens,
+                "generate_s": gen_plain,
+                "generate_hidden_s": gen_hidden,
+                "prove_s": prove,
+                "validate_s": validate,
+                "accepted": sum(v.accepted for v in verdicts),
+                "proof_overhead_pct": 100 * prove / gen_plain,
+                "hidden_copy_overhead_pct": 100 * (gen_hidden - gen_plain) / gen_plain,
+                "validation_speedup": gen_plain / validate,
+                "bytes_per_chunk": len(__import__("base64").b64decode(subs[0][0].chunks[0])),
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small sample counts (smoke run)")
+    parser.add_argument("--out", default="bench/toploc-results.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    per_config = 8 if args.quick else 72
+    per_attack = 12 if args.quick else 56
+    results: dict = {"quick": args.quick}
+    started = time.perf_counter()
+
+    tokenizer = build_char_tokenizer(ENV.alphabet)
+    tiny = TinyModelConfig()
+    torch.manual_seed(0)
+    model = create_tiny_model(tiny, tokenizer)
+    untrained = copy.deepcopy(model)
+    older_state, loss = train(model, tokenizer, 150, seed=1, snapshot_at=100)
+    older = copy.deepcopy(model)
+    older.load_state_dict(older_state)
+    torch.manual_seed(5)
+    cheap_cfg = TinyModelConfig(hidden_size=64, num_layers=1, num_heads=4, intermediate_size=128)
+    cheap = create_tiny_model(cheap_cfg, tokenizer)
+    _, cheap_loss = train(cheap, tokenizer, 150, seed=2)
+    results["training"] = {"final_loss": loss, "cheap_final_loss": cheap_loss}
+    print(
+        f"trained: loss {loss:.3f}, cheap loss {cheap_loss:.3f} ({time.perf_counter() - started:.0f}s)"
+    )
+
+    engine = TorchEngine(model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=48)
+    worker = attacks.Worker(engine, KeyPair.from_seed(bytes(32)), params, 7, DIGEST)
+    score = scorer_for(tokenizer)
+
+    def prompt_fn(count, seed):
+        return prompts_for(tokenizer, count, seed)
+
+    # -- calibration on a separate honest set ------------------------------------------------
+    cfg = ToplocConfig()
+    calib = Measurements()
+    for _, gens in honest_sweep(engine, model, tokenizer, params, 8, 900, prompt_fn):
+        calib.extend(measure(engine, gens, params, cfg))
+    random_engine = TorchEngine(untrained, tokenizer)
+    for _, gens in honest_sweep(random_engine, untrained, tokenizer, params, 4, 950, prompt_fn):
+        calib.extend(measure(random_engine, gens, params, cfg))
+    thresholds = recommend(calib, cfg.topk)
+    results["calibration"] = {"measured": calib.summary(), "thresholds": thresholds}
+    print("thresholds", thresholds)
+    tuned = ToplocConfig(**thresholds)
+    verifier = Verifier(
+        engine, tuned, eos_token_ids=engine.eos_ids, vocab_size=len(tokenizer), scorer=score
+    )
+
+    # -- honest bar ----------------------------------------------------------------------------
+    honest_rows = []
+    sweeps = [("trained", engine, model, verifier, per_config)]
+    random_verifier = Verifier(
+        random_engine, tuned, eos_token_ids=engine.eos_ids, vocab_size=len(tokenizer)
+    )
+    random_worker = attacks.Worker(random_engine, worker.keypair, params, 7, DIGEST)
+    sweeps.append(("random-init", random_engine, untrained, random_verifier, per_config // 4))
+    for name, eng, mdl, ver, count in sweeps:
+        wkr = worker if name == "trained" else random_worker
+        for label, gens in honest_sweep(
+            eng, mdl, tokenizer, params, count, 0 if name == "trained" else 500, prompt_fn
+        ):
+            verdicts = verify_gens(ver, wkr, gens)
+            bad = [v.reasons for v in verdicts if not v.accepted]
+            print(name, label, len(gens), "rejected", len(bad), bad[:1], flush=True)
+            honest_rows.append(
+                {
+                    "model": name,
+                    "config": label,
+                    "samples": len(gens),
+                    "chunks": sum(len(v.chunks) for v in verdicts),
+                    "tokens": sum(len(g.output_tokens) for g in gens),
+                    "rejected": len(bad),
+                    "first_reasons": [r.detail for r in bad[0]] if bad else [],
+                }
+            )
+    results["honest"] = honest_rows
+    total = sum(r["samples"] for r in honest_rows)
+    rejected = sum(r["rejected"] for r in honest_rows)
+    print(f"honest: {rejected} rejected of {total} ({time.perf_counter() - started:.0f}s)")
+
+    # -- cheats --------------------------------------------------------------------------------
+    torch.set_num_threads(1)
+    prompts = prompt_fn(per_attack, 77)
+    seeds = list(range(5000, 5000 + per_attack))
+    honest_subs = attacks.honest(worker, prompts, seeds)
+    rng = random.Random(3)
+
+    def perturbed(scale):
+        m = copy.deepcopy(model)
+        gen = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
+        return TorchEngine(m, tokenizer)
+
+    torch.manual_seed(99)
+    other_model = create_tiny_model(tiny, tokenizer)
+    train(other_model, tokenizer, 150, seed=9)
+    bf16_engine = TorchEngine(copy.deepcopy(model).to(torch.bfloat16), tokenizer)
+    substitutes = prompt_fn(per_attack, 78)
+    cases = {
+        "perturbed weights (1e-2 rel)": lambda: attacks.with_engine(
+            worker, perturbed(1e-2), prompts, seeds
+        ),
+        "perturbed weights (1e-3 rel)": lambda: attacks.with_engine(
+            worker, perturbed(1e-3), prompts, seeds
+        ),
+        "older version (step 100 of 150)": lambda: attacks.with_engine(
+            worker, TorchEngine(older, tokenizer), prompts, seeds
+        ),
+        "different model": lambda: attacks.with_engine(
+            worker, TorchEngine(other_model, tokenizer), prompts, seeds
+        ),
+        "bf16 weights claimed as fp32": lambda: attacks.with_engine(
+            worker, bf16_engine, prompts, seeds
+        ),
+        "changed prompt": lambda: attacks.changed_prompt(worker, prompts, seeds, substitutes),
+        "one tampered output token": lambda: attacks.tampered_token(
+            worker, prompts, seeds, len(tokenizer), rng
+        ),
+        "other temperature (0.7 for 1.0)": lambda: attacks.other_sampling(
+            worker, prompts, seeds, temperature=0.7
+        ),
+        "other seed": lambda: attacks.other_sampling(worker, prompts, seeds, seed_offset=10**6),
+        "cheap decode + real prefill proof": lambda: attacks.cheap_decode(
+            worker, TorchEngine(cheap, tokenizer), prompts, seeds
+        ),
+        "early truncation": lambda: attacks.truncated(worker, prompts, seeds, rng),
+        "forged reward": lambda: attacks.forged_reward(worker, prompts, seeds, score),
+        "proof copied from another sample": lambda: attacks.copied_proof(worker, prompts, seeds),
+    }
+    attack_rows = {}
+    for name, build in cases.items():
+        subs = build()
+        attack_rows[name] = detection(verifier, worker, subs, honest_subs)
+        print(name, attack_rows[name])
+
+    # declared model in bf16; the worker runs the fp32 master weights (vice versa of the above)
+    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+    bf16_engine = TorchEngine(bf16_model, tokenizer)
+    bf16_calib = Measurements()
+    for _, gens in honest_sweep(bf16_engine, bf16_model, tokenizer, params, 8, 700, prompt_fn):
+        bf16_calib.extend(measure(bf16_engine, gens, params, cfg))
+    bf16_thresholds = recommend(bf16_calib, cfg.topk)
+    bf16_verifier = Verifier(
+        bf16_engine,
+        ToplocConfig(**bf16_thresholds),
+        eos_token_ids=engine.eos_ids,
+        vocab_size=len(tokenizer),
+        scorer=score,
+    )
+    bf16_worker = attacks.Worker(bf16_engine, worker.keypair, params, 7, DIGEST)
+    bf16_honest = attacks.honest(bf16_worker, prompts, seeds)
+    attack_rows["fp32 weights claimed as bf16"] = detection(
+        bf16_verifier,
+        bf16_worker,
+        attacks.with_engine(bf16_worker, engine, prompts, seeds),
+        bf16_honest,
+    )
+    bf16_honest_verdicts = bf16_verifier.check_many(
+        [(b, c, bf16_worker.assignment(c.prompt_tokens, b.seed)) for b, c in bf16_honest]
+    )
+    results["bf16_declared"] = {
+        "thresholds": bf16_thresholds,
+        "measured": bf16_calib.summary(),
+        "honest_rejected": sum(not v.accepted for v in bf16_honest_verdicts),
+        "honest_samples": len(bf16_honest_verdicts),
+    }
+    print(
+        "fp32 claimed bf16",
+        attack_rows["fp32 weights claimed as bf16"],
+        results["bf16_declared"]["honest_rejected"],
+    )
+    results["attacks"] = attack_rows
+
+    # -- costs ---------------------------------------------------------------------------------
+    long_params = SamplingParams(temperature=1.0, max_new_tokens=64)
+    long_worker = attacks.Worker(random_engine, worker.keypair, long_params, 7, DIGEST)
+    results["costs_random_init_64"] = costs(
+        random_engine, long_worker, random_verifier, prompt_fn(64, 31), long_params, [1, 8, 32]
+    )
+    results["costs_trained"] = costs(
+        engine, worker, verifier, prompt_fn(64, 32), params, [1, 8, 32]
+    )
+    results["reference"] = [reference_speed(128, 64), reference_speed(4096, 16)]
+    results["seconds"] = time.perf_counter() - started
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(
+        json.dumps(
+            {k: results[k] for k in ("costs_random_init_64", "costs_trained", "reference")},
+            indent=1,
+            default=str,
+        )
+    )
+    print(f"done in {results['seconds']:.0f}s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
