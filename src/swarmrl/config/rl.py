@@ -38,6 +38,7 @@ class RLConfig(Section):
     online_filter: bool = Field(True, description="drop zero-variance groups and backfill")
     max_backfill_rounds: int = Field(3, ge=0, description="extra sampling rounds to fill a batch")
     logprob_chunk: int = Field(1024, gt=0, description="positions per chunk in log-prob passes")
+    micro_batch: int = Field(256, gt=0, description="sequences per forward/backward pass")
     async_level: int = Field(2, ge=0, description="step n trains on versions ≥ n − async_level")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
 
@@ -59,3 +60,6 @@ class EvalConfig(Section):
 
     n: int = Field(500, gt=0, description="held-out problems")
     samples: int = Field(1, ge=1, description="sampled completions per problem for pass@1")
+    control: bool = Field(
+        True, description="also continue the warm start's SFT for the RL wall time and evaluate"
+    )

@@ -4,9 +4,10 @@ Prompt ``123+456=``, answer ``975`` (579 reversed) then EOS. Reversed order lets
 emit the least significant digit first, the order in which carries are computed, and a tiny
 model learns it far faster than normal order. Reward: 1 for an exact match, else 0.
 
-The warm start's characteristic mistake (``demonstration(..., flawed=True)``) is addition with
-every carry dropped (digit-wise sum mod 10): imitating such demonstrations plateaus, while the
-exact-match reward tells the policy which of its habits is right.
+The warm start's characteristic mistake (``demonstration(..., flawed=True)``) is forgetting the
+final carry: when the sum has one digit more than the operands, the flawed answer drops that
+leading 1 (``658+467=`` → ``521`` instead of ``5211``). Imitating a mix in which most such
+answers are flawed plateaus, while the exact-match reward tells the policy which habit is right.
 
 Knows nothing about tokens or models.
 """
@@ -51,7 +52,7 @@ class ArithEnv(Environment):
         if not flawed:
             return task.answer
         a, b = self.operands(task.problem_id)
-        return str(carryless_sum(a, b))[::-1]
+        return str((a + b) % 10**self.digits).zfill(self.digits)[::-1]
 
     def score(self, task: Task, completion_text: str, num_tokens: int | None = None) -> Score:
         correct = completion_text.strip() == task.answer

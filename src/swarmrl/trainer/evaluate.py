@@ -1,0 +1,74 @@
+"""Held-out evaluation: greedy accuracy and sampled pass@1 on the first n held-out tasks.
+
+    accuracy  = share of tasks whose greedy completion is correct
+    pass_at_1 = mean over tasks and k samples (rollout temperature) of correctness
+
+"Correct" is the environment's ``correct`` detail (an exact answer), or reward = 1 where an
+environment reports none. Knows nothing about training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from swarmrl.config.rl import SamplingConfig
+from swarmrl.envs import Environment, Task
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.types import SamplingParams
+from swarmrl.trainer.rollout import sampling_params
+from swarmrl.trainer.tokens import decode_completion, derive_seed, encode_prompt
+
+EVAL_BATCH = 512  # prompts per engine call
+
+
+def correctness(
+    env: Environment,
+    engine: TorchEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: Sequence[Task],
+    params: SamplingParams,
+    seeds: Sequence[int],
+) -> list[bool]:
+    """Whether each task's one completion (under ``params`` and its seed) is correct."""
+    out: list[bool] = []
+    for start in range(0, len(tasks), EVAL_BATCH):
+        chunk = tasks[start : start + EVAL_BATCH]
+        prompts = [encode_prompt(tokenizer, t.prompt) for t in chunk]
+        gens = engine.generate(prompts, params, seeds[start : start + EVAL_BATCH])
+        for task, gen in zip(chunk, gens, strict=True):
+            score = env.score(
+                task,
+                decode_completion(tokenizer, gen.output_tokens),
+                num_tokens=len(gen.output_tokens),
+            )
+            out.append(bool(score.details.get("correct", score.reward == 1.0)))
+    return out
+
+
+def evaluate(
+    env: Environment,
+    engine: TorchEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    n: int,
+    samples: int,
+    sampling: SamplingConfig,
+    seed: int,
+) -> dict[str, float | int]:
+    """``{"accuracy", "pass_at_1", "n"}`` on the first ``n`` held-out tasks."""
+    tasks = env.first("heldout", n)
+    base = sampling_params(sampling, tokenizer)
+    greedy = SamplingParams(
+        temperature=0.0, max_new_tokens=base.max_new_tokens, stop_token_ids=base.stop_token_ids
+    )
+    hits = correctness(env, engine, tokenizer, tasks, greedy, [0] * len(tasks))
+    sampled: list[bool] = []
+    for k in range(samples):
+        seeds = [derive_seed(seed, "eval", k, t.problem_id) for t in tasks]
+        sampled += correctness(env, engine, tokenizer, tasks, base, seeds)
+    return {
+        "accuracy": sum(hits) / len(tasks),
+        "pass_at_1": sum(sampled) / max(len(sampled), 1),
+        "n": len(tasks),
+    }

@@ -1,0 +1,92 @@
+"""One policy-gradient optimizer step on a batch of rollouts (the same in every mode).
+
+    logp, H  = chunked per-token log-probs and entropy of the current policy (temperature τ)
+    ρ        = exp(clamp(logp − behaviour_logp, −M, M))
+    ℓ        = two-sided clipped loss(ρ, A; ε_low, ε_high, δ)  +  β · k3(logp, ref_logp)
+    L        = Σ ℓ·mask / Σ mask                  (over the whole batch)
+    g        = ∇L, clipped to global norm ``grad_clip``; AdamW step
+
+Micro-batches accumulate gradients of Σ ℓ·mask / (loss tokens of the *whole* batch), so the
+result equals one pass over the full batch. Returns the numbers a run logs per step.
+
+Knows nothing about where rollouts came from or how weights are published.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from swarmrl.config.rl import RLConfig
+from swarmrl.rl import clip_grad_norm, clipped_token_loss, importance_ratio, k3_kl, token_logprobs
+from swarmrl.trainer.batch import TrainBatch
+
+
+@dataclass
+class StepStats:
+    loss: float
+    clip_fraction: float
+    grad_norm: float
+    entropy: float
+    kl: float
+    loss_tokens: int
+
+
+def make_optimizer(model: PreTrainedModel, rl: RLConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=rl.lr, weight_decay=rl.weight_decay)
+
+
+def policy_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    rl: RLConfig,
+    reference: PreTrainedModel | None = None,
+    micro_batch: int = 256,
+) -> StepStats:
+    """Compute the loss over ``batch``, backpropagate, clip, step. See the module docstring."""
+    temperature = rl.sampling.temperature
+    total_tokens = max(batch.loss_tokens, 1)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    sums = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0}
+    for start in range(0, batch.input_ids.shape[0], micro_batch):
+        mb = batch.rows(start, start + micro_batch)
+        logp, entropy = token_logprobs(
+            model,
+            mb.input_ids,
+            chunk=rl.logprob_chunk,
+            temperature=temperature,
+            with_entropy=True,
+        )  # [b, T-1] each
+        ratio = importance_ratio(logp, mb.behaviour_logp, rl.max_log_ratio)
+        token_loss, clipped = clipped_token_loss(
+            ratio, mb.advantages, rl.eps_low, rl.eps_high, rl.delta
+        )
+        kl = torch.zeros_like(token_loss)
+        if reference is not None and rl.kl_coef > 0:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs(
+                    reference, mb.input_ids, chunk=rl.logprob_chunk, temperature=temperature
+                )
+            kl = k3_kl(logp, ref_logp, rl.max_log_ratio)
+            token_loss = token_loss + rl.kl_coef * kl
+        loss = (token_loss * mb.loss_mask).sum() / total_tokens
+        loss.backward()
+        sums["loss"] += float(loss.detach())
+        sums["clipped"] += float((clipped.float() * mb.loss_mask).sum())
+        sums["entropy"] += float((entropy * mb.loss_mask).sum())  # type: ignore[operator]
+        sums["kl"] += float((kl.detach() * mb.loss_mask).sum())
+    grad_norm = clip_grad_norm(model.parameters(), rl.grad_clip)
+    optimizer.step()
+    model.eval()
+    return StepStats(
+        loss=sums["loss"],
+        clip_fraction=sums["clipped"] / total_tokens,
+        grad_norm=grad_norm,
+        entropy=sums["entropy"] / total_tokens,
+        kl=sums["kl"] / total_tokens,
+        loss_tokens=batch.loss_tokens,
+    )
