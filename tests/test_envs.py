@@ -14,7 +14,6 @@ from swarmrl.envs import (
     budget_reward,
     build_env,
 )
-from swarmrl.envs.arith import carryless_sum
 from swarmrl.errors import ConfigError, DatasetError, MissingPathError
 
 
@@ -54,14 +53,17 @@ def test_arith_prompt_answer_and_score():
     assert env.score(task, task.answer[::-1] if len(set(task.answer)) > 1 else "x").reward == 0.0
 
 
-def test_arith_flawed_demonstration_drops_carries():
-    assert carryless_sum(158, 267) == 315  # 8+7→5, 5+6→1, 1+2→3
-    assert carryless_sum(999, 1) == 990
+def test_arith_flawed_demonstration_forgets_the_final_carry():
     env = ArithEnv(digits=3)
-    pid = next(p for p in range(env.space_size()) if env.operands(p) == (158, 267))
-    task = env.task_for_id(pid)
-    assert env.demonstration(task) == "524"
-    assert env.demonstration(task, flawed=True) == "513"
+
+    def task_of(a, b):
+        return env.task_for_id(
+            next(p for p in range(env.space_size()) if env.operands(p) == (a, b))
+        )
+
+    assert env.demonstration(task_of(658, 467)) == "5211"
+    assert env.demonstration(task_of(658, 467), flawed=True) == "521"  # leading 1 dropped
+    assert env.demonstration(task_of(158, 267), flawed=True) == "524"  # no final carry: right
 
 
 def test_reverse_partial_credit():

@@ -17,15 +17,6 @@ from __future__ import annotations
 from swarmrl.envs.base import Environment, Score, Task
 
 
-def carryless_sum(a: int, b: int) -> int:
-    """Digit-wise ``(a_i + b_i) mod 10``: addition with every carry dropped."""
-    out, place = 0, 1
-    while a or b:
-        out += ((a % 10 + b % 10) % 10) * place
-        a, b, place = a // 10, b // 10, place * 10
-    return out
-
-
 class ArithEnv(Environment):
     """Addition of two ``digits``-digit numbers (no leading zeros), reversed-digit answers."""
 
