@@ -405,6 +405,6 @@ def _parse(model: type, raw: Any, max_bytes: int) -> Any:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise BadProof(f"{model.__name__} invalid at {where or '(root)'}: {first['msg']}") from exc
-    except (ValueError, TypeError) as exc:  # e.g. NaN in a dict that canonical_json refuses
+    except (ValueError, TypeError, RecursionError) as exc:  # unserialisable or absurdly deep
         raise BadProof(f"{model.__name__} cannot be read: {exc}") from exc
     raise BadProof(f"{model.__name__} has type {type(raw).__name__}")
