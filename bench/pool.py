@@ -1,7 +1,8 @@
 """Load test of the orchestrator: N simulated nodes on loopback, heartbeating, leasing, submitting.
 
 The orchestrator runs as its own process (``swarmrl orchestrator``, SQLite, one uvicorn worker);
-all nodes are asyncio tasks in this process sharing one HTTP connection pool. Each node joins an
+the nodes are asyncio tasks spread over ``--procs`` client processes (one HTTP connection pool
+each). Each node joins an
 open pool, then heartbeats every ``--beat-s`` seconds (first beat at a random phase) and runs a
 work loop: lease a unit, "generate" for ``--unit-s`` seconds (sleep; no model runs), submit
 synthetic samples, repeat. Reported: requests per second and client-side p50/p99/max latency per
@@ -18,8 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -45,22 +48,25 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Recorder:
-    def __init__(self) -> None:
+    """Latencies and refusals of calls that start inside the wall-clock window [t0, t1)."""
+
+    def __init__(self, t0: float, t1: float) -> None:
+        self.t0, self.t1 = t0, t1
         self.lat: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
-        self.measuring = False
 
     async def timed(self, kind: str, coro):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
+        wall, start = time.time(), time.perf_counter()
+        counted = self.t0 <= wall < self.t1
         try:
             return await coro
         except (RequestRefused, PeerUnavailable) as exc:
-            if self.measuring:
+            if counted:
                 key = f"{kind}: {type(exc).__name__} {getattr(exc, 'status', '')}"
                 self.errors[key] = self.errors.get(key, 0) + 1
             return None
         finally:
-            if self.measuring:
+            if counted:
                 self.lat.setdefault(kind, []).append(time.perf_counter() - start)
 
 
@@ -98,8 +104,9 @@ async def node_life(
     await asyncio.gather(beats(), work())
 
 
-async def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
-    rec = Recorder()
+async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1: float) -> Recorder:
+    """Join ``n_nodes`` nodes, run them until ``t1``, and return what was recorded."""
+    rec = Recorder(t0, t1)
     limits = httpx.Limits(
         max_connections=args.connections, max_keepalive_connections=args.connections
     )
@@ -108,7 +115,7 @@ async def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
             AsyncPoolClient(url, KeyPair.generate(), timeout_s=60, http=http)
             for _ in range(n_nodes)
         ]
-        gate = asyncio.Semaphore(32)
+        gate = asyncio.Semaphore(16)
 
         async def join(c: AsyncPoolClient) -> None:
             async with gate:
@@ -117,21 +124,39 @@ async def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
         await asyncio.gather(*(join(c) for c in clients))
         stop = asyncio.Event()
         tasks = [asyncio.create_task(node_life(c, rec, args, stop)) for c in clients]
-        await asyncio.sleep(args.warmup)
-        rec.measuring = True
-        started = time.perf_counter()
-        await asyncio.sleep(args.duration)
-        rec.measuring = False
-        elapsed = time.perf_counter() - started
+        await asyncio.sleep(max(0.0, t1 - time.time()))
         stop.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    all_lat = [x for v in rec.lat.values() for x in v]
-    row = {
+    return rec
+
+
+def drive_process(job: tuple) -> tuple[dict, dict]:
+    url, n_nodes, args, t0, t1 = job
+    rec = asyncio.run(drive(url, n_nodes, args, t0, t1))
+    return rec.lat, rec.errors
+
+
+def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
+    """Drive ``n_nodes`` nodes from ``args.procs`` client processes; summarise the window."""
+    t0 = time.time() + args.warmup
+    t1 = t0 + args.duration
+    shares = [n_nodes // args.procs + (i < n_nodes % args.procs) for i in range(args.procs)]
+    with multiprocessing.get_context("spawn").Pool(args.procs) as pool:
+        results = pool.map(drive_process, [(url, k, args, t0, t1) for k in shares if k])
+    lat: dict[str, list[float]] = {}
+    errors: dict[str, int] = {}
+    for part_lat, part_errors in results:
+        for k, v in part_lat.items():
+            lat.setdefault(k, []).extend(v)
+        for k, v in part_errors.items():
+            errors[k] = errors.get(k, 0) + v
+    all_lat = [x for v in lat.values() for x in v]
+    return {
         "nodes": n_nodes,
         "requests": len(all_lat),
-        "req_per_s": round(len(all_lat) / elapsed, 1),
+        "req_per_s": round(len(all_lat) / args.duration, 1),
         "p50_ms": round(percentile(all_lat, 0.50) * 1000, 1),
         "p99_ms": round(percentile(all_lat, 0.99) * 1000, 1),
         "max_ms": round(max(all_lat, default=float("nan")) * 1000, 1),
@@ -141,11 +166,10 @@ async def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
                 "p50_ms": round(percentile(v, 0.5) * 1000, 1),
                 "p99_ms": round(percentile(v, 0.99) * 1000, 1),
             }
-            for k, v in sorted(rec.lat.items())
+            for k, v in sorted(lat.items())
         },
-        "errors": rec.errors,
+        "errors": errors,
     }
-    return row
 
 
 def start_orchestrator(tmp: Path, spec: PoolSpec) -> tuple[subprocess.Popen, str]:
@@ -191,7 +215,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before measuring")
     parser.add_argument("--beat-s", type=float, default=10.0, help="heartbeat period")
     parser.add_argument("--unit-s", type=float, default=30.0, help="simulated work per unit")
-    parser.add_argument("--connections", type=int, default=256, help="client connection pool")
+    parser.add_argument("--connections", type=int, default=128, help="connections per process")
+    parser.add_argument("--procs", type=int, default=4, help="client processes")
     parser.add_argument("--out", default=None, help="write the results JSON here")
     args = parser.parse_args()
     spec = PoolSpec(
@@ -211,11 +236,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             proc, url = start_orchestrator(Path(tmp), spec)
             try:
-                cpu0, me0, t0 = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
-                row = asyncio.run(run_level(url, n, args))
+                cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+                kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                row = run_level(url, n, args)
                 wall = time.monotonic() - t0
+                kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+                client_cpu = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
                 row["server_cpu_share"] = round((cpu_seconds(proc.pid) - cpu0) / wall, 2)
-                row["client_cpu_share"] = round((time.process_time() - me0) / wall, 2)
+                row["client_cpu_share"] = round(client_cpu / wall, 2)
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)

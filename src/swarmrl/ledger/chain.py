@@ -49,6 +49,13 @@ ledger_table = sa.Table(
 )
 
 
+_LAST_ENTRY = (
+    sa.select(ledger_table.c.seq, ledger_table.c.entry_hash)
+    .order_by(ledger_table.c.seq.desc())
+    .limit(1)
+)
+
+
 def entry_core(
     seq: int, ts: float, kind: str, pool_id: str | None, node_id: str | None, body: Any, prev: str
 ) -> dict[str, Any]:
@@ -88,17 +95,14 @@ class Ledger:
         """Append one entry inside ``conn``'s transaction; returns its sequence number."""
         if kind not in ENTRY_KINDS:
             raise ValueError(f"unknown ledger entry kind {kind!r}")
-        last = conn.execute(
-            sa.select(ledger_table.c.seq, ledger_table.c.entry_hash)
-            .order_by(ledger_table.c.seq.desc())
-            .limit(1)
-        ).first()
+        last = conn.execute(_LAST_ENTRY).first()
         seq, prev = (0, GENESIS_HASH) if last is None else (last.seq + 1, last.entry_hash)
         ts = round(time.time() if ts is None else ts, 6)
         core = entry_core(seq, ts, kind, pool_id, node_id, body, prev)
         digest = entry_hash(core)
         conn.execute(
-            ledger_table.insert().values(
+            ledger_table.insert(),
+            dict(
                 seq=seq,
                 ts=ts,
                 kind=kind,
@@ -108,6 +112,6 @@ class Ledger:
                 prev_hash=prev,
                 entry_hash=digest,
                 signature=self.signer.sign(digest.encode()),
-            )
+            ),
         )
         return seq

@@ -73,19 +73,32 @@ class Context:
         return public_key_hex in (self.key.public_key_hex, self.spec(conn, pool_id).owner_key)
 
 
-def current_version(conn: sa.Connection, pool_id: str) -> int:
-    return int(
-        conn.execute(
-            sa.select(db.pools.c.current_version).where(db.pools.c.pool_id == pool_id)
-        ).scalar_one()
+_VERSION = sa.select(db.pools.c.current_version).where(db.pools.c.pool_id == sa.bindparam("p"))
+_NODE = sa.select(db.nodes).where(
+    db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n")
+)
+_IN_FLIGHT = (
+    sa.select(sa.func.count())
+    .select_from(db.leases)
+    .where(
+        db.leases.c.pool_id == sa.bindparam("p"),
+        db.leases.c.node_id == sa.bindparam("n"),
+        db.leases.c.state == "active",
     )
+)
+
+
+def current_version(conn: sa.Connection, pool_id: str) -> int:
+    return int(conn.execute(_VERSION, {"p": pool_id}).scalar_one())
+
+
+def leases_in_flight(conn: sa.Connection, pool_id: str, node_id: str) -> int:
+    return int(conn.execute(_IN_FLIGHT, {"p": pool_id, "n": node_id}).scalar_one())
 
 
 def node_row(conn: sa.Connection, pool_id: str, node_id: str) -> Any:
     """The node's row, or :class:`NotFound` telling it to join."""
-    row = conn.execute(
-        sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
-    ).first()
+    row = conn.execute(_NODE, {"p": pool_id, "n": node_id}).first()
     if row is None:
         raise NotFound(f"unknown node {node_id} in pool {pool_id!r}: join first")
     return row
@@ -99,15 +112,7 @@ def require_member(row: Any, allowed: tuple[str, ...] = ("healthy", "unhealthy")
 
 
 def _node_view(conn: sa.Connection, row: Any) -> NodeView:
-    in_flight = conn.execute(
-        sa.select(sa.func.count())
-        .select_from(db.leases)
-        .where(
-            db.leases.c.pool_id == row.pool_id,
-            db.leases.c.node_id == row.node_id,
-            db.leases.c.state == "active",
-        )
-    ).scalar_one()
+    in_flight = leases_in_flight(conn, row.pool_id, row.node_id)
     return NodeView(
         node_id=row.node_id,
         public_key=row.public_key,
@@ -137,9 +142,10 @@ def create_pool(ctx: Context, spec: PoolSpec) -> PoolInfo:
         if exists is not None:
             raise Conflict(f"pool {spec.pool_id!r} already exists")
         conn.execute(
-            db.pools.insert().values(
+            db.pools.insert(),
+            dict(
                 pool_id=spec.pool_id, spec=spec.model_dump_json(), current_version=0, created_at=now
-            )
+            ),
         )
         ctx.ledger.append(
             conn,
@@ -208,9 +214,8 @@ def _check_invite(
     if used is not None:
         raise Conflict(f"invite {invite.invite_id} was already used")
     conn.execute(
-        db.invites_used.insert().values(
-            invite_id=invite.invite_id, pool_id=spec.pool_id, node_id=node_id, used_at=now
-        )
+        db.invites_used.insert(),
+        dict(invite_id=invite.invite_id, pool_id=spec.pool_id, node_id=node_id, used_at=now),
     )
     return invite.invite_id
 
@@ -241,7 +246,8 @@ def join(
         )
         if existing is None:
             conn.execute(
-                db.nodes.insert().values(
+                db.nodes.insert(),
+                dict(
                     pool_id=pool_id,
                     node_id=node_id,
                     log_tail="[]",
@@ -250,7 +256,7 @@ def join(
                     soft=0,
                     hard=0,
                     **values,
-                )
+                ),
             )
         else:
             conn.execute(

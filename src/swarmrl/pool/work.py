@@ -24,6 +24,7 @@ from swarmrl.pool.service import (
     Context,
     current_version,
     invalidate_in,
+    leases_in_flight,
     node_row,
     require_member,
 )
@@ -62,15 +63,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         retry = ctx.config.heartbeat_interval_s
         if row.state != "healthy":
             return LeaseReply(work=None, retry_after_s=retry, reason=f"node is {row.state}")
-        in_flight = conn.execute(
-            sa.select(sa.func.count())
-            .select_from(db.leases)
-            .where(
-                db.leases.c.pool_id == pool_id,
-                db.leases.c.node_id == node_id,
-                db.leases.c.state == "active",
-            )
-        ).scalar_one()
+        in_flight = leases_in_flight(conn, pool_id, node_id)
         if in_flight >= spec.max_leases_in_flight:
             return LeaseReply(
                 work=None,
@@ -130,7 +123,8 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             origin_counter=counter,
         )
         conn.execute(
-            db.leases.insert().values(
+            db.leases.insert(),
+            dict(
                 lease_id=lease_id,
                 pool_id=pool_id,
                 node_id=node_id,
@@ -138,7 +132,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
                 work=work.model_dump_json(),
                 created_at=now,
                 deadline=work.deadline,
-            )
+            ),
         )
     return LeaseReply(work=work, retry_after_s=0.0)
 
@@ -207,7 +201,8 @@ def _credit(
     now = ctx.clock()
     unlock_at = now + spec.credit_lock_s
     conn.execute(
-        db.credits.insert().values(
+        db.credits.insert(),
+        dict(
             submission_id=sid,
             pool_id=spec.pool_id,
             node_id=node_id,
@@ -215,7 +210,7 @@ def _credit(
             created_at=now,
             unlock_at=unlock_at,
             dropped=False,
-        )
+        ),
     )
     body = {"submission_id": sid, "tokens": tokens, "unlock_at": unlock_at, "measured_by": by}
     ctx.ledger.append(conn, "credit", body, pool_id=spec.pool_id, node_id=node_id, ts=now)
@@ -256,7 +251,8 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
         ctx.store.put_samples(key, sub.samples)
         try:
             conn.execute(
-                db.submissions.insert().values(
+                db.submissions.insert(),
+                dict(
                     submission_id=sid,
                     pool_id=pool_id,
                     lease_id=sub.lease_id,
@@ -269,7 +265,7 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
                     auth=json.dumps(auth),
                     status="pending" if selected else "accepted",
                     validated=False,
-                )
+                ),
             )
             conn.execute(
                 db.leases.update()
