@@ -51,29 +51,40 @@ def inverse_table() -> np.ndarray:
     return result
 
 
+@cache
+def _inverse_of_difference() -> np.ndarray:
+    """inv[(a mod p)] indexed by a + p for a in (-p, p): differences need no reduction."""
+    table = np.concatenate([inverse_table(), inverse_table()])
+    table.setflags(write=False)
+    return table
+
+
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Ascending coefficients of the polynomial through (x_j, y_j) over GF(p), per row.
 
     x: [B, k] residues distinct within each row; y: [B, k] integers (reduced mod p here).
     Returns [B, k] int64 in [0, p).
     """
-    inv = inverse_table()
+    inv = _inverse_of_difference()
     x = np.asarray(x, dtype=np.int64) % PRIME
     diffs = np.asarray(y, dtype=np.int64) % PRIME  # becomes the Newton coefficients d_j
     batch, k = x.shape
     for s in range(1, k):
-        numerator = (diffs[:, s:] - diffs[:, s - 1 : -1]) % PRIME  # [B, k-s]
-        denominator = (x[:, s:] - x[:, :-s]) % PRIME  # [B, k-s], never 0 for distinct x
+        numerator = diffs[:, s:] - diffs[:, s - 1 : -1] + PRIME  # [B, k-s] in (0, 2p)
+        denominator = x[:, s:] - x[:, :-s] + PRIME  # [B, k-s] in (0, 2p), never p
         diffs[:, s:] = numerator * inv[denominator] % PRIME
-    coeffs = np.zeros((batch, k), dtype=np.int64)  # running Horner polynomial, ascending
+    # Horner: c <- c * (x - x_i) + d_i, i = k-2 .. 0, with c starting as d_{k-1}
+    coeffs = np.zeros((batch, k), dtype=np.int64)  # ascending
     coeffs[:, 0] = diffs[:, k - 1]
+    minus_x = PRIME - x  # [B, k]
     for i in range(k - 2, -1, -1):
-        degree = k - 1 - i  # degree after multiplying by (x - x_i)
-        lower = coeffs[:, :degree] * x[:, i : i + 1]  # x_i * c, < 2^32
-        coeffs[:, 1 : degree + 1] = coeffs[:, :degree]  # x * c (numpy copies on overlap)
-        coeffs[:, 0] = 0
-        coeffs[:, :degree] = (coeffs[:, :degree] - lower) % PRIME
-        coeffs[:, 0] = (coeffs[:, 0] + diffs[:, i]) % PRIME
+        degree = k - 1 - i  # degree after this step
+        lead = coeffs[:, degree - 1].copy()
+        step = coeffs[:, :degree] * minus_x[:, i : i + 1]  # -x_i * c_j, < 2^32
+        step[:, 1:] += coeffs[:, : degree - 1]  # + c_{j-1}
+        step[:, 0] += diffs[:, i]
+        coeffs[:, :degree] = step % PRIME
+        coeffs[:, degree] = lead
     return coeffs
 
 
