@@ -93,7 +93,7 @@ def test_full_cycle_join_lease_submit_verdict_batch(swarm):
     assert trainer.batch("arith", step=1).submissions == []  # exactly once
     metrics = trainer.metrics("arith")
     assert metrics.credited_tokens == receipt.tokens == metrics.locked_tokens
-    assert metrics.submissions_by_status == {"accepted": 1}
+    assert metrics.submissions_by_status == {"trained": 1}
     assert trainer.node_logs("arith", node.node_id).lines == ["up"]
     [view] = trainer.nodes("arith")
     assert view.node_id == node.node_id and view.reputation > 0.5

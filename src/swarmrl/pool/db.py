@@ -62,7 +62,7 @@ leases = sa.Table(
     sa.Column("lease_id", sa.String(32), primary_key=True),
     sa.Column("pool_id", sa.String(64), nullable=False),
     sa.Column("node_id", sa.String(32), nullable=False),
-    # active → submitted | expired; an expired lease is reassigned once (reassigned_to set)
+    # active → submitted | expired; expired → reassigned (once; reassigned_to names the new lease)
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("work", sa.Text, nullable=False),  # WorkUnit JSON
     sa.Column("created_at", sa.Float, nullable=False),
@@ -85,7 +85,7 @@ submissions = sa.Table(
     sa.Column("tokens", sa.Integer, nullable=False),
     sa.Column("min_version", sa.Integer, nullable=False),
     sa.Column("auth", sa.Text, nullable=False),  # node key, signature, body digest (JSON)
-    # pending → accepted | rejected; accepted → dropped (soft/hard invalidation)
+    # pending → accepted | rejected; accepted → trained (served to the trainer) | dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),
     sa.Column("claimed_by", sa.String(64), nullable=True),

@@ -90,7 +90,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             conn.execute(
                 db.leases.update()
                 .where(db.leases.c.lease_id == orphan.lease_id)
-                .values(reassigned_to=lease_id)
+                .values(state="reassigned", reassigned_to=lease_id)
             )
         else:
             origin, counter = node_id, row.lease_counter
@@ -463,7 +463,7 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int) -> BatchReply:
             conn.execute(
                 db.submissions.update()
                 .where(db.submissions.c.submission_id.in_([r.submission_id for r in rows]))
-                .values(consumed_step=step)
+                .values(status="trained", consumed_step=step)
             )
         # read before commit: a store failure then leaves the rollouts unconsumed
         out = [
