@@ -52,6 +52,7 @@ class Hooks:
     on_phase: Callable[[str], None] = lambda phase: None
     on_sft_step: Callable[[int, float], None] | None = None
     on_step: Callable[[dict[str, Any]], None] = lambda row: None
+    on_eval: Callable[[str, dict[str, Any]], None] = lambda name, result: None
 
 
 @dataclass
@@ -86,6 +87,7 @@ def run_colocated(config: SwarmConfig, hooks: Hooks | None = None) -> ColocatedR
     result = ColocatedResult(steps=0, rl_seconds=0.0, warm_start=warm)
     hooks.on_phase("eval before")
     result.evals["before"] = run_eval(engine)
+    hooks.on_eval("before", result.evals["before"])
 
     hooks.on_phase("rl")
     torch.manual_seed(seed)
@@ -133,11 +135,13 @@ def run_colocated(config: SwarmConfig, hooks: Hooks | None = None) -> ColocatedR
 
     hooks.on_phase("eval after")
     result.evals["after"] = run_eval(engine)
+    hooks.on_eval("after", result.evals["after"])
     if config.eval.control and config.model.path is None:
         hooks.on_phase("control")
         control, _, control_steps = continue_warm_start(config, env, warm, result.rl_seconds)
         result.control_steps = control_steps
         result.evals["control"] = run_eval(TorchEngine(control, tokenizer, device))
         result.evals["control"]["sft_steps"] = control_steps
+        hooks.on_eval("control", result.evals["control"])
     result.policy, result.tokenizer = policy, tokenizer
     return result

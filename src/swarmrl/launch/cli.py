@@ -1,0 +1,127 @@
+"""``swarmrl run CONFIG [--colocated] [--set key=value ...]`` and ``swarmrl demo``.
+
+``run --colocated`` generates and trains in one process (``swarmrl.trainer.colocated``); without
+it, the whole swarm runs on this machine (``swarmrl.launch.swarm``). ``demo`` runs the embedded
+default config (``configs/arith.toml``) colocated. Either way the run directory gets
+``config.json``, ``metrics.jsonl``, ``report.json`` and ``report.png`` (``swarmrl.launch.report``)
+and the last line printed says where it is.
+
+Knows how to wire config, trainer and report together; nothing about the maths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
+
+
+def _parser(verb: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"swarmrl {verb}", description=__doc__.splitlines()[0])
+    if verb == "run":
+        parser.add_argument("config", help="TOML config file (see configs/)")
+        parser.add_argument(
+            "--colocated",
+            action="store_true",
+            help="generate and train in one process instead of a local swarm",
+        )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted config override, repeatable",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no live display")
+    return parser
+
+
+def _quiet_libraries() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def colocated_report(config: SwarmConfig, result: Any, wall_seconds: float) -> dict[str, Any]:
+    warm = result.warm_start
+    return {
+        "mode": "colocated",
+        "steps": result.steps,
+        "wall_seconds": wall_seconds,
+        "rl_seconds": result.rl_seconds,
+        "warm_start": {
+            "path": str(warm.path),
+            "cached": warm.cached,
+            "seconds": warm.seconds,
+            "steps": warm.steps,
+        },
+        "eval": {"n": result.evals["before"]["n"], **result.evals},
+        "seed": config.run.seed,
+        "env": config.env.name,
+    }
+
+
+def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
+    from swarmrl.launch.report import ProgressView, RunRecorder
+    from swarmrl.model.io import save_policy
+    from swarmrl.trainer.colocated import Hooks, run_colocated
+
+    _quiet_libraries()
+    started = time.perf_counter()
+    recorder = RunRecorder(config)
+    view = ProgressView(config.rl.steps, config.sft.steps)
+    if quiet:
+        view.live = None
+        view.console.quiet = True
+    with view:
+        hooks = Hooks(
+            on_phase=view.on_phase,
+            on_sft_step=view.on_sft_step,
+            on_step=lambda row: (recorder.log_step(row), view.on_step(row)),
+            on_eval=view.on_eval,
+        )
+        result = run_colocated(config, hooks)
+    save_policy(result.policy, result.tokenizer, recorder.dir / "policy")
+    report = colocated_report(config, result, time.perf_counter() - started)
+    recorder.write_report(report)
+    ev = report["eval"]
+    control = ev.get("control", {}).get("accuracy")
+    print(
+        f"held-out accuracy (n={ev['n']}): {ev['before']['accuracy']:.1%} -> "
+        f"{ev['after']['accuracy']:.1%}"
+        + (f" (control, SFT continued: {control:.1%})" if control is not None else "")
+        + f" in {report['wall_seconds']:.0f} s; run directory: {recorder.dir}"
+    )
+    return recorder.dir
+
+
+def run_swarm_cli(config: SwarmConfig, quiet: bool) -> Path:
+    from swarmrl.launch.report import new_run_dir
+    from swarmrl.launch.swarm import run_swarm
+
+    run_dir = new_run_dir(config)
+    run_swarm(config, run_dir, display=not quiet)
+    print(f"run directory: {run_dir}")
+    return run_dir
+
+
+def main(verb: str, argv: Sequence[str]) -> int:
+    args = _parser(verb).parse_args(list(argv))
+    if verb == "demo":
+        config = load_config([EMBEDDED_DEFAULT], args.overrides)
+        run_colocated_cli(config, args.quiet)
+        return 0
+    config = load_config([args.config], args.overrides)
+    if args.colocated:
+        run_colocated_cli(config, args.quiet)
+    else:
+        run_swarm_cli(config, args.quiet)
+    return 0

@@ -1,0 +1,200 @@
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from swarmrl.config import load_config
+from swarmrl.config.model import TinyModelConfig
+from swarmrl.config.rl import RLConfig
+from swarmrl.envs import Task
+from swarmrl.model import build_char_tokenizer, create_tiny_model
+from swarmrl.rl import token_logprobs
+from swarmrl.trainer.batch import Completion, Group, collate
+from swarmrl.trainer.colocated import Hooks, run_colocated
+from swarmrl.trainer.step import make_optimizer, policy_step
+
+TASK = Task(problem_id=0, split="train", index=0, prompt="1+1=", answer="2")
+
+
+def _completion(prompt, output, reward):
+    return Completion(prompt, output, [-0.5] * len(output), reward)
+
+
+def test_collate_places_tokens_masks_and_advantages():
+    groups = [
+        Group(TASK, [_completion([1, 5], [6, 2], 1.0), _completion([1, 5], [7], 0.0)]),
+        Group(TASK, [_completion([1, 5, 5], [2], 0.0), _completion([1, 5, 5], [6, 6, 2], 0.0)]),
+    ]
+    batch = collate(groups, pad_id=0, advantage="std")
+    assert batch.input_ids.tolist() == [
+        [1, 5, 6, 2, 0, 0],
+        [1, 5, 7, 0, 0, 0],
+        [1, 5, 5, 2, 0, 0],
+        [1, 5, 5, 6, 6, 2],
+    ]
+    # position j predicts token j+1: output tokens start right after the prompt
+    assert batch.loss_mask.tolist() == [
+        [0, 1, 1, 0, 0],
+        [0, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 1],
+    ]
+    assert batch.behaviour_logp[0].tolist() == [0, -0.5, -0.5, 0, 0]
+    assert batch.advantages[:, 0].tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0], abs=1e-5)
+    assert batch.loss_tokens == 7
+    with pytest.raises(ValueError, match="same size"):
+        collate([groups[0], Group(TASK, groups[1].completions[:1])], 0)
+
+
+@pytest.fixture()
+def tiny():
+    torch.manual_seed(0)
+    tok = build_char_tokenizer("0123456789+=")
+    model = create_tiny_model(
+        TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok
+    )
+    return model
+
+
+def _on_policy_batch(model):
+    torch.manual_seed(1)
+    groups = []
+    for _ in range(3):
+        group = Group(TASK)
+        for j in range(3):
+            prompt = [1, *torch.randint(4, 16, (3,)).tolist()]
+            output = torch.randint(4, 16, (1 + j,)).tolist()
+            group.completions.append(Completion(prompt, output, [0.0] * len(output), float(j == 0)))
+        groups.append(group)
+    batch = collate(groups, 0)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch.input_ids)
+    batch.behaviour_logp = logp * batch.loss_mask  # the generating policy is the current one
+    return batch
+
+
+def test_policy_step_on_policy_loss_and_micro_batches_agree(tiny):
+    rl = RLConfig(lr=1e-2)
+    batch = _on_policy_batch(tiny)
+    expected = float(-(batch.advantages * batch.loss_mask).sum() / batch.loss_mask.sum())
+    results = []
+    for micro in (256, 1):
+        model = copy.deepcopy(tiny)
+        stats = policy_step(model, make_optimizer(model, rl), batch, rl, micro_batch=micro)
+        assert stats.loss == pytest.approx(expected, abs=1e-5)  # ratio 1: ℓ = −A per token
+        assert stats.clip_fraction == 0.0 and stats.grad_norm > 0 and stats.entropy > 0
+        moved = [
+            not torch.equal(p, q)
+            for p, q in zip(model.parameters(), tiny.parameters(), strict=True)
+        ]
+        assert any(moved)
+        results.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    # the same clipped gradient whether the batch is split or not (global token normalization)
+    assert torch.allclose(results[0], results[1], atol=1e-6)
+
+
+def test_kl_term_is_zero_against_itself_and_grows_after_a_step(tiny):
+    rl = RLConfig(lr=5e-2, kl_coef=0.5)
+    batch = _on_policy_batch(tiny)
+    reference = copy.deepcopy(tiny)
+    optimizer = make_optimizer(tiny, rl)
+    first = policy_step(tiny, optimizer, batch, rl, reference)
+    assert first.kl == pytest.approx(0.0, abs=1e-7)
+    second = policy_step(tiny, optimizer, batch, rl, reference)
+    assert second.kl > 1e-6
+
+
+def _small_run_config(tmp_path, *extra):
+    return load_config(
+        [],
+        [
+            'env.name="reverse"',
+            "env.reverse_len=3",
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_layers=1",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64",
+            "sft.steps=10",
+            "sft.train_examples=64",
+            "sft.batch_size=32",
+            "rl.steps=3",
+            "rl.prompts_per_step=4",
+            "rl.group_size=4",
+            "rl.online_filter=false",
+            "rl.sampling.max_new_tokens=5",
+            "eval.n=8",
+            "eval.control=false",
+            "run.threads=1",
+            f"run.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
+            *extra,
+        ],
+    )
+
+
+def test_colocated_run_is_reproducible(tmp_path):
+    config = _small_run_config(tmp_path)
+    runs = []
+    for _ in range(2):
+        rows = []
+        result = run_colocated(config, Hooks(on_step=rows.append))
+        runs.append(
+            (
+                [
+                    {k: v for k, v in r.items() if k not in ("tokens_per_s", "wall_time")}
+                    for r in rows
+                ],
+                result.evals,
+            )
+        )
+    assert runs[0] == runs[1]
+    rows = runs[0][0]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["policy_version"] for r in rows] == [0, 1, 2]
+    assert all(r["grad_norm"] is not None and r["grad_norm"] > 0 for r in rows)
+    assert 0.0 < rows[0]["reward_mean"] < 1.0  # partial credit: a real signal to learn from
+
+
+def _cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "swarmrl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def test_cli_invalid_config_value_is_one_line(tmp_path):
+    proc = _cli(
+        "run",
+        "configs/arith.toml",
+        "--colocated",
+        "--set",
+        "rl.lr=-1",
+        cwd=str(__import__("pathlib").Path(__file__).parents[1]),
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "'rl.lr'" in proc.stderr and "greater than 0" in proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_missing_model_and_malformed_dataset_are_one_line(tmp_path):
+    proc = _cli("eval", "--model", str(tmp_path / "no-such-model"), cwd=str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "no-such-model" in proc.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"}\n')
+    proc = _cli(
+        "eval",
+        "--set",
+        'env.name="math"',
+        "--set",
+        f"env.dataset={json.dumps(str(bad))}",
+        cwd=str(tmp_path),
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert f"{bad} row 2" in proc.stderr
