@@ -154,3 +154,15 @@ def test_killed_supervisor_leaves_no_orphans(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     _wait_gone(child)
+
+
+def test_roles_stopped_on_purpose_are_not_failures(tmp_path):
+    with Supervisor(tmp_path, grace_s=2) as sup:
+        sup.start("relay", _py("import time; time.sleep(600)"))
+        sup.start("other", _py("import time; time.sleep(600)"))
+        sup.kill("relay")
+        sup.check()  # the killed role does not count as a crash
+        sup.start("relay", _py("import sys; sys.exit(4)"))  # a restart is watched again
+        sup.roles["relay"].popen.wait(timeout=10)
+        with pytest.raises(RoleExited, match="relay exited with status 4"):
+            sup.check()

@@ -38,6 +38,9 @@ class SwarmConfig(Section):
     rollouts_per_lease: int = Field(
         32, gt=0, description="completions a worker asks for per lease (prompts × group size)"
     )
+    lease_timeout_s: float = Field(
+        60.0, gt=0, description="a leased unit not submitted within this is reassigned"
+    )
     units_per_version: int = Field(
         4,
         ge=0,

@@ -115,6 +115,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.grace_s = grace_s
         self.roles: dict[str, RoleProcess] = {}
+        self.retired: set[str] = set()  # stopped on purpose: their exit is not a failure
 
     # -- starting -------------------------------------------------------------------------
     def start(
@@ -139,6 +140,7 @@ class Supervisor:
             )
         role = RoleProcess(name, popen, log_path)
         self.roles[name] = role
+        self.retired.discard(name)
         return role
 
     def start_role(
@@ -173,11 +175,12 @@ class Supervisor:
     def check(self, expected_done: Sequence[str] = ()) -> None:
         """Raise :class:`RoleExited` if a role not in ``expected_done`` has ended.
 
-        A role in ``expected_done`` may end, but only with status 0.
+        A role in ``expected_done`` may end, but only with status 0; a role stopped through
+        :meth:`stop` or :meth:`kill` may end any way.
         """
         for role in self.roles.values():
             code = role.popen.poll()
-            if code is None:
+            if code is None or role.name in self.retired:
                 continue
             if role.name in expected_done and code == 0:
                 continue
@@ -190,6 +193,7 @@ class Supervisor:
         Returns the exit status.
         """
         role = self.roles[name]
+        self.retired.add(name)
         self._signal_group(role, sig)
         try:
             return role.popen.wait(timeout=self.grace_s)
@@ -200,6 +204,7 @@ class Supervisor:
     def kill(self, name: str) -> int:
         """SIGKILL role ``name`` at once (fault tests: a machine that vanishes)."""
         role = self.roles[name]
+        self.retired.add(name)
         self._signal_group(role, signal.SIGKILL)
         return role.popen.wait(timeout=self.grace_s)
 

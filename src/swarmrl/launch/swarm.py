@@ -100,7 +100,7 @@ def pool_spec(config: SwarmConfig, owner: KeyPair, validators: list[KeyPair]) ->
         min_tasks_per_lease=1,
         max_tasks_per_lease=max(1, config.swarm.rollouts_per_lease // config.rl.group_size),
         lease_target_s=5.0,
-        lease_timeout_s=60.0,
+        lease_timeout_s=config.swarm.lease_timeout_s,
         max_leases_in_flight=1,
         credit_lock_s=3600.0,
     )
@@ -192,6 +192,8 @@ def start_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
         "--run-dir", str(plan.run_dir),
         "--origin-host", HOST,
         "--origin-port", str(plan.origin_port),
+        # roles share this machine's cores: more threads per role only fight each other
+        "--set", f"run.threads={plan.config.swarm.role_threads}",
     ]  # fmt: skip
     sup.start_role("trainer", "trainer", args)
 
@@ -314,7 +316,7 @@ def wait_orchestrator(plan: SwarmPlan, timeout_s: float) -> None:
 
 def swarm_facts(plan: SwarmPlan) -> dict:
     """What the run did as a swarm: submissions, bans, versions, bytes, and the ledger check."""
-    from swarmrl.ledger.export import write_export
+    from swarmrl.ledger.export import read_entries, write_export
     from swarmrl.ledger.verify import verify_export
     from swarmrl.pool.client import PoolClient
     from swarmrl.pool.db import make_engine, sqlite_url
@@ -328,8 +330,14 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     engine = make_engine(sqlite_url(plan.run_dir / "orchestrator" / "pool.db"))
     try:
         entries = write_export(engine, ledger_file)
+        verdicts = [e for e in read_entries(engine) if e["kind"] == "verdict"]
     finally:
         engine.dispose()
+    judged: dict[str, dict[str, int]] = {}
+    for entry in verdicts:
+        counts = judged.setdefault(entry["node_id"], {"accepted": 0, "rejected": 0})
+        counts["accepted" if entry["body"].get("accept") else "rejected"] += 1
+    honest = {n for n, name in names.items() if name not in plan.cheats}
     orchestrator_key = load_keypair(plan.key("orchestrator")).public_key_hex
     verified = verify_export(ledger_file, orchestrator_key)
     statuses = RoleStatus.read_dir(plan.status_dir)
@@ -345,6 +353,8 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                     "state": n.state,
                     "cheat": plan.cheats.get(names.get(n.node_id, ""), ""),
                     "model_version": n.model_version,
+                    "accepted": judged.get(n.node_id, {}).get("accepted", 0),
+                    "rejected": judged.get(n.node_id, {}).get("rejected", 0),
                     "measured_tokens_per_s": n.measured_tokens_per_s,
                     "rollouts": statuses[names[n.node_id]].metrics.get("rollouts", 0)
                     if names.get(n.node_id) in statuses
@@ -353,10 +363,15 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 for n in nodes
             ],
             "submissions": {
-                "accepted": by_status.get("accepted", 0),
-                "rejected": by_status.get("rejected", 0),
+                # verdicts from the ledger; trained/dropped/pending from the pool's state
+                "accepted": sum(c["accepted"] for c in judged.values()),
+                "rejected": sum(c["rejected"] for c in judged.values()),
+                "trained": by_status.get("trained", 0),
                 "dropped": by_status.get("dropped", 0),
                 "pending": by_status.get("pending", 0),
+                "rejected_honest": sum(
+                    c["rejected"] for node, c in judged.items() if node in honest
+                ),
             },
             "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
             "versions_published": summary.get("versions_published"),

@@ -26,17 +26,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment, build_env
-from swarmrl.errors import ConfigError, WaitTimeout
+from swarmrl.errors import WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
+from swarmrl.inference.engine import TorchEngine
 from swarmrl.launch.rolekit import (
     StatusReporter,
     add_role_args,
@@ -45,51 +47,57 @@ from swarmrl.launch.rolekit import (
     setup_logging,
 )
 from swarmrl.launch.supervisor import terminate_as_interrupt
+from swarmrl.model.io import save_policy
+from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import TrainableSubmission
-
-
-@dataclass
-class Group:
-    """G completions of one training task, with trusted rewards and behaviour log-probs."""
-
-    task_index: int
-    prompt_tokens: list[int]
-    outputs: list[list[int]]  # [G][T_i]
-    rewards: list[float]  # [G], recomputed here
-    behaviour_logprobs: list[list[float]]  # [G][T_i], the validator's replay
-    version: int  # oldest policy version among the completions
+from swarmrl.shardcast import Publisher
+from swarmrl.shardcast.catalog import Catalog
+from swarmrl.shardcast.server import build_app, serve_in_thread
+from swarmrl.trainer.batch import Completion, Group, collate
+from swarmrl.trainer.evaluate import evaluate
+from swarmrl.trainer.step import make_optimizer, policy_step
+from swarmrl.trainer.tokens import decode_completion
+from swarmrl.trainer.warmstart import ensure_warm_start, load_start_policy
 
 
 def groups_of(
-    sub: TrainableSubmission, env: Environment, tokenizer, group_size: int
-) -> list[Group]:  # type: ignore[no-untyped-def]
-    """Split one accepted submission into per-task groups, rewards recomputed from text."""
+    sub: TrainableSubmission, env: Environment, tokenizer: PreTrainedTokenizerBase, group_size: int
+) -> list[Group]:
+    """Split one accepted submission into per-task groups, rewards recomputed from the text.
+
+    Behaviour log-probs are the validator's replay; a submission that was never validated
+    has none and is not trained on.
+    """
     if sub.behaviour_logprobs is None:
-        return []  # never validated: the trusted side has no behaviour log-probs to use
+        return []
     out = []
     for j, task_index in enumerate(sub.task_indices):
-        samples = sub.samples[j * group_size : (j + 1) * group_size]
-        behaviour = sub.behaviour_logprobs[j * group_size : (j + 1) * group_size]
         task = env.task("train", task_index)
-        rewards = [
-            env.score(
-                task,
-                tokenizer.decode(s.output_tokens, skip_special_tokens=True),
-                len(s.output_tokens),
-            ).reward
-            for s in samples
-        ]
-        out.append(
-            Group(
-                task_index=task_index,
-                prompt_tokens=list(samples[0].prompt_tokens),
-                outputs=[list(s.output_tokens) for s in samples],
-                rewards=rewards,
-                behaviour_logprobs=[list(b) for b in behaviour],
-                version=min(s.policy_version for s in samples),
+        group = Group(task)
+        rows = range(j * group_size, (j + 1) * group_size)
+        for sample, behaviour in zip(
+            (sub.samples[i] for i in rows), (sub.behaviour_logprobs[i] for i in rows), strict=True
+        ):
+            text = decode_completion(tokenizer, sample.output_tokens)
+            score = env.score(task, text, num_tokens=len(sample.output_tokens))
+            group.completions.append(
+                Completion(
+                    prompt_tokens=list(sample.prompt_tokens),
+                    output_tokens=list(sample.output_tokens),
+                    behaviour_logprobs=list(behaviour),
+                    reward=score.reward,
+                    policy_version=sample.policy_version,
+                    correct=bool(score.details.get("correct", score.reward == 1.0)),
+                    text=text,
+                )
             )
-        )
+        out.append(group)
     return out
+
+
+def group_version(group: Group) -> int:
+    """The oldest policy version among a group's completions."""
+    return min(c.policy_version for c in group.completions)
 
 
 class BatchCollector:
@@ -97,13 +105,13 @@ class BatchCollector:
 
     def __init__(
         self,
-        pool,
+        pool: PoolClient,
         pool_id: str,
         env: Environment,
-        tokenizer,
+        tokenizer: PreTrainedTokenizerBase,
         config: SwarmConfig,
         log: logging.Logger,
-    ) -> None:  # type: ignore[no-untyped-def]
+    ) -> None:
         self.pool = pool
         self.pool_id = pool_id
         self.env = env
@@ -113,13 +121,14 @@ class BatchCollector:
         self.carry: list[Group] = []
         self.groups_seen = 0
         self.groups_dropped = 0
+        self.consumed: list[str] = []
 
     def collect(self, step: int) -> tuple[list[Group], float]:
         """``(groups, seconds waited)`` for step ``step``; raises WaitTimeout when starved."""
         rl, swarm = self.config.rl, self.config.swarm
         need = rl.prompts_per_step
         oldest = step - rl.async_level
-        kept = [g for g in self.carry if g.version >= oldest]
+        kept = [g for g in self.carry if group_version(g) >= oldest]
         start = time.monotonic()
         next_note = start + 30.0
         while len(kept) < need:
@@ -131,6 +140,7 @@ class BatchCollector:
                 pause_s=swarm.retry_s,
             )
             for sub in reply.submissions:
+                self.consumed.append(sub.submission_id)
                 for group in groups_of(sub, self.env, self.tokenizer, rl.group_size):
                     self.groups_seen += 1
                     if rl.online_filter and max(group.rewards) == min(group.rewards):
@@ -155,106 +165,44 @@ class BatchCollector:
         return kept[:need], time.monotonic() - start
 
 
-def warm_start(config: SwarmConfig, env: Environment, log: logging.Logger):  # type: ignore[no-untyped-def]
-    """The starting policy: ``model.path`` if given, else the tiny model after the SFT warm
-    start, cached under ``run.cache_dir`` by a digest of everything that shapes it."""
-    from swarmrl.identity import canonical_json, digest_hex
-    from swarmrl.model import build_char_tokenizer, create_tiny_model, load_policy, save_policy
-    from swarmrl.trainer.sft import SFTTrainer, warm_start_examples
-
-    if config.model.path is not None:
-        return load_policy(config.model.path, dtype=config.model.dtype)
-    shape = {k: config.model_dump(mode="json")[k] for k in ("model", "env", "sft")}
-    shape["seed"] = config.run.seed
-    cached = Path(config.run.cache_dir) / "warmstart" / digest_hex(canonical_json(shape))[:16]
-    if (cached / "config.json").is_file():
-        log.info("warm start: cached policy %s", cached)
-        return load_policy(str(cached))
-    if env.alphabet is None:
-        raise ConfigError(f"env {env.name!r} needs model.path (no built-in tokenizer)")
-    log.info("warm start: %d SFT steps (cached afterwards in %s)", config.sft.steps, cached)
-    torch.manual_seed(config.run.seed)
-    tokenizer = build_char_tokenizer(env.alphabet)
-    model = create_tiny_model(config.model.tiny, tokenizer)
-    sft = config.sft
-    data = warm_start_examples(env, tokenizer, sft.train_examples, sft.label_noise, config.run.seed)
-    SFTTrainer(model, data, sft.batch_size, sft.lr, config.run.seed).run(steps=sft.steps)
-    model.eval()
-    save_policy(model, tokenizer, cached)
-    return model, tokenizer
-
-
 class Learner:
-    """The policy, its optimizer, one RL step on groups, and held-out evaluation."""
+    """The policy and its optimizer; one RL step on groups; held-out evaluation.
+
+    Warm start, the step and evaluation are the learning core's (``swarmrl.trainer``), the same
+    code the colocated loop runs.
+    """
 
     def __init__(self, config: SwarmConfig, env: Environment, log: logging.Logger) -> None:
-        from swarmrl.trainer.sft import greedy_exact_match
-
+        warm = ensure_warm_start(config, env)
+        log.info(
+            "warm start %s (%s)", warm.path, "cached" if warm.cached else f"{warm.seconds:.0f} s"
+        )
         self.config = config
         self.env = env
-        self.model, self.tokenizer = warm_start(config, env, log)
-        rl = config.rl
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=rl.lr, weight_decay=rl.weight_decay
-        )
-        self.heldout = env.first("heldout", config.eval.n)
-        self._accuracy = greedy_exact_match
+        self.model, self.tokenizer = load_start_policy(config, warm)
+        self.optimizer = make_optimizer(self.model, config.rl)
 
-    def evaluate(self) -> float:
-        """Greedy exact-match accuracy on the fixed held-out set."""
-        self.model.eval()
-        return self._accuracy(self.model, self.tokenizer, self.heldout)
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy (greedy) and pass@1 of the current policy."""
+        c = self.config
+        engine = TorchEngine(self.model, self.tokenizer)
+        result = evaluate(
+            self.env, engine, self.tokenizer, c.eval.n, c.eval.samples, c.rl.sampling, c.run.seed
+        )
+        return {k: float(v) for k, v in result.items()}
 
     def step(self, groups: list[Group]) -> dict[str, float]:
-        """One optimizer step on ``groups``; the ratio is against the behaviour log-probs."""
-        from swarmrl.rl.advantages import group_advantages
-        from swarmrl.rl.logprobs import token_logprobs
-        from swarmrl.rl.loss import clip_fraction, clipped_token_loss, importance_ratio, token_mean
-        from swarmrl.rl.metrics import clip_grad_norm
-
+        """One optimizer step; the ratio is against the groups' behaviour log-probs."""
         rl = self.config.rl
-        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)  # [N, G]
-        advantages = group_advantages(rewards, rl.advantage).flatten()  # [N·G]
-        rows = [
-            (g.prompt_tokens, out, b)
-            for g in groups
-            for out, b in zip(g.outputs, g.behaviour_logprobs, strict=True)
-        ]
-        width = max(len(p) + len(o) for p, o, _ in rows)
-        pad = int(self.tokenizer.pad_token_id)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)  # [B, T]
-        mask = torch.zeros((len(rows), width - 1))  # [B, T-1]: 1 where position predicts output
-        behaviour = torch.zeros((len(rows), width - 1))  # [B, T-1]
-        for b, (prompt, out, blp) in enumerate(rows):
-            ids[b, : len(prompt) + len(out)] = torch.tensor(prompt + out)
-            start = len(prompt) - 1
-            mask[b, start : start + len(out)] = 1.0
-            behaviour[b, start : start + len(out)] = torch.tensor(blp)
-        self.model.train()
-        logp, entropy = token_logprobs(
-            self.model,
-            ids,
-            chunk=rl.logprob_chunk,
-            temperature=rl.sampling.temperature,
-            with_entropy=True,
-        )  # [B, T-1]
-        ratio = importance_ratio(logp, behaviour, rl.max_log_ratio)
-        token_loss, clipped = clipped_token_loss(
-            ratio, advantages[:, None], rl.eps_low, rl.eps_high, rl.delta
-        )
-        loss = token_mean(token_loss, mask)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = clip_grad_norm(self.model.parameters(), rl.grad_clip)
-        self.optimizer.step()
-        self.model.eval()
+        batch = collate(groups, int(self.tokenizer.pad_token_id), rl.advantage)
+        stats = policy_step(self.model, self.optimizer, batch, rl)
+        rewards = [r for g in groups for r in g.rewards]
         return {
-            "loss": float(loss),
-            "reward_mean": float(rewards.mean()),
-            "grad_norm": float(grad_norm),
-            "clip_fraction": clip_fraction(clipped, mask),
-            "entropy": float(token_mean(entropy, mask)) if entropy is not None else 0.0,
-            "ratio_mean": float(token_mean(ratio.detach(), mask)),
+            "loss": stats.loss,
+            "clip_fraction": stats.clip_fraction,
+            "grad_norm": stats.grad_norm,
+            "entropy": stats.entropy,
+            "reward_mean": sum(rewards) / len(rewards),
         }
 
 
@@ -275,10 +223,6 @@ class Origin:
     def __init__(
         self, store_dir: Path, keypair: KeyPair, config: SwarmConfig, host: str, port: int
     ) -> None:
-        from swarmrl.shardcast import Publisher
-        from swarmrl.shardcast.catalog import Catalog
-        from swarmrl.shardcast.server import build_app, serve_in_thread
-
         self.store_dir = store_dir
         self.publisher = Publisher(store_dir, keypair, config.shardcast)
         catalog = Catalog(store_dir, config.shardcast.keep_versions)
@@ -290,17 +234,20 @@ class Origin:
         self.bytes_delta = 0
         self.versions: list[int] = []
 
-    def publish(self, model, tokenizer, version: int, scratch: Path) -> None:  # type: ignore[no-untyped-def]
-        from swarmrl.model.io import save_policy
-
+    def publish(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        version: int,
+        scratch: Path,
+    ) -> None:
+        """Save, shard, sign and serve ``version``; the checkpoint copy is removed afterwards."""
         checkpoint = save_policy(model, tokenizer, scratch / f"v{version}")
         manifest = self.publisher.publish(checkpoint, version, version)
         self.bytes_full += manifest.total_bytes
         self.bytes_delta += sum(d.size for d in manifest.deltas)
         self.versions.append(version)
-        for path in sorted(Path(checkpoint).iterdir()):
-            path.unlink()
-        Path(checkpoint).rmdir()
+        shutil.rmtree(checkpoint)
 
     def stop(self) -> None:
         self.server.stop()
@@ -329,8 +276,6 @@ def run(
     log: logging.Logger,
     status: StatusReporter,
 ) -> int:
-    from swarmrl.pool.client import PoolClient
-
     run_dir = Path(args.run_dir)
     work = run_dir / "trainer"
     work.mkdir(parents=True, exist_ok=True)
@@ -355,12 +300,19 @@ def run(
                 )
                 status.set(version=version)
 
-            accuracy = learner.evaluate()
-            log.info("held-out accuracy before RL: %.3f", accuracy)
-            history.append({"step": 0, "accuracy": accuracy})
+            started = time.monotonic()
+            evals: list[dict[str, float]] = []
+
+            def evaluate(step: int) -> dict[str, float]:
+                result = {"step": step, **learner.evaluate(), "wall_s": time.monotonic() - started}
+                evals.append(result)
+                log.info("held-out after %d steps: accuracy %.3f", step, result["accuracy"])
+                status.set(accuracy=result["accuracy"])
+                return result
+
+            evaluate(0)
             announce(0)
             collector = BatchCollector(pool, args.pool, env, learner.tokenizer, config, log)
-            started = time.monotonic()
             idle_total = 0.0
             for step in range(rl.steps):
                 status.set(state=f"waiting for step {step} rollouts")
@@ -369,21 +321,21 @@ def run(
                 status.set(state=f"training step {step}")
                 metrics = learner.step(groups)
                 announce(step + 1)
+                lag = [step - c.policy_version for g in groups for c in g.completions]
                 row = {
                     "step": step + 1,
+                    "wall_s": time.monotonic() - started,
                     "idle_s": idle_s,
+                    "staleness": sum(lag) / len(lag),
                     **metrics,
-                    "versions_in_batch": float(sum(step - g.version for g in groups)) / len(groups),
                 }
-                if (step + 1) % swarm.eval_every == 0 or step + 1 == rl.steps:
-                    row["accuracy"] = learner.evaluate()
                 history.append(row)
-                elapsed = time.monotonic() - started
+                if (step + 1) % swarm.eval_every == 0 or step + 1 == rl.steps:
+                    evaluate(step + 1)
                 status.set(
                     step=step + 1,
-                    reward_mean=metrics.get("reward_mean", 0.0),
-                    idle_fraction=idle_total / max(elapsed, 1e-9),
-                    **({"accuracy": row["accuracy"]} if "accuracy" in row else {}),
+                    reward_mean=metrics["reward_mean"],
+                    idle_fraction=idle_total / max(time.monotonic() - started, 1e-9),
                 )
                 log.info(
                     "step %d: %s", step + 1, json.dumps({k: round(v, 4) for k, v in row.items()})
@@ -397,7 +349,9 @@ def run(
                 "bytes_delta": origin.bytes_delta,
                 "groups_seen": collector.groups_seen,
                 "groups_dropped": collector.groups_dropped,
+                "consumed_submissions": collector.consumed,
                 "history": history,
+                "evals": evals,
             }
             (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             status.set(state="done")
