@@ -135,7 +135,8 @@ def test_relay_serves_verified_shards_while_the_rest_arrives(tmp_path):
     )
     manifest = store.load_manifest(store.ready_dir(tmp_path / "origin", 1))
     catalog = Catalog(tmp_path / "relay", 2)
-    server = serve_in_thread(build_app(catalog, CFG, role="relay"))
+    cfg = CFG.model_copy(update={"shard_wait_s": 2.0})
+    server = serve_in_thread(build_app(catalog, cfg, role="relay"))
     try:
         partial = store.new_partial(tmp_path / "relay", 1)
         weights = next(f for f in manifest.files if f.path == "model.safetensors")
@@ -152,7 +153,7 @@ def test_relay_serves_verified_shards_while_the_rest_arrives(tmp_path):
         threading.Timer(0.2, catalog.mark_shard, args=(1, second.index)).start()
         started = time.monotonic()
         late = httpx.get(f"{server.url}/v/1/shard/{second.index}", headers={"Range": "bytes=10-19"})
-        assert late.status_code == 206 and time.monotonic() - started < 0.5 + 0.3
+        assert late.status_code == 206 and time.monotonic() - started >= 0.15  # it was held
         assert late.content == src[second.offset + 10 : second.offset + 20]
         assert late.headers["content-range"] == f"bytes 10-19/{second.size}"
         bad = httpx.get(

@@ -14,6 +14,7 @@ Knows nothing about torch or how the worker loads the weights.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import queue
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import PeerError, PeerUnavailable, ReplayedRequest, WaitTimeout
+from swarmrl.errors import CorruptData, PeerError, PeerUnavailable, ReplayedRequest, WaitTimeout
 from swarmrl.protocol.shardcast import Manifest, VersionList
 from swarmrl.shardcast import store
 from swarmrl.shardcast.assemble import Assembly, AssemblyReport, FileWriter
@@ -42,7 +43,7 @@ def parse_version_list(body: bytes) -> VersionList:
     try:
         return VersionList.model_validate_json(body)
     except ValueError as exc:
-        raise PeerError(f"malformed version list: {str(exc).splitlines()[0]}") from exc
+        raise CorruptData(f"malformed version list: {str(exc).splitlines()[0]}") from exc
 
 
 def fetch_manifest(
@@ -61,11 +62,7 @@ def fetch_manifest(
     for url in pool.ordered():
         try:
             status, body = conns.get_bytes(url, f"/v/{version}/manifest", MANIFEST_LIMIT, timeout_s)
-        except OSError as exc:
-            pool.failure(url)
-            problems.append(f"{url}: {exc}")
-            continue
-        except Exception as exc:  # http.client.HTTPException: a broken answer
+        except (OSError, http.client.HTTPException) as exc:
             pool.failure(url)
             problems.append(f"{url}: {exc}")
             continue
@@ -143,7 +140,7 @@ class WeightClient:
                 if resp.status != 200:
                     raise OSError(f"HTTP {resp.status}")
                 latest = parse_version_list(body).latest
-            except (OSError, PeerError, Exception) as exc:  # noqa: B014 - any broken answer
+            except (OSError, http.client.HTTPException, PeerError) as exc:
                 problems.append(f"{url}: {exc}")
                 self.conns.drop(url)
                 continue
@@ -213,7 +210,7 @@ class WeightClient:
                     )
                     body = resp.read(MANIFEST_LIMIT)
                     latest = parse_version_list(body).latest if resp.status == 200 else None
-                except (OSError, PeerError, Exception):  # noqa: B014 - retry any broken answer
+                except (OSError, http.client.HTTPException, PeerError):
                     conns.close_all()
                     stop.wait(min(1.0, max(0.0, deadline - time.monotonic())))
                     continue

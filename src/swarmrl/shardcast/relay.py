@@ -12,6 +12,7 @@ Knows nothing about HTTP routing (see ``server``) or about clients.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import threading
 import time
@@ -107,7 +108,7 @@ class Follower:
                     raise OSError(f"HTTP {resp.status}")
                 latest = parse_version_list(body).latest
                 backoff = 0.2
-            except (OSError, PeerError, Exception) as exc:  # noqa: B014 - retry any broken answer
+            except (OSError, http.client.HTTPException, PeerError) as exc:
                 conns.close_all()
                 log.debug("upstream %s: %s (retrying in %.1fs)", url, exc, backoff)
                 self._stop.wait(backoff)
@@ -137,7 +138,7 @@ class Follower:
                 continue
             try:
                 self.replicate(target)
-            except (PeerError, InfraError) as exc:
+            except (PeerError, InfraError, OSError) as exc:  # report, keep following
                 self.errors.append(f"v{target}: {type(exc).__name__}: {exc}")
                 log.warning("relay could not replicate v%d: %s", target, exc)
                 self.catalog.count("replication_failures_total")
