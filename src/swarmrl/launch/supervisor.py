@@ -186,6 +186,10 @@ class Supervisor:
                 continue
             raise self._exited(role)
 
+    def retire(self, name: str) -> None:
+        """From now on an exit of role ``name`` is expected (e.g. a worker that was banned)."""
+        self.retired.add(name)
+
     # -- stopping -------------------------------------------------------------------------
     def stop(self, name: str, sig: signal.Signals = signal.SIGTERM) -> int:
         """Send ``sig`` to role ``name``'s process group; SIGKILL after the grace period.

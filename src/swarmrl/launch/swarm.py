@@ -285,9 +285,12 @@ def watch(
     deadline = time.monotonic() + timeout_s
     trainer = sup.roles["trainer"]
     while True:
-        statuses = RoleStatus.read_dir(plan.status_dir)
         alive = {name: role.alive() for name, role in sup.roles.items()}
+        statuses = RoleStatus.read_dir(plan.status_dir)
         display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}")
+        for name, status in statuses.items():
+            if status.state == "banned" and name in sup.roles:
+                sup.retire(name)  # a banned worker leaves; the swarm goes on without it
         if callable(on_tick):
             on_tick(statuses)
         if trainer.popen.poll() == 0:
@@ -376,7 +379,9 @@ def swarm_facts(plan: SwarmPlan) -> dict:
             "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
             "versions_published": summary.get("versions_published"),
             "trainer_idle_s": summary.get("idle_s"),
-            "trainer_wall_s": summary.get("wall_s"),
+            "trainer_idle_fraction": (
+                summary["idle_s"] / summary["rl_seconds"] if summary.get("rl_seconds") else None
+            ),
         },
         "shardcast": {
             "bytes_full": summary.get("bytes_full"),
@@ -391,10 +396,36 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     }
 
 
+def write_report(plan: SwarmPlan, facts: dict, wall_seconds: float) -> Path:
+    """report.json, metrics.jsonl and report.png as a colocated run writes them, plus the
+    swarm's own facts (submissions, bans, versions, bytes, ledger)."""
+    from swarmrl.launch.report import RunRecorder
+
+    summary_file = plan.run_dir / "trainer" / "summary.json"
+    summary = json.loads(summary_file.read_text())
+    recorder = RunRecorder(plan.config, plan.run_dir)
+    for row in summary["history"]:
+        recorder.log_step(row)
+    evals = summary["evals"]
+    report = {
+        "mode": "swarm",
+        "steps": summary["steps"],
+        "wall_seconds": wall_seconds,
+        "rl_seconds": summary["rl_seconds"],
+        "warm_start": summary["warm_start"],
+        "eval": {"n": evals["before"]["n"], **evals, "during": summary["heldout"]},
+        "seed": plan.config.run.seed,
+        "env": plan.config.env.name,
+        **facts,
+    }
+    return recorder.write_report(report)
+
+
 def run_swarm(
     config: SwarmConfig, run_dir: Path, *, display: bool = True, timeout_s: float = 3600.0
 ) -> dict:
-    """Start a whole local swarm, wait for the trainer to finish, return the swarm facts."""
+    """Start a whole local swarm, wait for the trainer to finish, write the report; returns it."""
+    started = time.monotonic()
     plan = prepare(config, run_dir)
     with (
         LiveDisplay(enabled=display) as live,
@@ -403,5 +434,5 @@ def run_swarm(
         start_all(sup, plan)
         watch(sup, plan, live, timeout_s)
         facts = swarm_facts(plan)
-    (run_dir / "swarm.json").write_text(json.dumps(facts, indent=2) + "\n")
-    return facts
+    path = write_report(plan, facts, time.monotonic() - started)
+    return json.loads(path.read_text())

@@ -57,7 +57,7 @@ from swarmrl.trainer.batch import Completion, Group, collate
 from swarmrl.trainer.evaluate import evaluate
 from swarmrl.trainer.step import make_optimizer, policy_step
 from swarmrl.trainer.tokens import decode_completion
-from swarmrl.trainer.warmstart import ensure_warm_start, load_start_policy
+from swarmrl.trainer.warmstart import continue_warm_start, ensure_warm_start, load_start_policy
 
 
 def groups_of(
@@ -119,16 +119,16 @@ class BatchCollector:
         self.config = config
         self.log = log
         self.carry: list[Group] = []
-        self.groups_seen = 0
-        self.groups_dropped = 0
         self.consumed: list[str] = []
 
-    def collect(self, step: int) -> tuple[list[Group], float]:
-        """``(groups, seconds waited)`` for step ``step``; raises WaitTimeout when starved."""
+    def collect(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        """Step ``step``'s informative groups and rollout statistics; raises WaitTimeout when
+        starved. Statistics cover every group that arrived (kept or filtered), as colocated."""
         rl, swarm = self.config.rl, self.config.swarm
         need = rl.prompts_per_step
         oldest = step - rl.async_level
         kept = [g for g in self.carry if group_version(g) >= oldest]
+        seen: list[Group] = []
         start = time.monotonic()
         next_note = start + 30.0
         while len(kept) < need:
@@ -142,11 +142,9 @@ class BatchCollector:
             for sub in reply.submissions:
                 self.consumed.append(sub.submission_id)
                 for group in groups_of(sub, self.env, self.tokenizer, rl.group_size):
-                    self.groups_seen += 1
-                    if rl.online_filter and max(group.rewards) == min(group.rewards):
-                        self.groups_dropped += 1
-                        continue
-                    kept.append(group)
+                    seen.append(group)
+                    if not rl.online_filter or max(group.rewards) > min(group.rewards):
+                        kept.append(group)
             if len(kept) >= need:
                 break
             waited = time.monotonic() - start
@@ -162,7 +160,20 @@ class BatchCollector:
                 next_note += 30.0
             time.sleep(0.2)
         self.carry = kept[need:]
-        return kept[:need], time.monotonic() - start
+        completions = [c for g in seen for c in g.completions] or [
+            c for g in kept[:need] for c in g.completions
+        ]
+        lag = [step - c.policy_version for g in kept[:need] for c in g.completions]
+        stats = {
+            "reward_mean": sum(c.reward for c in completions) / len(completions),
+            "accuracy": sum(c.correct for c in completions) / len(completions),
+            "groups_sampled": len(seen),
+            "groups_kept": need,
+            "tokens": sum(len(c.output_tokens) for c in completions),
+            "idle_s": time.monotonic() - start,
+            "staleness": sum(lag) / len(lag),
+        }
+        return kept[:need], stats
 
 
 class Learner:
@@ -174,6 +185,7 @@ class Learner:
 
     def __init__(self, config: SwarmConfig, env: Environment, log: logging.Logger) -> None:
         warm = ensure_warm_start(config, env)
+        self.warm = warm
         log.info(
             "warm start %s (%s)", warm.path, "cached" if warm.cached else f"{warm.seconds:.0f} s"
         )
@@ -189,21 +201,30 @@ class Learner:
         result = evaluate(
             self.env, engine, self.tokenizer, c.eval.n, c.eval.samples, c.rl.sampling, c.run.seed
         )
-        return {k: float(v) for k, v in result.items()}
+        return dict(result)
 
     def step(self, groups: list[Group]) -> dict[str, float]:
         """One optimizer step; the ratio is against the groups' behaviour log-probs."""
         rl = self.config.rl
         batch = collate(groups, int(self.tokenizer.pad_token_id), rl.advantage)
-        stats = policy_step(self.model, self.optimizer, batch, rl)
-        rewards = [r for g in groups for r in g.rewards]
+        stats = policy_step(self.model, self.optimizer, batch, rl, None, rl.micro_batch)
         return {
             "loss": stats.loss,
             "clip_fraction": stats.clip_fraction,
             "grad_norm": stats.grad_norm,
             "entropy": stats.entropy,
-            "reward_mean": sum(rewards) / len(rewards),
+            "kl": stats.kl,
         }
+
+    def control(self, seconds: float) -> dict[str, float]:
+        """The control arm: the warm start's SFT continued for ``seconds``, then evaluated."""
+        c = self.config
+        model, tokenizer, steps = continue_warm_start(c, self.env, self.warm, seconds)
+        engine = TorchEngine(model, tokenizer)
+        result = evaluate(
+            self.env, engine, tokenizer, c.eval.n, c.eval.samples, c.rl.sampling, c.run.seed
+        )
+        return {**result, "sft_steps": steps}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -300,58 +321,73 @@ def run(
                 )
                 status.set(version=version)
 
-            started = time.monotonic()
-            evals: list[dict[str, float]] = []
+            evals: dict[str, dict[str, float]] = {}
+            heldout: list[dict[str, float]] = []
 
-            def evaluate(step: int) -> dict[str, float]:
-                result = {"step": step, **learner.evaluate(), "wall_s": time.monotonic() - started}
-                evals.append(result)
+            def evaluate_now(step: int) -> dict[str, float]:
+                result = learner.evaluate()
+                heldout.append({"step": step, **result})
                 log.info("held-out after %d steps: accuracy %.3f", step, result["accuracy"])
                 status.set(accuracy=result["accuracy"])
                 return result
 
-            evaluate(0)
+            status.set(state="evaluating")
+            evals["before"] = evaluate_now(0)
             announce(0)
             collector = BatchCollector(pool, args.pool, env, learner.tokenizer, config, log)
+            started = time.monotonic()
             idle_total = 0.0
             for step in range(rl.steps):
                 status.set(state=f"waiting for step {step} rollouts")
-                groups, idle_s = collector.collect(step)
-                idle_total += idle_s
+                step_start = time.monotonic()
+                groups, rollouts = collector.collect(step)
+                idle_total += rollouts["idle_s"]
                 status.set(state=f"training step {step}")
-                metrics = learner.step(groups)
+                trained = learner.step(groups)
                 announce(step + 1)
-                lag = [step - c.policy_version for g in groups for c in g.completions]
+                elapsed = time.monotonic() - step_start
                 row = {
-                    "step": step + 1,
-                    "wall_s": time.monotonic() - started,
-                    "idle_s": idle_s,
-                    "staleness": sum(lag) / len(lag),
-                    **metrics,
+                    "step": step,
+                    "policy_version": step,
+                    **rollouts,
+                    **trained,
+                    "tokens_per_s": rollouts["tokens"] / elapsed if elapsed > 0 else 0.0,
+                    "wall_time": time.monotonic() - started,
                 }
                 history.append(row)
-                if (step + 1) % swarm.eval_every == 0 or step + 1 == rl.steps:
-                    evaluate(step + 1)
+                if (step + 1) % swarm.eval_every == 0 and step + 1 < rl.steps:
+                    evaluate_now(step + 1)
                 status.set(
                     step=step + 1,
-                    reward_mean=metrics["reward_mean"],
+                    reward_mean=rollouts["reward_mean"],
                     idle_fraction=idle_total / max(time.monotonic() - started, 1e-9),
                 )
-                log.info(
-                    "step %d: %s", step + 1, json.dumps({k: round(v, 4) for k, v in row.items()})
-                )
+                log.info("step %d: %s", step, json.dumps({k: round(v, 4) for k, v in row.items()}))
+            rl_seconds = time.monotonic() - started
+            status.set(state="evaluating")
+            evals["after"] = evaluate_now(rl.steps)
+            if config.eval.control and config.model.path is None:
+                status.set(state="control: SFT continued")
+                evals["control"] = learner.control(rl_seconds)
+                log.info("control (SFT continued): accuracy %.3f", evals["control"]["accuracy"])
+            warm = learner.warm
             summary = {
                 "steps": rl.steps,
-                "wall_s": time.monotonic() - started,
+                "rl_seconds": rl_seconds,
                 "idle_s": idle_total,
+                "warm_start": {
+                    "path": str(warm.path),
+                    "cached": warm.cached,
+                    "seconds": warm.seconds,
+                    "steps": warm.steps,
+                },
+                "evals": evals,
+                "heldout": heldout,
                 "versions_published": len(origin.versions),
                 "bytes_full": origin.bytes_full,
                 "bytes_delta": origin.bytes_delta,
-                "groups_seen": collector.groups_seen,
-                "groups_dropped": collector.groups_dropped,
                 "consumed_submissions": collector.consumed,
                 "history": history,
-                "evals": evals,
             }
             (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             status.set(state="done")

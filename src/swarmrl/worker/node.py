@@ -343,6 +343,7 @@ class WorkerNode:
             self.weights.close()
         if self.banned.is_set():
             self.status.set(state="banned")
+            self.status.flush()  # before exiting, so a supervisor sees why
             return 3
         return 0
 
