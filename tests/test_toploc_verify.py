@@ -17,6 +17,7 @@ from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.toploc import attacks
 from swarmrl.toploc.bundle import seal
 from swarmrl.toploc.calibrate import generate_without_cache, measure, recommend
+from swarmrl.toploc.prefill import prefill_many
 from swarmrl.toploc.verify import Verifier
 
 DIGEST = "ab" * 32
@@ -227,3 +228,16 @@ def test_out_of_vocab_and_failed_replay_never_raise(world):
     blind = Verifier(world["engine"], eos_token_ids=world["engine"].eos_ids)  # no vocab check
     verdict = blind.check(resealed, bad, assignment)
     assert verdict.codes == {"replay"} and not verdict.accepted
+
+
+def test_batched_replay_matches_single_prefills_and_isolates_bad_rows(world):
+    engine = world["engine"]
+    gens = engine.generate(world["prompts"], world["worker"].params, world["seeds"])
+    pairs = [(g.prompt_tokens, g.output_tokens) for g in gens]
+    pairs += [([], [4]), (world["prompts"][0], [10**6])]
+    batched = prefill_many(engine, pairs, max_batch_tokens=64)  # forces several batches
+    for (prompt, output), got in zip(pairs[:-2], batched, strict=False):
+        want = engine.prefill(prompt, output)
+        assert torch.allclose(got.hidden_states, want.hidden_states, atol=1e-5)
+        assert torch.allclose(got.logits, want.logits, atol=1e-5)
+    assert all(isinstance(r, ValueError) for r in batched[-2:])

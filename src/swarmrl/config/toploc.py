@@ -47,6 +47,9 @@ class ToplocConfig(Section):
     max_bundle_bytes: int = Field(
         8 * 2**20, gt=0, description="largest accepted serialised proof bundle, bytes"
     )
+    replay_batch_tokens: int = Field(
+        4096, gt=0, description="padded positions per batched validator prefill"
+    )
     thresholds_path: str | None = Field(
         None, description="JSON from `swarmrl toploc calibrate`; None = use the values above"
     )

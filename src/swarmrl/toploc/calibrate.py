@@ -31,6 +31,7 @@ from swarmrl.inference.sampling import sample_tokens
 from swarmrl.inference.types import Generation, SamplingParams
 from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks
 from swarmrl.toploc.hidden import compare_chunks
+from swarmrl.toploc.prefill import prefill_many
 from swarmrl.toploc.replay import replay_sampling
 from swarmrl.toploc.verify import Replayer
 
@@ -149,9 +150,14 @@ def measure(
         cfg.topk,
     )
     decoded = [decode_chunks(p, cfg.topk) for p in proofs]
-    replays = [engine.prefill(g.prompt_tokens, g.output_tokens) for g in generations]
+    replays = prefill_many(
+        engine, [(g.prompt_tokens, g.output_tokens) for g in generations], cfg.replay_batch_tokens
+    )
+    failed = [r for r in replays if isinstance(r, Exception)]
+    if failed:
+        raise RuntimeError(f"honest replay failed: {failed[0]}")
     agreements = compare_chunks(
-        [r.hidden_states for r in replays],
+        [r.hidden_states for r in replays],  # type: ignore[union-attr]
         [len(g.prompt_tokens) for g in generations],
         [d[0] for d in decoded],
         [d[1] for d in decoded],
@@ -160,6 +166,7 @@ def measure(
     )
     out = Measurements()
     for generation, replay, chunks in zip(generations, replays, agreements, strict=True):
+        assert not isinstance(replay, Exception)
         for chunk in chunks:
             out.exp_mismatches.append(chunk.exp_mismatches)
             out.mant_err_mean.append(chunk.mant_err_mean)

@@ -9,7 +9,8 @@ with a reason. Order of work, cheapest first, so junk costs the validator almost
 2. compare with the assignment (prompt, version, model, sampling, seed, key) -> "assignment"
 3. lengths, token ids, chunk count and chunk encodings                  -> "structure"
 4. binding digest and the worker's signature                            -> "binding"
-5. one prefill of prompt + output with the declared model (only if 1-4 pass) -> "replay"
+5. one prefill of prompt + output with the declared model, batched across samples
+   (only for samples that passed 1-4)                                      -> "replay"
 6. hidden-state chunks, sampling replay, termination, log-probs, reward (all reported)
 
 A "replay" rejection means the validator itself failed (not the peer's fault): callers should
@@ -50,6 +51,7 @@ from swarmrl.protocol.proofs import (
 from swarmrl.toploc.bundle import binding_digest, sampling_params
 from swarmrl.toploc.encoding import chunk_count, decode_chunks
 from swarmrl.toploc.hidden import ChunkAgreement, compare_chunks
+from swarmrl.toploc.prefill import prefill_many
 from swarmrl.toploc.replay import logprob_errors, replay_sampling, termination_problems
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,11 @@ THRESHOLD_KEYS = (
 
 
 class Replayer(Protocol):
-    """What the verifier needs from an engine: one prefill of a fixed prompt + completion."""
+    """What the verifier needs from an engine: one prefill of a fixed prompt + completion.
+
+    Engines that also expose ``backbone``, ``fast_path``, ``pad_id`` and ``device`` (as
+    ``TorchEngine`` does) are replayed in batches (``swarmrl.toploc.prefill``).
+    """
 
     def prefill(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> Prefill: ...
 
@@ -151,9 +157,11 @@ class Verifier:
 
     def _check_many(self, items: Sequence[tuple[Any, Any, Any]]) -> list[ProofVerdict]:
         cases = [self._screen(b, c, a) for b, c, a in items]
-        for case in cases:
-            if not case.reasons:
-                self._replay(case)
+        todo = [c for c in cases if not c.reasons]
+        pairs = [(c.claim.prompt_tokens, c.claim.output_tokens) for c in todo]  # type: ignore[union-attr]
+        replays = prefill_many(self.engine, pairs, self.config.replay_batch_tokens)
+        for case, replay in zip(todo, replays, strict=True):
+            self._take_replay(case, replay)
         live = [c for c in cases if not c.reasons and c.prefill is not None]
         agreements = self._compare(live)
         return [self._judge(case, agreements.get(id(case))) for case in cases]
@@ -244,19 +252,14 @@ class Verifier:
 
     # -- stage 5: the replay ---------------------------------------------------------------
 
-    def _replay(self, case: _Case) -> None:
+    def _take_replay(self, case: _Case, prefill: Prefill | Exception) -> None:
         claim = case.claim
         assert claim is not None
-        n, p = len(claim.output_tokens), len(claim.prompt_tokens)
-        try:
-            prefill = self.engine.prefill(claim.prompt_tokens, claim.output_tokens)
-        except (ValueError, IndexError, RuntimeError) as exc:
-            case.reject("replay", f"prefill failed: {type(exc).__name__}: {exc}")
+        if isinstance(prefill, Exception):
+            case.reject("replay", f"prefill failed: {type(prefill).__name__}: {prefill}")
             return
-        shapes_ok = tuple(prefill.logits.shape[:1]) == (n,) and prefill.hidden_states.shape[0] == (
-            p + n - 1
-        )
-        if not shapes_ok:
+        n, p = len(claim.output_tokens), len(claim.prompt_tokens)
+        if prefill.logits.shape[0] != n or prefill.hidden_states.shape[0] != p + n - 1:
             case.reject("replay", "prefill returned unexpected shapes")
         elif not (
             bool(torch.isfinite(prefill.hidden_states).all())
