@@ -70,11 +70,6 @@ def publisher_key(value: str) -> str:
         raise UserError(f"{path} is not a swarmrl key file ({exc})") from exc
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """``<bos>`` then the prompt's tokens (no EOS): the layout the warm start trained on."""
-    return [int(tokenizer.bos_token_id), *tokenizer.encode(text, add_special_tokens=False)]
-
-
 def set_threads(threads: int) -> None:
     """Bound torch's CPU threads (many roles share one machine in a local swarm)."""
     torch.set_num_threads(threads)

@@ -24,11 +24,12 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import Environment, Task
-from swarmrl.launch.policy import LoadedVersion, encode_prompt
+from swarmrl.launch.policy import LoadedVersion
 from swarmrl.protocol.pool import PendingSubmission, Verdict
 from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, SamplingSpec
 from swarmrl.protocol.swarm import sample_seed
 from swarmrl.toploc.verify import Verifier
+from swarmrl.trainer.tokens import decode_completion, encode_prompt
 
 MAX_REASONS = 8
 
@@ -60,7 +61,7 @@ def _scorer(
 
     def score(prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> float:
         task = by_prompt[tuple(prompt_tokens)]
-        text = tokenizer.decode(list(output_tokens), skip_special_tokens=True)
+        text = decode_completion(tokenizer, output_tokens)
         return env.score(task, text, len(output_tokens)).reward
 
     return score
