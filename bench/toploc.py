@@ -243,13 +243,18 @@ def costs(engine, worker, verifier, prompts, params, batch_sizes):
     return rows
 
 
+def save(results: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sample counts (smoke run)")
     parser.add_argument("--out", default="bench/toploc-results.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    per_config = 8 if args.quick else 72
+    per_config = 8 if args.quick else 76
     per_attack = 12 if args.quick else 56
     results: dict = {"quick": args.quick}
     started = time.perf_counter()
@@ -285,7 +290,7 @@ def main() -> None:
     for _, gens in honest_sweep(engine, model, tokenizer, params, 8, 900, prompt_fn):
         calib.extend(measure(engine, gens, params, cfg))
     random_engine = TorchEngine(untrained, tokenizer)
-    for _, gens in honest_sweep(random_engine, untrained, tokenizer, params, 4, 950, prompt_fn):
+    for _, gens in honest_sweep(random_engine, untrained, tokenizer, params, 2, 950, prompt_fn):
         calib.extend(measure(random_engine, gens, params, cfg))
     thresholds = recommend(calib, cfg.topk)
     results["calibration"] = {"measured": calib.summary(), "thresholds": thresholds}
@@ -302,7 +307,7 @@ def main() -> None:
         random_engine, tuned, eos_token_ids=engine.eos_ids, vocab_size=len(tokenizer)
     )
     random_worker = attacks.Worker(random_engine, worker.keypair, params, 7, DIGEST)
-    sweeps.append(("random-init", random_engine, untrained, random_verifier, per_config // 4))
+    sweeps.append(("random-init", random_engine, untrained, random_verifier, per_config // 9))
     for name, eng, mdl, ver, count in sweeps:
         wkr = worker if name == "trained" else random_worker
         for label, gens in honest_sweep(
@@ -323,6 +328,7 @@ def main() -> None:
                 }
             )
     results["honest"] = honest_rows
+    save(results, args.out)
     total = sum(r["samples"] for r in honest_rows)
     rejected = sum(r["rejected"] for r in honest_rows)
     print(f"honest: {rejected} rejected of {total} ({time.perf_counter() - started:.0f}s)")
@@ -421,6 +427,7 @@ def main() -> None:
         results["bf16_declared"]["honest_rejected"],
     )
     results["attacks"] = attack_rows
+    save(results, args.out)
 
     # -- costs ---------------------------------------------------------------------------------
     long_params = SamplingParams(temperature=1.0, max_new_tokens=64)
@@ -433,8 +440,7 @@ def main() -> None:
     )
     results["reference"] = [reference_speed(128, 64), reference_speed(4096, 16)]
     results["seconds"] = time.perf_counter() - started
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    save(results, args.out)
     print(
         json.dumps(
             {k: results[k] for k in ("costs_random_init_64", "costs_trained", "reference")},

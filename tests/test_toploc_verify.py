@@ -155,7 +155,7 @@ def test_wrong_weights_fail_hidden_states(world):
     perturbed = copy.deepcopy(world["model"])
     with torch.no_grad():
         for p in perturbed.parameters():
-            p.add_(torch.randn_like(p) * 0.01 * p.std())
+            p.add_(torch.randn_like(p) * 0.05 * p.std())
     subs = attacks.with_engine(
         world["worker"],
         TorchEngine(perturbed, world["tokenizer"]),

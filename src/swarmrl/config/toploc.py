@@ -38,7 +38,12 @@ class ToplocConfig(Section):
         1e-2, ge=0, description="largest accepted |reported - replayed| log-prob (nats)"
     )
     eos_min_prob: float = Field(
-        1e-4, ge=0, le=1, description="a final stop token needs at least this replay probability"
+        1e-6,
+        ge=0,
+        le=1,
+        description="a final stop token needs at least this replay probability (an honest "
+        "sampler picks a token of probability q with chance q, so the floor costs about "
+        "floor x tokens false rejections per sample)",
     )
     reward_tolerance: float = Field(
         1e-6, ge=0, description="largest accepted |reported - recomputed| reward"

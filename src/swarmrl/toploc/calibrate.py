@@ -7,6 +7,11 @@ quantities the verifier thresholds; ``recommend`` turns the worst honest values 
 
     max_mantissa_mean    = worst_mean   * (1 + rel) + abs_ulps
     max_mantissa_median  = worst_median * (1 + rel) + abs_ulps
+
+``abs_ulps`` defaults to 1 ulp: one top-k index that the prover and validator rank
+differently (a near-tie at the boundary) evaluates to a random pattern whose exponent still
+matches with probability ~1/256, and its mantissa error (up to 127) then adds up to ~1 ulp to
+the mean of ~128 entries even when every other entry agrees bit for bit.
     min_exponent_matches = topk - ceil(worst_mismatches * (1 + rel)) - 2
     sampling_tolerance   = max(worst_margin * (1 + rel), 1e-4)   (score units)
     logprob_tolerance    = max(worst_logprob_err * (1 + rel), 1e-4)   (nats)
@@ -181,7 +186,7 @@ def measure(
 
 
 def recommend(
-    measured: Measurements, topk: int, rel: float = 1.0, abs_ulps: float = 0.25
+    measured: Measurements, topk: int, rel: float = 1.0, abs_ulps: float = 1.0
 ) -> dict[str, float | int]:
     """Thresholds from the worst honest values (formulas in the module docstring)."""
     worst = {k: v["max"] for k, v in measured.summary().items()}

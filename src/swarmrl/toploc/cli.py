@@ -7,7 +7,7 @@ without the KV cache, replays each as a validator would, and writes a JSON file:
 
     {"model": ..., "dtype": ..., "samples": N, "runs": [{"batch": 8, "threads": 1,
      "cache": true, "samples": 32}, ...], "measured": {"mant_err_mean": {"max": ..., "p99":
-     ..., "mean": ..., "count": ...}, ...}, "margin": {"rel": 1.0, "abs_ulps": 0.25},
+     ..., "mean": ..., "count": ...}, ...}, "margin": {"rel": 1.0, "abs_ulps": 1.0},
      "thresholds": {"min_exponent_matches": ..., "max_mantissa_mean": ..., ...}}
 
 Set ``toploc.thresholds_path`` to that file and the verifier uses its thresholds.
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--threads", type=_ints, default=[1, 2])
     cal.add_argument("--no-nocache", action="store_true", help="skip the no-KV-cache runs")
     cal.add_argument("--margin-rel", type=float, default=1.0, help="relative safety margin")
-    cal.add_argument("--margin-ulps", type=float, default=0.25, help="absolute margin, ulps")
+    cal.add_argument("--margin-ulps", type=float, default=1.0, help="absolute margin, ulps")
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", default="toploc-thresholds.json", help="JSON file to write")
     return parser
