@@ -23,7 +23,7 @@ from swarmrl.identity.keys import KeyPair, canonical_json, verify_signature
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
 from swarmrl.pool import db
-from swarmrl.pool.health import next_state
+from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
 from swarmrl.pool.store import RolloutStore
 from swarmrl.protocol.pool import (
@@ -347,36 +347,29 @@ def release_leases(conn: sa.Connection, pool_id: str, node_id: str) -> None:
 
 
 def sweep(ctx: Context) -> dict[str, int]:
-    """Advance node health and expire overdue leases (a soft invalidation each)."""
+    """Advance node health and expire overdue leases (a soft invalidation each).
+
+    Each health rule is one set-based update touching only the nodes it moves, so a sweep over
+    a large, healthy pool reads almost nothing.
+    """
     cfg, now = ctx.config, ctx.clock()
     changed = {"nodes": 0, "leases": 0}
+    last_sign = sa.func.coalesce(db.nodes.c.last_beat_at, db.nodes.c.joined_at)
     with ctx.engine.begin() as conn:
-        silent = conn.execute(
-            sa.select(db.nodes).where(
-                db.nodes.c.state.in_(("healthy", "unhealthy", "dead")),
-                sa.func.coalesce(db.nodes.c.last_beat_at, db.nodes.c.joined_at)
-                < now - cfg.unhealthy_after_s,
-            )
-        ).all()
-        for row in silent:
-            since = max(row.last_beat_at or row.joined_at, ctx.started_at)
-            state = next_state(
-                row.state,
-                now - since,
-                row.status,
-                unhealthy_after_s=cfg.unhealthy_after_s,
-                dead_after_s=cfg.dead_after_s,
-                eject_after_s=cfg.eject_after_s,
-            )
-            if state != row.state:
-                changed["nodes"] += 1
-                conn.execute(
-                    db.nodes.update()
-                    .where(db.nodes.c.pool_id == row.pool_id, db.nodes.c.node_id == row.node_id)
-                    .values(state=state)
-                )
-                if state in ("dead", "ejected"):
-                    release_leases(conn, row.pool_id, row.node_id)
+        for sources, target, threshold in SILENCE_TRANSITIONS:
+            cutoff = now - getattr(cfg, threshold)
+            if ctx.started_at >= cutoff:
+                continue  # nobody can have been silent that long since this process started
+            where = sa.and_(db.nodes.c.state.in_(sources), last_sign < cutoff)
+            if target in RELEASES_LEASES:
+                moved = conn.execute(
+                    sa.select(db.nodes.c.pool_id, db.nodes.c.node_id).where(where)
+                ).all()
+                for pool_id, node_id in moved:
+                    release_leases(conn, pool_id, node_id)
+            changed["nodes"] += conn.execute(
+                db.nodes.update().where(where).values(state=target)
+            ).rowcount
         overdue = conn.execute(
             sa.select(
                 db.leases.c.lease_id, db.leases.c.pool_id, db.leases.c.node_id, db.leases.c.deadline
