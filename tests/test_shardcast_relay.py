@@ -3,6 +3,7 @@ client tracking, metrics, Range, and the CLI verbs."""
 
 import json
 import os
+import shutil
 import threading
 import time
 
@@ -210,3 +211,35 @@ def test_cli_publish_serve_and_fetch(tmp_path, capsys):
         assert os.path.isfile(store.manifest_path(tmp_path / "out" / "v00000001"))
     finally:
         origin.stop()
+
+
+def test_relay_refuses_forged_upstreams_and_routes_around_corrupt_ones(tmp_path):
+    ck = write_checkpoint(tmp_path / "ck", random_weights(256 * 1024, seed=4))
+    Publisher(tmp_path / "origin", KEY, CFG).publish(ck, 1)
+    Publisher(tmp_path / "forged", KeyPair.from_seed(b"\x66" * 32), CFG).publish(ck, 1)
+    shutil.copytree(tmp_path / "origin", tmp_path / "bad")
+    weights = store.ready_dir(tmp_path / "bad", 1) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    for offset in range(64, len(data), CFG.shard_size_bytes):
+        data[offset] ^= 0x80
+    weights.write_bytes(bytes(data))
+    origin, forged, bad = (serve_store(tmp_path / n, CFG) for n in ("origin", "forged", "bad"))
+    fooled = _Relay(tmp_path / "r_forged", [forged.url])
+    careful = _Relay(tmp_path / "r_mixed", [bad.url, origin.url])
+    try:
+        _wait(lambda: careful.catalog.latest(complete_only=True) == 1, 15, "v1 at the relay")
+        copy = store.ready_dir(tmp_path / "r_mixed", 1) / "model.safetensors"
+        assert copy.read_bytes() == (ck / "model.safetensors").read_bytes()
+        metrics = httpx.get(f"{careful.url}/metrics").text
+        corrupt = next(
+            line
+            for line in metrics.splitlines()
+            if line.startswith("shardcast_upstream_corrupt_total")
+        )
+        assert float(corrupt.split()[1]) > 0
+        _wait(lambda: fooled.follower.errors, 10, "the forged manifest to be refused")
+        assert "unknown publisher" in fooled.follower.errors[0]
+        assert httpx.get(f"{fooled.url}/versions").json()["versions"] == []
+    finally:
+        for node in (fooled, careful, origin, forged, bad):
+            node.stop()

@@ -279,7 +279,11 @@ def install_version(
             on_delta=on_delta,
         ).run()
         store.write_manifest(partial, manifest)
-        path = store.promote(partial, root, manifest.version)
+        try:
+            path = store.promote(partial, root, manifest.version)
+        except FileExistsError:  # a concurrent fetch of the same version won the rename
+            store.discard(partial)
+            return store.ready_dir(root, manifest.version), report
     except BaseException:
         store.discard(partial)
         raise

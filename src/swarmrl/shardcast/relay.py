@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import InfraError, PeerError
+from swarmrl.shardcast import store
 from swarmrl.shardcast.assemble import FileWriter
 from swarmrl.shardcast.catalog import Catalog
 from swarmrl.shardcast.client import (
@@ -66,6 +67,8 @@ class Follower:
         )
 
     def start(self) -> None:
+        for name in store.discard_stale_partials(self.catalog.root):
+            log.info("removed leftover %s", name)
         self.catalog.refresh()
         for url in self.pool.urls:
             self._threads.append(
@@ -127,6 +130,7 @@ class Follower:
         return -1 if latest is None else latest
 
     def _replicate_loop(self) -> None:
+        backoff = 1.0
         while not self._stop.is_set():
             with self._cv:
                 self._cv.wait_for(
@@ -138,11 +142,13 @@ class Follower:
                 continue
             try:
                 self.replicate(target)
+                backoff = 1.0
             except (PeerError, InfraError, OSError) as exc:  # report, keep following
                 self.errors.append(f"v{target}: {type(exc).__name__}: {exc}")
                 log.warning("relay could not replicate v%d: %s", target, exc)
                 self.catalog.count("replication_failures_total")
-                self._stop.wait(1.0)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     def replicate(self, version: int) -> None:
         """Fetch ``version`` from the upstreams into the catalog's store, serving it as it arrives."""

@@ -98,6 +98,16 @@ def discard(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def discard_stale_partials(root: Path) -> list[str]:
+    """Remove leftover partial/deleting directories (call only when this process owns ``root``)."""
+    if not root.is_dir():
+        return []
+    stale = [p for p in root.iterdir() if p.name.startswith((".partial-", ".deleting-"))]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in stale]
+
+
 def prune(root: Path, keep: int, protect: frozenset[int] = frozenset()) -> list[int]:
     """Delete all but the newest ``keep`` ready versions (never those in ``protect``)."""
     versions = ready_versions(root)
