@@ -241,3 +241,20 @@ def test_batched_replay_matches_single_prefills_and_isolates_bad_rows(world):
         assert torch.allclose(got.hidden_states, want.hidden_states, atol=1e-5)
         assert torch.allclose(got.logits, want.logits, atol=1e-5)
     assert all(isinstance(r, ValueError) for r in batched[-2:])
+
+
+def test_forged_logprobs_and_inner_stop_token(world):
+    worker, verifier = world["worker"], world["verifier"]
+    subs = attacks.honest(worker, world["prompts"], world["seeds"])
+    bundle, claim = max(subs, key=lambda s: len(s[1].output_tokens))
+    assignment = worker.assignment(claim.prompt_tokens, bundle.seed)
+    shifted = claim.model_copy(update={"logprobs": [x + 0.05 for x in claim.logprobs]})
+    verdict = verifier.check(seal(bundle, shifted, worker.keypair), shifted, assignment)
+    assert verdict.codes == {"logprobs"}
+    assert verdict.behaviour_logprobs == pytest.approx(claim.logprobs, abs=1e-5)
+    eos = sorted(world["engine"].eos_ids)[0]
+    tokens = list(claim.output_tokens)
+    tokens[len(tokens) // 2] = eos
+    inner = claim.model_copy(update={"output_tokens": tokens})
+    verdict = verifier.check(seal(bundle, inner, worker.keypair), inner, assignment)
+    assert "termination" in verdict.codes and any("inside" in r.detail for r in verdict.reasons)
