@@ -101,11 +101,12 @@ def engine_runner(model: PreTrainedModel, prompts: list[list[int]], new: int) ->
     return run
 
 
-def measure(run: Callable[[], int]) -> float:
-    start = time.perf_counter()
+def measure(run: Callable[[], int]) -> tuple[float, float]:
+    """(tokens per wall-clock second, tokens per CPU second of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad():
         tokens = run()
-    return tokens / (time.perf_counter() - start)
+    return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
 
 
 def main() -> None:
@@ -120,7 +121,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     console = Console()
     table = Table(title=f"generate: batch {args.batch}, {args.new_tokens} new tokens, T=1")
-    for col in ("model", "params", "fast path", "transformers tok/s", "engine tok/s", "ratio"):
+    columns = ("model", "params", "fast path", "transformers tok/s", "engine tok/s", "ratio")
+    for col in (*columns, "transformers tok/cpu-s", "engine tok/cpu-s", "cpu ratio"):
         table.add_column(col, justify="right")
     rows = []
     for name in args.models.split(","):
@@ -137,20 +139,23 @@ def main() -> None:
         for _ in range(args.reps):
             hf_rates.append(measure(hf))
             eng_rates.append(measure(eng))
-        hf_rate, eng_rate = statistics.median(hf_rates), statistics.median(eng_rates)
+        hf_wall, eng_wall = (statistics.median(r[0] for r in rs) for rs in (hf_rates, eng_rates))
+        hf_cpu, eng_cpu = (statistics.median(r[1] for r in rs) for rs in (hf_rates, eng_rates))
         row = (
             name,
             f"{n_params:.1f}M",
             str(fast),
-            f"{hf_rate:.0f}",
-            f"{eng_rate:.0f}",
-            f"{eng_rate / hf_rate:.2f}x",
+            f"{hf_wall:.0f}",
+            f"{eng_wall:.0f}",
+            f"{eng_wall / hf_wall:.2f}x",
+            f"{hf_cpu:.0f}",
+            f"{eng_cpu:.0f}",
+            f"{eng_cpu / hf_cpu:.2f}x",
         )
         rows.append(row)
         table.add_row(*row)
-        console.print(
-            f"{name}: transformers {[round(r) for r in hf_rates]}  engine {[round(r) for r in eng_rates]}"
-        )
+        walls = [[round(r[0]) for r in rs] for rs in (hf_rates, eng_rates)]
+        console.print(f"{name} wall tok/s per rep: transformers {walls[0]}  engine {walls[1]}")
     console.print(table)
     console.print("| " + " | ".join(c.header for c in table.columns) + " |")
     console.print("|" + "---|" * len(table.columns))
