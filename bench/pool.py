@@ -143,7 +143,7 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     t0 = time.time() + args.warmup
     t1 = t0 + args.duration
     shares = [n_nodes // args.procs + (i < n_nodes % args.procs) for i in range(args.procs)]
-    with multiprocessing.get_context("spawn").Pool(args.procs) as pool:
+    with multiprocessing.get_context("spawn").Pool(args.procs, initializer=os.setsid) as pool:
         results = pool.map(drive_process, [(url, k, args, t0, t1) for k in shares if k])
     lat: dict[str, list[float]] = {}
     errors: dict[str, int] = {}
@@ -193,7 +193,9 @@ def start_orchestrator(tmp: Path, spec: PoolSpec) -> tuple[subprocess.Popen, str
         "--pool",
         str(tmp / "spec.json"),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    # own session: on a shared machine with autogroup scheduling the server then gets its own
+    # fair share of CPU instead of splitting one with the client processes
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
