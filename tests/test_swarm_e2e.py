@@ -94,12 +94,12 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     assert swarm["versions_published"] == 4  # v0 + one per step
     assert facts["ledger"]["verified"] is True
     summary = _summary(run_dir)
-    assert [row["step"] for row in summary["history"]] == [1, 2, 3]
+    assert [row["step"] for row in summary["history"]] == [0, 1, 2]
     # nothing the validator rejected or the ban dropped ever reached the trainer
     subs = _submissions(run_dir)
     consumed = summary["consumed_submissions"]
     assert consumed and len(consumed) == len(set(consumed))
-    assert all(subs[s][1] == "accepted" for s in consumed)
+    assert all(subs[s][1] == "trained" for s in consumed)
     assert any(subs[s][0] == honest for s in consumed)
     rejected = [s for s, (node, status, _) in subs.items() if status == "rejected"]
     assert rejected and all(subs[s][0] == cheater for s in rejected)
@@ -137,7 +137,7 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
 
     assert done == {"worker", "relay", "orchestrator"}
     summary = _summary(run_dir)
-    assert [row["step"] for row in summary["history"]] == [1, 2, 3, 4, 5, 6]
+    assert [row["step"] for row in summary["history"]] == [0, 1, 2, 3, 4, 5]
     assert facts["ledger"]["verified"] is True
     assert facts["swarm"]["submissions"]["rejected"] == 0
     after = _submissions(run_dir)
