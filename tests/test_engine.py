@@ -255,6 +255,21 @@ def test_load_state_dict_swaps_the_policy() -> None:
         engine.load_state_dict({"model.norm.weight": torch.ones(128)})
 
 
+def test_weights_changed_behind_the_engine_are_picked_up() -> None:
+    model = _model(seed=0)
+    engine = TorchEngine(model, TOKENIZER)
+    params = SamplingParams(max_new_tokens=8)
+    expected = TorchEngine(_model(seed=1), TOKENIZER).generate(PROMPTS, params, seeds=[1, 2, 3, 4])
+    model.load_state_dict(_model(seed=1).state_dict(), assign=True)  # new tensors, not copies
+    after = engine.generate(PROMPTS, params, seeds=[1, 2, 3, 4])
+    assert [g.output_tokens for g in after] == [g.output_tokens for g in expected]
+    with torch.no_grad():  # an optimizer-style in-place update reaches the fused weights too
+        model.model.layers[0].self_attn.q_proj.weight.mul_(3.0)
+    logits, _ = _hf_forward(model, PROMPTS[0] + [5])
+    pre = engine.prefill(PROMPTS[0], [5, 6])
+    assert torch.allclose(pre.logits, logits[len(PROMPTS[0]) - 1 :], atol=1e-5)
+
+
 def test_bad_inputs_are_rejected() -> None:
     engine = TorchEngine(_model(), TOKENIZER)
     params = SamplingParams(max_new_tokens=2)

@@ -111,7 +111,8 @@ class TorchEngine:
             if return_hidden
             else None
         )
-        stops = torch.tensor(sorted(self.eos_ids | set(params.stop_token_ids)), device=dev)
+        stop_ids = sorted(self.eos_ids | set(params.stop_token_ids))
+        stops = torch.tensor(stop_ids, dtype=torch.long, device=dev)
         out_tokens = torch.zeros(batch, steps, dtype=torch.long, device=dev)
         out_logprobs = torch.zeros(batch, steps, dtype=torch.float32, device=dev)
         n_out = torch.full((batch,), steps, dtype=torch.long, device=dev)
@@ -194,8 +195,7 @@ class TorchEngine:
         tokens = torch.tensor([seq], dtype=torch.long, device=self.device)  # [1, S]
         positions = torch.arange(len(seq), device=self.device)[None]
         key_valid = torch.ones(1, len(seq), dtype=torch.bool, device=self.device)
-        cache = self.backbone.new_cache(1, len(seq)) if not self.fast_path else None
-        hidden, logits = self.backbone.forward(tokens, positions, key_valid, cache, 0, "all")
+        hidden, logits = self.backbone.forward(tokens, positions, key_valid, None, 0, "all")
         assert logits is not None
         return Prefill(
             logits=logits[0, len(prompt) - 1 :].cpu(),  # [n, vocab]

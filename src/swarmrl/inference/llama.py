@@ -139,6 +139,19 @@ class LlamaBackbone:
         self.inv_freq = rotary.inv_freq.detach().to(self.device, torch.float32)
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self._rope_len = 0
+        self._storage = self._parameter_pointers()
+
+    def _parameter_pointers(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in self.model.parameters())
+
+    def stale(self) -> bool:
+        """True when a parameter no longer lives where ``reload`` found it.
+
+        That happens when the model was moved (``.to``) or loaded with ``assign=True`` behind
+        the engine's back; in-place updates (optimizer steps, ``load_state_dict``) keep the
+        fused tensors current by themselves.
+        """
+        return self._parameter_pointers() != self._storage
 
     def _rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [length, head_dim] in the model dtype, computed as HF does."""
@@ -179,6 +192,8 @@ class LlamaBackbone:
         """See ``Backbone.forward``; ``cache=None`` runs one uncached pass from position 0."""
         batch, seq = tokens.shape
         total = start + seq
+        if start == 0 and self.stale():
+            self.reload()
         if cache is None and start != 0:
             raise ValueError("an uncached forward must start at position 0")
         cos_t, sin_t = self._rope_tables(int(positions.max()) + 1)
