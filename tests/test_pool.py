@@ -239,3 +239,39 @@ def test_health_states_follow_heartbeats(tmp_path):
             client.heartbeat("arith", Heartbeat(status="ok"))
         assert client.join("arith", CPU_NODE).state == "healthy"  # rejoin after ejection
         assert client.heartbeat("arith", Heartbeat(status="error")).state == "unhealthy"
+
+
+def test_pool_cli_invite_and_create(tmp_path, capsys):
+    from swarmrl.cli import main as swarmrl_main
+    from swarmrl.protocol.pool import Invite
+
+    orch, owner = KeyPair.generate(), KeyPair.generate()
+    owner.save(tmp_path / "owner.json")
+    orch.save(tmp_path / "orch.json")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(_spec(owner, owner, pool_id="cli").model_dump_json())
+    invite_file = tmp_path / "invite.json"
+    args = ["pool", "invite", "--key", str(tmp_path / "owner.json"), "--pool", "cli"]
+    assert swarmrl_main([*args, "--expires-in", "60", "--out", str(invite_file)]) == 0
+    invite = Invite.model_validate_json(invite_file.read_text())
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        create = ["pool", "create", "--url", server.url, "--key", str(tmp_path / "orch.json")]
+        assert swarmrl_main([*create, "--spec", str(spec_file)]) == 0
+        assert '"pool_id": "cli"' in capsys.readouterr().out
+        assert swarmrl_main([*create, "--spec", str(spec_file)]) == 1  # already exists: 409
+        assert "already exists" in capsys.readouterr().err
+        view = PoolClient(server.url, KeyPair.generate()).join("cli", CPU_NODE, invite)
+        assert view.state == "healthy"
+
+
+def test_client_reports_an_unreachable_orchestrator(tmp_path):
+    import socket
+
+    from swarmrl.errors import PeerUnavailable
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = PoolClient(f"http://127.0.0.1:{port}", KeyPair.generate(), timeout_s=2)
+    with pytest.raises(PeerUnavailable, match="cannot reach"):
+        client.health()
