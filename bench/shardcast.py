@@ -62,6 +62,12 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait(5)
 
 
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _wait_until(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -106,12 +112,13 @@ while True:
 """
 
 
-def plain_transfer(path: Path, out: Path) -> float:
-    """Seconds to stream ``path`` over a raw loopback socket into a preallocated file."""
+def plain_transfer(path: Path, out: Path) -> tuple[float, float]:
+    """(seconds, CPU seconds of both ends) to stream ``path`` over a raw loopback socket."""
     proc, port = _spawn([PY, "-c", _RAW_SERVER, str(path)], "raw server")
     try:
         size = os.path.getsize(path)
         fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        server_cpu, client_cpu = _cpu_of(proc.pid), time.process_time()
         started = time.perf_counter()
         os.posix_fallocate(fd, 0, size)
         sock = socket.create_connection(("127.0.0.1", int(port)))
@@ -129,9 +136,10 @@ def plain_transfer(path: Path, out: Path) -> float:
             os.pwrite(fd, buf[:n], got)
             got += n
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - client_cpu + _cpu_of(proc.pid) - server_cpu
         os.close(fd)
         sock.close()
-        return elapsed
+        return elapsed, cpu
     finally:
         _stop([proc])
 
@@ -191,14 +199,17 @@ sources, key, out, version = sys.argv[1].split(","), sys.argv[2], sys.argv[3], i
 client = WeightClient(sources, key, out)
 print("ready", flush=True)
 sys.stdin.readline()
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 client.fetch(version)
-print(json.dumps({"seconds": time.perf_counter() - started}), flush=True)
+print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu}), flush=True)
 """
 
 
-def _run_clients(cmds: list[list[str]], timeout_s: float = 600) -> float:
-    """Start client processes, release them together, return seconds until the last is done."""
+def _run_clients(
+    cmds: list[list[str]], servers: list[int], timeout_s: float = 600
+) -> tuple[float, float]:
+    """Start clients, release them together; (seconds until the last is done, CPU seconds of
+    the clients' fetches plus the serving processes ``servers`` meanwhile)."""
     procs: list[subprocess.Popen] = []
     try:
         # started one after another: the reference client's start-up writes and deletes the
@@ -209,15 +220,19 @@ def _run_clients(cmds: list[list[str]], timeout_s: float = 600) -> float:
             )
             if procs[-1].stdout.readline().strip() != "ready":
                 raise RuntimeError(f"client did not start: {cmd[:3]}")
+        server_cpu = sum(_cpu_of(pid) for pid in servers)
         started = time.perf_counter()
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
+        cpu = 0.0
         for proc in procs:
-            proc.wait(timeout_s)
+            out, _ = proc.communicate(timeout=timeout_s)
             if proc.returncode != 0:
                 raise RuntimeError(f"client exited with {proc.returncode}")
-        return time.perf_counter() - started
+            cpu += json.loads(out.strip().splitlines()[-1])["cpu"]
+        elapsed = time.perf_counter() - started
+        return elapsed, cpu + sum(_cpu_of(pid) for pid in servers) - server_cpu
     finally:
         _stop(procs)
 
@@ -238,9 +253,16 @@ def ours_topology(work: Path, ckpt: Path, n_clients: int, key: KeyPair) -> dict:
                 for i in range(n)
             ]
 
-        alone = _run_clients(clients(1, "alone"))
-        many = _run_clients(clients(n_clients, "many"))
-        return {"relays_replicate_s": replicate_s, "one_client_s": alone, "n_clients_s": many}
+        relay_pids = [p.pid for p in procs[1:]]
+        alone, alone_cpu = _run_clients(clients(1, "alone"), relay_pids)
+        many, many_cpu = _run_clients(clients(n_clients, "many"), relay_pids)
+        return {
+            "relays_replicate_s": replicate_s,
+            "one_client_s": alone,
+            "n_clients_s": many,
+            "one_client_cpu_s": alone_cpu,
+            "n_clients_cpu_s": many_cpu,
+        }
     finally:
         _stop(procs)
 
@@ -270,7 +292,7 @@ while True:
     time.sleep(1)
 """
 _REF_CLIENT = r"""
-import sys, time, json, logging
+import sys, time, json, logging, resource
 sys.path.insert(0, sys.argv[1])
 from shardcast.client_node import ClientNode
 from shardcast.utils import logger
@@ -278,7 +300,12 @@ logger.setLevel(logging.WARNING)
 client = ClientNode(sys.argv[2].split(","), sys.argv[3])
 print("ready", flush=True)
 sys.stdin.readline()
+def cpu():
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # its wget downloads
+    return time.process_time() + kids.ru_utime + kids.ru_stime
+started, cpu0 = time.perf_counter(), cpu()
 out = client.download_version("v1", sys.argv[3] + "/file.bin")
+print(json.dumps({"seconds": time.perf_counter() - started, "cpu": cpu() - cpu0}), flush=True)
 sys.exit(0 if out else 1)
 """
 
@@ -362,12 +389,15 @@ def reference_topology(work: Path, blob: Path, n_clients: int, pkg: Path) -> dic
                 cmds.append([PY, "-c", _REF_CLIENT, str(own), servers, str(work / f"{tag}{i}")])
             return cmds
 
-        alone = _run_clients(clients(1, "refalone"))
-        many = _run_clients(clients(n_clients, "refmany"))
+        mid_pids = [p.pid for p in procs[1:]]
+        alone, alone_cpu = _run_clients(clients(1, "refalone"), mid_pids)
+        many, many_cpu = _run_clients(clients(n_clients, "refmany"), mid_pids)
         return {
             "relays_replicate_s_incl_broadcast": replicate_s,
             "one_client_s": alone,
             "n_clients_s": many,
+            "one_client_cpu_s": alone_cpu,
+            "n_clients_cpu_s": many_cpu,
         }
     finally:
         _stop(procs)
@@ -500,18 +530,24 @@ def main() -> None:
             store = work / "single_origin"
             Publisher(store, key).publish(ck, 1)
             procs, _, relays = _origin_and_relays(work, store, 1, key.public_key_hex)
-            plain, ours = [], []
+            plain, ours, plain_cpu, ours_cpu = [], [], [], []
             try:
                 _wait_until(lambda: _relay_has(relays[0], 1), 300, "relay to replicate")
                 for _ in range(args.repeats):  # alternate, so both see the same background load
                     os.sync()
-                    plain.append(plain_transfer(ck / "model.safetensors", work / "plain.out"))
+                    seconds, cpu = plain_transfer(ck / "model.safetensors", work / "plain.out")
+                    plain.append(seconds)
+                    plain_cpu.append(cpu)
                     (work / "plain.out").unlink()
                     os.sync()
                     client = WeightClient(relays, key.public_key_hex, work / "single_out")
+                    relay_cpu, client_cpu = _cpu_of(procs[1].pid), time.process_time()
                     started = time.perf_counter()
                     client.fetch(1)
                     ours.append(time.perf_counter() - started)
+                    ours_cpu.append(
+                        time.process_time() - client_cpu + _cpu_of(procs[1].pid) - relay_cpu
+                    )
                     shutil.rmtree(work / "single_out")
             finally:
                 _stop(procs)
@@ -524,6 +560,11 @@ def main() -> None:
                 "ours_MBps_median": size / ours_s / 1e6,
                 "ratio_ours_over_plain_median": plain_s / ours_s,
                 "ratio_best_over_best": min(plain) / min(ours),
+                "plain_cpu_s_runs": plain_cpu,
+                "ours_cpu_s_runs": ours_cpu,
+                "cpu_ratio_plain_over_ours_median": statistics.median(plain_cpu)
+                / statistics.median(ours_cpu),
+                "load_avg_after": os.getloadavg(),
             }
             print(json.dumps({"single": results["single"]}), flush=True)
             for p in ("single_ck", "single_origin", "single_out", "relay0"):
