@@ -210,6 +210,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def request_costs(url: str, pid: int, n: int = 50) -> dict[str, float]:
+    """Server CPU milliseconds per request of each kind, sent one at a time (no queueing)."""
+    from swarmrl.pool.client import PoolClient
+
+    clients = [PoolClient(url, KeyPair.generate()) for _ in range(n)]
+    for c in clients:
+        c.join(POOL, CPU_NODE)
+
+    def cost(items: list, call) -> tuple[float, list]:  # type: ignore[no-untyped-def]
+        cpu0 = cpu_seconds(pid)
+        out = [call(x) for x in items]
+        return round((cpu_seconds(pid) - cpu0) / len(items) * 1000, 2), out
+
+    beat = Heartbeat(status="ok", model_version=0, log_tail=["step ok"])
+    costs = {"heartbeat": cost(clients * 2, lambda c: c.heartbeat(POOL, beat))[0]}
+    costs["lease"], leased = cost(clients, lambda c: (c, c.lease(POOL).work))
+    subs = [
+        (c, Submission(lease_id=w.lease_id, samples=synthetic_samples(w, 0))) for c, w in leased
+    ]
+    costs["submit"] = cost(subs, lambda cs: cs[0].submit(POOL, cs[1]))[0]
+    for c in clients:
+        c.close()
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
@@ -220,6 +245,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=128, help="connections per process")
     parser.add_argument("--procs", type=int, default=4, help="client processes")
     parser.add_argument("--out", default=None, help="write the results JSON here")
+    parser.add_argument(
+        "--costs", action="store_true", help="only measure server CPU per request, one at a time"
+    )
     args = parser.parse_args()
     spec = PoolSpec(
         pool_id=POOL,
@@ -233,6 +261,15 @@ def main() -> None:
         max_leases_in_flight=1,
         lease_timeout_s=args.unit_s * 4,
     )
+    if args.costs:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, url = start_orchestrator(Path(tmp), spec)
+            try:
+                print(json.dumps({"server_cpu_ms_per_request": request_costs(url, proc.pid)}))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        return
     rows = []
     for n in args.nodes:
         with tempfile.TemporaryDirectory() as tmp:
