@@ -6,5 +6,6 @@
 
 from swarmrl.shardcast.client import WeightClient
 from swarmrl.shardcast.publisher import Publisher
+from swarmrl.shardcast.server import serve_origin
 
-__all__ = ["Publisher", "WeightClient"]
+__all__ = ["Publisher", "WeightClient", "serve_origin"]

@@ -85,9 +85,10 @@ def _shardcast(argv: Sequence[str]) -> int:
     fetch = sub.add_parser("fetch", help="fetch a version into a directory")
     fetch.add_argument(
         "--source",
-        action="append",
+        action="extend",
+        nargs="+",
         required=True,
-        help="origin/relay URL (repeat or comma-separate)",
+        help="origin/relay URLs (several after one flag, repeated, or comma-separated)",
     )
     fetch.add_argument("--version", default="latest", help="version number or 'latest'")
     fetch.add_argument("--out", required=True, help="directory holding fetched versions")

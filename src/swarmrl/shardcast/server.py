@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import uvicorn
@@ -360,3 +361,21 @@ def serve_in_thread(
         time.sleep(0.02)
     catalog = getattr(app.state, "catalog", None)
     return RunningServer(server, thread, f"http://{host}:{bound}", catalog)
+
+
+def serve_origin(
+    store_dir: str | Path,
+    config: ShardcastConfig | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    role: str = "origin",
+) -> RunningServer:
+    """Serve the ready versions of ``store_dir`` from a background thread (the trainer's origin).
+
+    Versions a ``Publisher`` adds to the store are picked up within ~0.2 s and pushed to
+    long-polling relays and clients at once.
+    """
+    cfg = config or ShardcastConfig()
+    catalog = Catalog(store_dir, cfg.keep_versions)
+    catalog.refresh()
+    return serve_in_thread(build_app(catalog, cfg, role=role, watch_disk=True), host, port)

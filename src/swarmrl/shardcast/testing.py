@@ -13,8 +13,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.shardcast.catalog import Catalog
-from swarmrl.shardcast.server import RunningServer, build_app, serve_in_thread
+from swarmrl.shardcast.server import RunningServer, serve_origin
 
 
 def write_checkpoint(directory: str | Path, weights: dict[str, np.ndarray]) -> Path:
@@ -48,7 +47,4 @@ def serve_store(
     store_dir: str | Path, config: ShardcastConfig | None = None, role: str = "origin"
 ) -> RunningServer:
     """Serve the ready versions of ``store_dir`` (as an origin does) on an ephemeral port."""
-    cfg = config or ShardcastConfig()
-    catalog = Catalog(store_dir, cfg.keep_versions)
-    catalog.refresh()
-    return serve_in_thread(build_app(catalog, cfg, role=role, watch_disk=True))
+    return serve_origin(store_dir, config, role=role)
