@@ -24,7 +24,6 @@ import os
 import random
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import httpx
 from swarmrl.errors import PeerUnavailable
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import AsyncPoolClient, RequestRefused
-from swarmrl.pool.simulate import CPU_NODE, synthetic_samples
+from swarmrl.pool.simulate import CPU_NODE, spawn_orchestrator, synthetic_samples
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
 
 POOL = "bench"
@@ -173,36 +172,9 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
 
 
 def start_orchestrator(tmp: Path, spec: PoolSpec) -> tuple[subprocess.Popen, str]:
-    key = KeyPair.generate()
-    key.save(tmp / "orch.json")
+    KeyPair.generate().save(tmp / "orch.json")
     (tmp / "spec.json").write_text(spec.model_dump_json())
-    port_file = tmp / "port"
-    cmd = [
-        sys.executable,
-        "-m",
-        "swarmrl.cli",
-        "orchestrator",
-        "--key",
-        str(tmp / "orch.json"),
-        "--run-dir",
-        str(tmp / "run"),
-        "--port",
-        "0",
-        "--port-file",
-        str(port_file),
-        "--pool",
-        str(tmp / "spec.json"),
-    ]
-    # own session: on a shared machine with autogroup scheduling the server then gets its own
-    # fair share of CPU instead of splitting one with the client processes
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("orchestrator did not start within 60 s")
-        time.sleep(0.1)
-    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
+    return spawn_orchestrator(tmp / "run", tmp / "orch.json", [tmp / "spec.json"])
 
 
 def cpu_seconds(pid: int) -> float:

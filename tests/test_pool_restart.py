@@ -4,8 +4,6 @@ submissions, used invites and nonces, and the ledger come back from the database
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,39 +15,14 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.ledger.verify import verify_export
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
-from swarmrl.pool.simulate import CPU_NODE, synthetic_samples
+from swarmrl.pool.simulate import CPU_NODE, spawn_orchestrator, synthetic_samples
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
 
 pytestmark = pytest.mark.slow
 
 
 def start(tmp: Path, key_file: Path, spec_file: Path) -> tuple[subprocess.Popen, str]:
-    port_file = tmp / "port"
-    port_file.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "swarmrl.cli",
-        "orchestrator",
-        "--key",
-        str(key_file),
-        "--run-dir",
-        str(tmp / "run"),
-        "--port",
-        "0",
-        "--port-file",
-        str(port_file),
-        "--pool",
-        str(spec_file),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"orchestrator did not start: {proc.stdout.read()}")
-        time.sleep(0.1)
-    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
+    return spawn_orchestrator(tmp / "run", key_file, [spec_file])
 
 
 def stop(proc: subprocess.Popen) -> None:

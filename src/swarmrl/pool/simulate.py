@@ -1,5 +1,6 @@
 """Synthetic pool participants for tests and benchmarks: a node that answers work units with
-random tokens, and a local orchestrator on a loopback ephemeral port.
+random tokens, and a local orchestrator on a loopback ephemeral port (in a thread, or as a
+``swarmrl orchestrator`` child process).
 
 The synthetic samples are well-formed but meaningless (no model runs); a validator replaying
 them would reject them. Knows nothing about inference.
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import random
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import WaitTimeout
 from swarmrl.identity.keys import KeyPair
 from swarmrl.pool.server import OrchestratorServer, make_context
 from swarmrl.protocol.pool import NodeMetadata, Sample, WorkUnit
@@ -54,3 +59,46 @@ def local_orchestrator(
     server = OrchestratorServer(make_context(key or KeyPair.generate(), run_dir, config))
     with server:
         yield server
+
+
+def spawn_orchestrator(
+    run_dir: Path, key_file: Path, spec_files: list[Path], timeout_s: float = 60.0
+) -> tuple[subprocess.Popen, str]:
+    """``swarmrl orchestrator`` as a child process in its own session on 127.0.0.1:<free port>.
+
+    Returns the process and its URL once it listens; its output goes to ``run_dir/orch.log``.
+    The caller stops it (SIGTERM) and waits for it.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port_file = run_dir / "port"
+    port_file.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "swarmrl.cli",
+        "orchestrator",
+        "--key",
+        str(key_file),
+        "--run-dir",
+        str(run_dir),
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+    ]
+    for spec in spec_files:
+        cmd += ["--pool", str(spec)]
+    log = (run_dir / "orch.log").open("ab")
+    # own session: a clean process group, and on a machine with autogroup scheduling its own
+    # fair share of CPU instead of one split with whoever started it
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(timeout=10)
+            tail = (run_dir / "orch.log").read_text(errors="replace")[-2000:]
+            raise WaitTimeout(f"orchestrator did not start within {timeout_s} s:\n{tail}")
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
