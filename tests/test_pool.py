@@ -275,3 +275,19 @@ def test_client_reports_an_unreachable_orchestrator(tmp_path):
     client = PoolClient(f"http://127.0.0.1:{port}", KeyPair.generate(), timeout_s=2)
     with pytest.raises(PeerUnavailable, match="cannot reach"):
         client.health()
+
+
+def test_pool_specs_that_could_never_work_are_refused(swarm):
+    server, orch, owner, validator = swarm
+    admin = PoolClient(server.url, orch)
+    with pytest.raises(RequestRefused, match="needs at least one validator") as err:
+        admin.create_pool(_spec(owner, validator, pool_id="noval", validators=[]))
+    assert err.value.status == 422
+    with pytest.raises(RequestRefused, match="min_tasks_per_lease exceeds"):
+        admin.create_pool(_spec(owner, validator, pool_id="sizes", min_tasks_per_lease=9))
+    with pytest.raises(RequestRefused, match="already exists") as err:
+        admin.create_pool(_spec(owner, validator))
+    assert err.value.status == 409
+    with pytest.raises(RequestRefused, match="orchestrator key"):
+        PoolClient(server.url, owner).create_pool(_spec(owner, validator, pool_id="byowner"))
+    assert [p.spec.pool_id for p in admin.pools()] == ["arith"]

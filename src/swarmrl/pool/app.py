@@ -32,7 +32,7 @@ from swarmrl.identity.requests import (
     SignedRequest,
 )
 from swarmrl.ledger.export import read_entries
-from swarmrl.pool import service, work
+from swarmrl.pool import penalties, service, work
 from swarmrl.pool.db import WalCheckpointer
 from swarmrl.pool.rejections import Rejected, Unauthorized
 from swarmrl.pool.service import Context
@@ -284,7 +284,7 @@ def build_app(ctx: Context) -> FastAPI:
     ) -> NodeView:
         await admin(pool_id, who)
         return await on_db(
-            service.invalidate, ctx, pool_id, node_id, req.severity, req.reason, req.submission_id
+            penalties.invalidate, ctx, pool_id, node_id, req.severity, req.reason, req.submission_id
         )
 
     @app.get("/pools/{pool_id}/metrics", response_model=PoolMetrics, responses=ERRORS)

@@ -134,6 +134,9 @@ def _node_view(conn: sa.Connection, row: Any) -> NodeView:
 def create_pool(ctx: Context, spec: PoolSpec) -> PoolInfo:
     if spec.min_tasks_per_lease > spec.max_tasks_per_lease:
         raise Invalid("min_tasks_per_lease exceeds max_tasks_per_lease")
+    if spec.validated_fraction > 0 and not spec.validators:
+        # otherwise submissions would wait forever for a validator that cannot exist
+        raise Invalid("validated_fraction > 0 needs at least one validator key")
     now = ctx.clock()
     with ctx.engine.begin() as conn:
         exists = conn.execute(
@@ -396,105 +399,6 @@ def sweep(ctx: Context) -> dict[str, int]:
                 conn, "invalidation", body, pool_id=lease.pool_id, node_id=lease.node_id, ts=now
             )
     return changed
-
-
-# --- invalidation ----------------------------------------------------------------------------
-
-
-def _drop_credits(
-    ctx: Context, conn: sa.Connection, pool_id: str, node_id: str, where: Any, reason: str
-) -> None:
-    now = ctx.clock()
-    rows = conn.execute(
-        sa.select(db.credits.c.submission_id, db.credits.c.tokens).where(
-            db.credits.c.pool_id == pool_id,
-            db.credits.c.node_id == node_id,
-            db.credits.c.dropped.is_(False),
-            db.credits.c.unlock_at > now,
-            where,
-        )
-    ).all()
-    if not rows:
-        return
-    ids = [r.submission_id for r in rows]
-    conn.execute(
-        db.credits.update().where(db.credits.c.submission_id.in_(ids)).values(dropped=True)
-    )
-    body = {"dropped_tokens": sum(r.tokens for r in rows), "submission_ids": ids, "reason": reason}
-    ctx.ledger.append(conn, "slash", body, pool_id=pool_id, node_id=node_id, ts=now)
-
-
-def invalidate_in(
-    ctx: Context,
-    conn: sa.Connection,
-    pool_id: str,
-    node_id: str,
-    severity: str,
-    reason: str,
-    submission_id: str | None,
-) -> None:
-    """Hard: ban, drop all locked credits and untrained work. Soft: drop one unit."""
-    now = ctx.clock()
-    body = {"severity": severity, "reason": reason, "submission_id": submission_id}
-    ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
-    node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
-    sub_where = sa.and_(db.submissions.c.pool_id == pool_id, db.submissions.c.node_id == node_id)
-    if severity == "hard":
-        conn.execute(
-            db.nodes.update().where(node_where).values(state="banned", hard=db.nodes.c.hard + 1)
-        )
-        release_leases(conn, pool_id, node_id)
-        conn.execute(
-            db.submissions.update()
-            .where(
-                sub_where,
-                db.submissions.c.status.in_(("pending", "accepted")),
-                db.submissions.c.consumed_step.is_(None),
-            )
-            .values(status="dropped")
-        )
-        _drop_credits(ctx, conn, pool_id, node_id, sa.true(), f"hard invalidation: {reason}")
-        return
-    conn.execute(db.nodes.update().where(node_where).values(soft=db.nodes.c.soft + 1))
-    if submission_id is not None:
-        conn.execute(
-            db.submissions.update()
-            .where(
-                sub_where,
-                db.submissions.c.submission_id == submission_id,
-                db.submissions.c.consumed_step.is_(None),
-            )
-            .values(status="dropped")
-        )
-        _drop_credits(
-            ctx,
-            conn,
-            pool_id,
-            node_id,
-            db.credits.c.submission_id == submission_id,
-            f"soft invalidation: {reason}",
-        )
-
-
-def invalidate(
-    ctx: Context, pool_id: str, node_id: str, severity: str, reason: str, submission_id: str | None
-) -> NodeView:
-    with ctx.engine.begin() as conn:
-        ctx.spec(conn, pool_id)
-        row = node_row(conn, pool_id, node_id)
-        if row.state == "banned":
-            raise Conflict(f"node {node_id} is already banned")
-        if submission_id is not None:
-            owner = conn.execute(
-                sa.select(db.submissions.c.node_id).where(
-                    db.submissions.c.submission_id == submission_id,
-                    db.submissions.c.pool_id == pool_id,
-                )
-            ).first()
-            if owner is None or owner.node_id != node_id:
-                raise NotFound(f"submission {submission_id} of node {node_id} not found")
-        invalidate_in(ctx, conn, pool_id, node_id, severity, reason, submission_id)
-        return _node_view(conn, node_row(conn, pool_id, node_id))
 
 
 # --- admin views -----------------------------------------------------------------------------

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 from swarmrl.identity.keys import canonical_json, digest_hex
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.pool import db
+from swarmrl.pool.penalties import invalidate_in
 from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.service import (
     Context,
     current_version,
-    invalidate_in,
     leases_in_flight,
     node_row,
     require_member,

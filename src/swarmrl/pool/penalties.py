@@ -1,0 +1,114 @@
+"""Penalties: hard and soft invalidation of a node, and the credits they take back.
+
+Hard: the node is banned, its leases are released, its untrained work is dropped and every
+credit still inside its lock window is taken back (one ``slash`` entry). Soft: one unit is
+dropped (and its credit, if still locked). Each writes an ``invalidation`` ledger entry in the
+caller's transaction. Knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from swarmrl.pool import db
+from swarmrl.pool.rejections import Conflict, NotFound
+from swarmrl.pool.service import Context, _node_view, node_row, release_leases
+from swarmrl.protocol.pool import NodeView
+
+
+def _drop_credits(
+    ctx: Context, conn: sa.Connection, pool_id: str, node_id: str, where: Any, reason: str
+) -> None:
+    now = ctx.clock()
+    rows = conn.execute(
+        sa.select(db.credits.c.submission_id, db.credits.c.tokens).where(
+            db.credits.c.pool_id == pool_id,
+            db.credits.c.node_id == node_id,
+            db.credits.c.dropped.is_(False),
+            db.credits.c.unlock_at > now,
+            where,
+        )
+    ).all()
+    if not rows:
+        return
+    ids = [r.submission_id for r in rows]
+    conn.execute(
+        db.credits.update().where(db.credits.c.submission_id.in_(ids)).values(dropped=True)
+    )
+    body = {"dropped_tokens": sum(r.tokens for r in rows), "submission_ids": ids, "reason": reason}
+    ctx.ledger.append(conn, "slash", body, pool_id=pool_id, node_id=node_id, ts=now)
+
+
+def invalidate_in(
+    ctx: Context,
+    conn: sa.Connection,
+    pool_id: str,
+    node_id: str,
+    severity: str,
+    reason: str,
+    submission_id: str | None,
+) -> None:
+    """Hard: ban, drop all locked credits and untrained work. Soft: drop one unit."""
+    now = ctx.clock()
+    body = {"severity": severity, "reason": reason, "submission_id": submission_id}
+    ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
+    node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
+    sub_where = sa.and_(db.submissions.c.pool_id == pool_id, db.submissions.c.node_id == node_id)
+    if severity == "hard":
+        conn.execute(
+            db.nodes.update().where(node_where).values(state="banned", hard=db.nodes.c.hard + 1)
+        )
+        release_leases(conn, pool_id, node_id)
+        conn.execute(
+            db.submissions.update()
+            .where(
+                sub_where,
+                db.submissions.c.status.in_(("pending", "accepted")),
+                db.submissions.c.consumed_step.is_(None),
+            )
+            .values(status="dropped")
+        )
+        _drop_credits(ctx, conn, pool_id, node_id, sa.true(), f"hard invalidation: {reason}")
+        return
+    conn.execute(db.nodes.update().where(node_where).values(soft=db.nodes.c.soft + 1))
+    if submission_id is not None:
+        conn.execute(
+            db.submissions.update()
+            .where(
+                sub_where,
+                db.submissions.c.submission_id == submission_id,
+                db.submissions.c.status.in_(("pending", "accepted")),
+            )
+            .values(status="dropped")
+        )
+        _drop_credits(
+            ctx,
+            conn,
+            pool_id,
+            node_id,
+            db.credits.c.submission_id == submission_id,
+            f"soft invalidation: {reason}",
+        )
+
+
+def invalidate(
+    ctx: Context, pool_id: str, node_id: str, severity: str, reason: str, submission_id: str | None
+) -> NodeView:
+    with ctx.engine.begin() as conn:
+        ctx.spec(conn, pool_id)
+        row = node_row(conn, pool_id, node_id)
+        if row.state == "banned":
+            raise Conflict(f"node {node_id} is already banned")
+        if submission_id is not None:
+            owner = conn.execute(
+                sa.select(db.submissions.c.node_id).where(
+                    db.submissions.c.submission_id == submission_id,
+                    db.submissions.c.pool_id == pool_id,
+                )
+            ).first()
+            if owner is None or owner.node_id != node_id:
+                raise NotFound(f"submission {submission_id} of node {node_id} not found")
+        invalidate_in(ctx, conn, pool_id, node_id, severity, reason, submission_id)
+        return _node_view(conn, node_row(conn, pool_id, node_id))
