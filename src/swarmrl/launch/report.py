@@ -156,7 +156,7 @@ class ProgressView:
         if self.live is not None:
             self.live.update(self._table())
         elif line:
-            self.console.print(line, highlight=False)
+            self.console.print(line, highlight=False, markup=False)
 
     def on_phase(self, phase: str) -> None:
         self.phase = phase
