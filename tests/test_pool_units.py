@@ -1,0 +1,87 @@
+"""Pure pieces of the pool: the task draw, lease sizing, throughput estimate, validation
+sampling, and the rollout store on a local directory and an fsspec URL."""
+
+import hashlib
+
+import pytest
+
+from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
+from swarmrl.pool.store import RolloutStore
+from swarmrl.pool.work import _selected
+from swarmrl.protocol.pool import Sample
+
+
+def test_task_draw_is_the_documented_hash_and_depends_on_node_and_counter():
+    want = int.from_bytes(hashlib.sha256(b"swarmrl-tasks-v1:7:abc:3:0").digest(), "big") % 1000
+    assert draw_tasks(7, "abc", 3, 1, 1000) == [want]
+    a = draw_tasks(7, "abc", 3, 50, 1000)
+    assert a == draw_tasks(7, "abc", 3, 50, 1000)  # anyone can recompute it
+    assert a != draw_tasks(7, "abd", 3, 50, 1000)  # another node gets other tasks
+    assert a != draw_tasks(7, "abc", 4, 50, 1000)  # the next lease gets other tasks
+    assert a != draw_tasks(8, "abc", 3, 50, 1000)  # another pool seed too
+    assert all(0 <= t < 1000 for t in a) and len(set(a)) > 40
+    assert 0 <= unit_seed(7, "abc", 3) < 2**63 and unit_seed(7, "abc", 3) != unit_seed(7, "abc", 4)
+    with pytest.raises(ValueError):
+        draw_tasks(7, "abc", 0, 1, 0)
+
+
+def test_lease_size_follows_measured_throughput_within_bounds():
+    # 100 tok/s × 30 s / (4 samples × 25 tokens) = 30 tasks, clamped to [1, 16]
+    assert lease_size(100.0, 30.0, 4, 25, 1, 16) == 16
+    assert lease_size(10.0, 30.0, 4, 25, 1, 16) == 3
+    assert lease_size(0.5, 30.0, 4, 25, 2, 16) == 2
+    assert lease_size(None, 30.0, 4, 25, 2, 16) == 2
+    assert lease_size(float("nan"), 30.0, 4, 25, 2, 16) == 2
+    assert update_throughput(None, 100, 2.0) == 50.0
+    assert update_throughput(50.0, 100, 1.0) == pytest.approx(0.7 * 50 + 0.3 * 100)
+
+
+def test_validation_sampling_hits_the_configured_fraction():
+    ids = [f"{i:032x}" for i in range(2000)]
+    assert all(_selected(i, 1.0) for i in ids) and not any(_selected(i, 0.0) for i in ids)
+    share = sum(_selected(i, 0.25) for i in ids) / len(ids)
+    assert 0.2 < share < 0.3
+    assert [_selected(i, 0.25) for i in ids] == [_selected(i, 0.25) for i in ids]
+
+
+@pytest.mark.parametrize("where", ["dir", "memory"])
+def test_rollout_store_roundtrip_is_exact(tmp_path, where):
+    url = str(tmp_path / "store") if where == "dir" else f"memory://store-{tmp_path.name}"
+    store = RolloutStore(url)
+    samples = [
+        Sample(
+            task_index=3,
+            prompt_tokens=[1, 2],
+            output_tokens=[5, 6, 7],
+            logprobs=[-0.1, -1e-9, -23.456789012345],
+            finish_reason="eos",
+            policy_version=4,
+            proof={"chunks": ["AAE="], "n": 1},
+        ),
+        Sample(
+            task_index=3,
+            prompt_tokens=[1, 2],
+            output_tokens=[],
+            logprobs=[],
+            finish_reason="length",
+            policy_version=4,
+            proof="00ff",
+        ),
+        Sample(
+            task_index=9,
+            prompt_tokens=[],
+            output_tokens=[2**31 - 1],
+            logprobs=[0.0],
+            finish_reason="stop",
+            policy_version=5,
+            proof=None,
+        ),
+    ]
+    store.put_samples("p/s1.parquet", samples)
+    assert store.get_samples("p/s1.parquet") == samples
+    assert store.get_behaviour("p/s1.parquet") is None
+    store.put_behaviour("p/s1.parquet", [[-0.5, -0.25, -1 / 3], [], [-2.0]])
+    assert store.get_behaviour("p/s1.parquet") == [[-0.5, -0.25, -1 / 3], [], [-2.0]]
+    store.delete("p/s1.parquet")
+    with pytest.raises(FileNotFoundError):
+        store.get_samples("p/s1.parquet")
