@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,10 +64,16 @@ def _orchestrator(argv: Sequence[str]) -> int:
 
     ctx = make_context(load_keypair(args.key), args.run_dir, config)
     for path in args.pool:
+        spec = _read_spec(path)
         try:
-            service.create_pool(ctx, _read_spec(path))
-        except Conflict:
-            pass  # already hosted (restart): its state comes back from the database
+            service.create_pool(ctx, spec)
+        except Conflict:  # already hosted (a restart): its state comes back from the database
+            if service.get_pool(ctx, spec.pool_id).spec != spec:
+                print(
+                    f"swarmrl orchestrator: warning: pool {spec.pool_id!r} already exists with "
+                    f"a different spec than {path}; keeping the stored one",
+                    file=sys.stderr,
+                )
     serve_forever(ctx, args.host, args.port, args.port_file)
     return 0
 
