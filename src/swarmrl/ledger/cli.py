@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from swarmrl.errors import MissingPathError
+from swarmrl.errors import MissingPathError, UserError
 from swarmrl.ledger.export import write_export
 from swarmrl.ledger.verify import verify_export
 
@@ -39,8 +39,11 @@ def main(verb: str, argv: Sequence[str]) -> int:
         count = write_export(make_engine(args.db), args.out)
         console.print(f"exported {count} ledger entries to {args.out}")
         return 0
+    key = args.orchestrator_key.strip().lower()
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise UserError("--orchestrator-key must be the 64-hex-character public key")
     try:
-        report = verify_export(args.file, args.orchestrator_key.strip().lower())
+        report = verify_export(args.file, key)
     except OSError as exc:
         raise MissingPathError(f"cannot read ledger export {args.file}: {exc}") from exc
     table = Table(title="contributions per node")
