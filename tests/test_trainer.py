@@ -198,3 +198,28 @@ def test_cli_missing_model_and_malformed_dataset_are_one_line(tmp_path):
     )
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert f"{bad} row 2" in proc.stderr
+
+
+def test_eval_and_filter_verbs_with_a_saved_model(tmp_path, capsys):
+    from swarmrl.model import save_policy
+    from swarmrl.trainer.cli import main
+
+    torch.manual_seed(0)
+    tok = build_char_tokenizer("0123456789+=")
+    model = create_tiny_model(
+        TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), tok
+    )
+    model_dir = save_policy(model, tok, tmp_path / "m")
+    common = ["--set", "env.digits=1", "--set", "eval.n=10", "--set", "run.threads=1"]
+    assert main("eval", ["--model", str(model_dir), *common]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["n"] == 10 and 0.0 <= result["accuracy"] <= 1.0
+
+    out = tmp_path / "kept.jsonl"
+    args = ["--model", str(model_dir), "--out", str(out), "--n", "12", "--samples", "2", *common]
+    assert main("filter", [*args, "--lo", "0", "--hi", "1"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 12 and {"problem", "answer", "pass_rate"} <= set(rows[0])
+    assert main("filter", [*args, "--lo", "0.6", "--hi", "1"]) == 0
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["problem"] for r in kept] == [r["problem"] for r in rows if r["pass_rate"] >= 0.6]
