@@ -6,7 +6,8 @@ import time
 import pytest
 
 from swarmrl.config.pool import PoolConfig
-from swarmrl.identity import KeyPair
+from swarmrl.identity import KeyPair, verify_signature
+from swarmrl.identity.requests import request_message
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
 from swarmrl.pool.scheduling import draw_tasks
@@ -73,6 +74,12 @@ def test_full_cycle_join_lease_submit_verdict_batch(swarm):
     pending = checker.claim("arith")
     assert [p.submission_id for p in pending] == [receipt.submission_id]
     assert pending[0].node_key == node.public_key_hex
+    # the node's signature over its submit request can be re-checked from what the validator gets
+    p = pending[0]
+    message = request_message(
+        "POST", "/pools/arith/submissions", p.body_digest, p.request_timestamp_ms, p.request_nonce
+    )
+    verify_signature(p.node_key, message, p.request_signature)
     behaviour = [[-0.5] * len(s.output_tokens) for s in pending[0].samples]
     v = Verdict(
         submission_id=receipt.submission_id,

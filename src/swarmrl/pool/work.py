@@ -349,6 +349,8 @@ def _pending(ctx: Context, r: Any) -> PendingSubmission:
         node_key=auth["node_key"],
         request_signature=auth["signature"],
         body_digest=auth["body_digest"],
+        request_timestamp_ms=auth["timestamp_ms"],
+        request_nonce=auth["nonce"],
         work=WorkUnit.model_validate_json(r.work),
         samples=ctx.store.get_samples(r.rollout_key),
     )

@@ -219,13 +219,20 @@ class ClaimRequest(Message):
 
 
 class PendingSubmission(Message):
-    """A submission for a validator to replay, with the lease it answered."""
+    """A submission for a validator to replay, with the lease it answered.
+
+    The ``request_*`` fields and ``body_digest`` let anyone re-check the node's signature over
+    its submit request (``swarmrl.identity.requests.request_message`` with method POST and path
+    ``/pools/{pool_id}/submissions``); the same values are in the ledger's submission entry.
+    """
 
     submission_id: str
     node_id: str
     node_key: str = Field(description="public key that signed the submission")
     request_signature: str = Field(description="the node's signature over the submit request")
     body_digest: str = Field(description="sha256 of the submitted body")
+    request_timestamp_ms: int = Field(description="X-Swarm-Timestamp of the submit request")
+    request_nonce: str = Field(description="X-Swarm-Nonce of the submit request")
     work: WorkUnit
     samples: list[Sample]
 
