@@ -33,7 +33,7 @@ class Backbone(Protocol):
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        key_valid: torch.Tensor,
+        key_valid: torch.Tensor | None,
         cache: Any,
         start: int,
         logits_at: LogitsAt,
@@ -41,7 +41,7 @@ class Backbone(Protocol):
         """Run positions ``start .. start+S-1`` of every row.
 
         tokens: int64 [B, S]; positions: int64 [B, S] rotary positions (left padding excluded);
-        key_valid: bool [B, start+S], False at padding; cache: from ``new_cache`` (the slots
+        key_valid: bool [B, start+S], False at padding, or None when no row is padded; cache: from ``new_cache`` (the slots
         ``start .. start+S-1`` get written). Returns (final-norm hidden [B, S, hidden] in the
         model dtype, float32 logits [B, vocab] for "last", [B, S, vocab] for "all", or None).
         """
@@ -77,14 +77,14 @@ class HFBackbone:
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        key_valid: torch.Tensor,
+        key_valid: torch.Tensor | None,
         cache: Any,
         start: int,
         logits_at: LogitsAt,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = self.model(
             input_ids=tokens,
-            attention_mask=key_valid.long(),
+            attention_mask=key_valid.long() if key_valid is not None else None,
             position_ids=positions,
             use_cache=cache is not None,
             output_hidden_states=True,

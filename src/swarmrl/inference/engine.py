@@ -97,13 +97,17 @@ class TorchEngine:
         for b, r in enumerate(rows):
             tokens[b, width - len(r) :] = torch.tensor(r)
         tokens = tokens.to(dev)
-        key_valid = torch.ones(batch, width + steps, dtype=torch.bool, device=dev)
-        key_valid[:, :width] = torch.arange(width, device=dev)[None] >= (width - lens)[:, None]
-        positions = (key_valid[:, :width].long().cumsum(-1) - 1).clamp(min=0)  # [B, width]
+        if all(len(r) == width for r in rows):
+            key_valid = None  # no padding: plain causal attention
+            positions = torch.arange(width, device=dev).expand(batch, width)
+        else:
+            key_valid = torch.ones(batch, width + steps, dtype=torch.bool, device=dev)
+            key_valid[:, :width] = torch.arange(width, device=dev)[None] >= (width - lens)[:, None]
+            positions = (key_valid[:, :width].long().cumsum(-1) - 1).clamp(min=0)  # [B, width]
 
         cache = self.backbone.new_cache(batch, width + steps - 1)
         hidden, logits = self.backbone.forward(
-            tokens, positions, key_valid[:, :width], cache, 0, "last"
+            tokens, positions, None if key_valid is None else key_valid[:, :width], cache, 0, "last"
         )
         prompt_hidden = hidden.float() if return_hidden else None  # [B, width, hidden]
         decoded = (  # [B, steps - 1, hidden]: state of output token t at [:, t]
@@ -137,7 +141,8 @@ class TorchEngine:
                 keep = alive.nonzero()[:, 0]
                 cache = self.backbone.select_rows(cache, keep)
                 rows_idx, seed_t, lens, tok = rows_idx[keep], seed_t[keep], lens[keep], tok[keep]
-                key_valid, alive = key_valid[keep], alive[keep]
+                key_valid = None if key_valid is None else key_valid[keep]
+                alive = alive[keep]
             hidden, logits = self.backbone.forward(
                 tok[:, None], (lens + t)[:, None], key_valid, cache, width + t, "last"
             )
@@ -194,8 +199,7 @@ class TorchEngine:
         seq = prompt + output[:-1]
         tokens = torch.tensor([seq], dtype=torch.long, device=self.device)  # [1, S]
         positions = torch.arange(len(seq), device=self.device)[None]
-        key_valid = torch.ones(1, len(seq), dtype=torch.bool, device=self.device)
-        hidden, logits = self.backbone.forward(tokens, positions, key_valid, None, 0, "all")
+        hidden, logits = self.backbone.forward(tokens, positions, None, None, 0, "all")
         assert logits is not None
         return Prefill(
             logits=logits[0, len(prompt) - 1 :].cpu(),  # [n, vocab]

@@ -184,7 +184,7 @@ class LlamaBackbone:
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        key_valid: torch.Tensor,
+        key_valid: torch.Tensor | None,
         cache: KVCache | None,
         start: int,
         logits_at: LogitsAt,
@@ -199,7 +199,7 @@ class LlamaBackbone:
         cos_t, sin_t = self._rope_tables(int(positions.max()) + 1)
         cos = cos_t[positions][:, None]  # [B, 1, S, d]
         sin = sin_t[positions][:, None]
-        mask = self._mask(key_valid, start, seq)  # [B, 1, S, total] bool
+        mask = self._mask(key_valid, start, seq)  # [B, 1, S, total] bool, or None
         h, hk, d = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(tokens, self.embed)  # [B, S, hidden]
         for i, layer in enumerate(self.layers):
@@ -226,13 +226,18 @@ class LlamaBackbone:
         last = hidden[:, -1] if logits_at == "last" else hidden
         return hidden, F.linear(last, self.lm_head).float()
 
-    def _mask(self, key_valid: torch.Tensor, start: int, seq: int) -> torch.Tensor:
+    def _mask(self, key_valid: torch.Tensor | None, start: int, seq: int) -> torch.Tensor | None:
         """bool [B, 1, S, start+S]: causal, padding keys hidden, each query sees itself.
 
         Letting a padding query see itself keeps its softmax finite, so no NaN reaches the
-        cache (a masked NaN value would still poison the weighted sum).
+        cache (a masked NaN value would still poison the weighted sum). None (no padding)
+        means plain causal attention, left to the attention kernel.
         """
         total = start + seq
+        if key_valid is None:
+            if start != 0 and seq > 1:
+                raise ValueError("an unpadded multi-token step must start at position 0")
+            return None
         if seq == 1:
             return key_valid[:, None, None, :total]
         q_pos = torch.arange(start, total, device=key_valid.device)[:, None]  # [S, 1]
@@ -242,9 +247,9 @@ class LlamaBackbone:
         return allowed[:, None]  # [B, 1, S, total]
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """q [B, H, S, d], k/v [B, Hkv, T, d], mask [B, 1, S, T] -> [B, S, H d]."""
+        """q [B, H, S, d], k/v [B, Hkv, T, d], mask [B, 1, S, T] or None (causal) -> [B, S, H d]."""
         batch, heads, seq, d = q.shape
         groups = heads // self.n_kv
         if groups > 1 and seq == 1:
@@ -256,5 +261,6 @@ class LlamaBackbone:
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, d]
+        causal = mask is None and seq > 1
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         return out.transpose(1, 2).reshape(batch, seq, heads * d)
