@@ -406,6 +406,7 @@ def reference_topology(work: Path, blob: Path, n_clients: int, pkg: Path) -> dic
 # --- deltas -----------------------------------------------------------------------------------
 def delta_tiny_model(work: Path, key: KeyPair) -> dict:
     import torch
+    from safetensors.torch import save_file
 
     from swarmrl.config.model import TinyModelConfig
     from swarmrl.model.factory import create_tiny_model
@@ -421,23 +422,33 @@ def delta_tiny_model(work: Path, key: KeyPair) -> dict:
         f"{a}+{b}={str(a + b)[::-1]}" for a, b in [(123, 456), (305, 271), (111, 222), (400, 499)]
     ]
     ids = torch.tensor([tokenizer(t)["input_ids"] for t in text])  # [4, seq]
+    bf16_before = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     torch.optim.AdamW(model.parameters(), lr=3e-4).step()
     save_policy(model, tokenizer, work / "tiny1")
-    pub = Publisher(work / "tiny_store", key)
-    pub.publish(work / "tiny0", 1)
-    m = pub.publish(work / "tiny1", 2)
-    delta = sum(d.size for d in m.deltas)
+    bf16_after = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
     params = sum(p.numel() for p in model.parameters())
-    return {
-        "params": params,
-        "dtype": "float32",
-        "full_bytes": m.total_bytes,
-        "delta_bytes": delta,
-        "fraction": delta / m.total_bytes,
-        "loss": float(loss),
-    }
+    out = {"params": params, "loss_before_step": float(loss.detach())}
+    for dtype, dirs in (
+        ("float32", ("tiny0", "tiny1")),
+        ("bfloat16", ("tiny0_bf16", "tiny1_bf16")),
+    ):
+        if dtype == "bfloat16":  # the same step, published as bf16 weights
+            for name, state in zip(dirs, (bf16_before, bf16_after), strict=True):
+                (work / name).mkdir()
+                shutil.copy(work / "tiny0" / "config.json", work / name / "config.json")
+                save_file(state, str(work / name / "model.safetensors"))
+        pub = Publisher(work / f"tiny_store_{dtype}", key)
+        pub.publish(work / dirs[0], 1)
+        m = pub.publish(work / dirs[1], 2)
+        delta = sum(d.size for d in m.deltas)
+        out[dtype] = {
+            "full_bytes": m.total_bytes,
+            "delta_bytes": delta,
+            "fraction": delta / m.total_bytes,
+        }
+    return out
 
 
 def delta_100m_bf16(work: Path, key: KeyPair, lrs: list[float]) -> list[dict]:
