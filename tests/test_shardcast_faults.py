@@ -161,6 +161,22 @@ def test_replayed_older_manifest_and_rollback_are_refused(tmp_path, origin):
         replay.stop()
 
 
+def test_a_relay_advertising_a_version_it_cannot_back_is_skipped(tmp_path, origin):
+    liar_store = tmp_path / "liar"
+    shutil.copytree(tmp_path / "origin", liar_store)
+    shutil.copytree(store.ready_dir(liar_store, 1), store.ready_dir(liar_store, 99))
+    liar = serve_store(liar_store, CFG)
+    try:
+        client = WeightClient([liar.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        assert client.advertised_versions() == [99, 1]
+        path = client.fetch("latest")
+        assert path.name == "v00000001"
+        assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+        assert [(r.source, r.what) for r in client.reports] == [(liar.url, "manifest")]
+    finally:
+        liar.stop()
+
+
 class _FullDisk(FileWriter):
     """The disk fills up after ``budget`` bytes: the next write raises ENOSPC."""
 

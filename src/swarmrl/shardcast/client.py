@@ -129,9 +129,9 @@ class WeightClient:
         held = self.held_version()
         return {} if held is None else {HELD_HEADER: str(held)}
 
-    def latest_version(self) -> int:
-        """The highest version any reachable source lists."""
-        best: int | None = None
+    def advertised_versions(self) -> list[int]:
+        """The ``latest`` each reachable source lists, highest first, without repeats."""
+        found: set[int] = set()
         problems = []
         for url in self.pool.urls:
             try:
@@ -144,13 +144,17 @@ class WeightClient:
                 problems.append(f"{url}: {exc}")
                 self.conns.drop(url)
                 continue
-            if latest is not None and (best is None or latest > best):
-                best = latest
-        if best is None:
+            if latest is not None:
+                found.add(latest)
+        if not found:
             raise PeerUnavailable(
                 f"no source lists any version ({'; '.join(problems) or 'all empty'})"
             )
-        return best
+        return sorted(found, reverse=True)
+
+    def latest_version(self) -> int:
+        """The highest version any reachable source lists."""
+        return self.advertised_versions()[0]
 
     def fetch(
         self,
@@ -159,31 +163,47 @@ class WeightClient:
         allow_rollback: bool = False,
         timeout_s: float | None = None,
     ) -> Path:
-        """Make ``version`` ready under ``out_root`` and return its directory."""
-        target = self.latest_version() if version == "latest" else int(version)
+        """Make ``version`` ready under ``out_root`` and return its directory.
+
+        With ``"latest"``, a version some source advertises but none can back with a valid
+        manifest (a lying relay) is skipped for the next highest advertised one.
+        """
         held = self.held_version()
-        if held is not None and target < held and not allow_rollback:
+        candidates = self.advertised_versions() if version == "latest" else [int(version)]
+        if held is not None and candidates[0] < held and not allow_rollback:
             raise ReplayedRequest(
-                f"refusing rollback to v{target}: v{held} is already held (allow_rollback=True to go back)"
+                f"refusing rollback to v{candidates[0]}: v{held} is already held "
+                "(allow_rollback=True to go back)"
             )
-        ready = store.ready_dir(self.out_root, target)
-        if store.manifest_path(ready).is_file():
-            return ready
-        deadline = time.monotonic() + (timeout_s or self.config.fetch_timeout_s)
-        manifest = fetch_manifest(
-            self.pool,
-            self.conns,
-            target,
-            self.trusted,
-            held=held,
-            allow_rollback=allow_rollback,
-            timeout_s=self.config.request_timeout_s,
-        )
-        path, self.last_report = install_version(
-            manifest, self.out_root, self.pool, self.conns, self.writer, self.config, deadline
-        )
-        store.prune(self.out_root, self.config.keep_versions, protect=frozenset({target}))
-        return path
+        first_error: PeerError | PeerUnavailable | None = None
+        for target in candidates:
+            ready = store.ready_dir(self.out_root, target)
+            if store.manifest_path(ready).is_file():
+                return ready
+            if held is not None and target < held and not allow_rollback:
+                break  # every remaining candidate is older than what is held
+            try:
+                manifest = fetch_manifest(
+                    self.pool,
+                    self.conns,
+                    target,
+                    self.trusted,
+                    held=held,
+                    allow_rollback=allow_rollback,
+                    timeout_s=self.config.request_timeout_s,
+                )
+            except (PeerError, PeerUnavailable) as exc:  # advertised, but nobody backs it
+                first_error = first_error or exc
+                continue
+            deadline = time.monotonic() + (timeout_s or self.config.fetch_timeout_s)
+            path, self.last_report = install_version(
+                manifest, self.out_root, self.pool, self.conns, self.writer, self.config, deadline
+            )
+            store.prune(self.out_root, self.config.keep_versions, protect=frozenset({target}))
+            return path
+        if first_error is None:
+            first_error = ReplayedRequest(f"no advertised version is newer than the held v{held}")
+        raise first_error
 
     def wait_for_newer(self, than: int | None = None, timeout_s: float = 60.0) -> int:
         """Block until some source announces a version newer than ``than`` (default: held).
