@@ -6,7 +6,7 @@ Every run writes ``runs/<name>-<UTC timestamp>/``::
     metrics.jsonl   one JSON object per RL step (step, reward_mean, accuracy, loss,
                     clip_fraction, grad_norm, entropy, kl, tokens_per_s, wall_time, ...)
     report.json     mode, steps, wall_seconds, warm start, eval.{n, before, after, control}
-    report.png      reward and accuracy per step, with the held-out evals as reference lines
+    report.png      reward and accuracy per step, with the held-out evals as marked points
 
 Used by the colocated and the swarm modes alike; knows nothing about how steps are computed.
 """
@@ -68,32 +68,46 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def plot_report(rows: list[dict[str, Any]], evals: dict[str, Any], out: Path) -> Path:
-    """Reward and rollout accuracy per step; held-out accuracies as dashed reference lines."""
+    """Reward and rollout accuracy per step; held-out accuracies as marked points (before at
+    the first step, after and control at the last)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     steps = [r["step"] for r in rows]
-    ax.plot(steps, [r["reward_mean"] for r in rows], label="reward (mean, rollouts)")
-    ax.plot(steps, [r["accuracy"] for r in rows], label="accuracy (rollouts)")
-    styles = {
-        "before": ("grey", "held-out before"),
-        "after": ("green", "held-out after"),
-        "control": ("red", "held-out control (SFT continued)"),
+    ax.plot(steps, [r["reward_mean"] for r in rows], label="reward (mean over rollouts)")
+    ax.plot(
+        steps,
+        [r["accuracy"] for r in rows],
+        linestyle=":",
+        linewidth=2,
+        label="accuracy (rollouts)",
+    )
+    last = steps[-1] if steps else 0
+    points = {
+        "before": (0, "o", "grey", "held-out before"),
+        "after": (last, "*", "green", "held-out after RL"),
+        "control": (last, "X", "red", "held-out control (SFT continued)"),
     }
-    for key, (colour, label) in styles.items():
-        value = evals.get(key, {}).get("accuracy") if isinstance(evals.get(key), dict) else None
-        if value is not None:
-            ax.axhline(
-                value, color=colour, linestyle="--", linewidth=1, label=f"{label}: {value:.1%}"
+    for key, (x, marker, colour, label) in points.items():
+        result = evals.get(key)
+        if isinstance(result, dict) and result.get("accuracy") is not None:
+            ax.scatter(
+                [x],
+                [result["accuracy"]],
+                marker=marker,
+                s=90,
+                color=colour,
+                zorder=3,
+                label=f"{label}: {result['accuracy']:.1%}",
             )
     ax.set_xlabel("RL step")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("reward and accuracy per step")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
