@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
@@ -30,7 +30,7 @@ from swarmrl.protocol.shardcast import Manifest, VersionList
 from swarmrl.shardcast import store
 from swarmrl.shardcast.assemble import Assembly, AssemblyReport, FileWriter
 from swarmrl.shardcast.manifest import parse_manifest, verify_manifest
-from swarmrl.shardcast.transport import Connections, SourcePool
+from swarmrl.shardcast.transport import Connections, CorruptReport, SourcePool
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class WeightClient:
         self.last_report: AssemblyReport | None = None
 
     @property
-    def reports(self) -> list:
+    def reports(self) -> list[CorruptReport]:
         """Corrupt-data reports against sources (who served what, and why it was refused)."""
         return list(self.pool.reports)
 
@@ -270,9 +270,9 @@ def install_version(
     config: ShardcastConfig,
     deadline: float,
     *,
-    on_partial=None,
-    on_shard=lambda index: None,
-    on_delta=lambda index: None,
+    on_partial: Callable[[Path], None] | None = None,
+    on_shard: Callable[[int], None] = lambda index: None,
+    on_delta: Callable[[int], None] = lambda index: None,
 ) -> tuple[Path, AssemblyReport]:
     """Assemble ``manifest`` under ``root`` and rename it ready; the partial dir never survives a failure."""
     parent_dir, parent = None, None

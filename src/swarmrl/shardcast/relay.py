@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import InfraError, PeerError
@@ -164,7 +165,7 @@ class Follower:
         )
         catalog = self.catalog
 
-        def on_partial(partial) -> None:
+        def on_partial(partial: Path) -> None:
             catalog.add_in_progress(manifest, partial)
 
         try:
