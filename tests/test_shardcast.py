@@ -4,6 +4,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import BadSignature, CorruptData, ReplayedRequest, UserError
@@ -131,3 +133,31 @@ def test_parse_range():
     for bad in ("bytes=10-", "bytes=4-2", "items=1-2", "bytes=1-2,4-5", "bytes=x-1"):
         with pytest.raises(ValueError):
             parse_range(bad, 10)
+
+
+def test_protocol_worked_example_is_a_valid_manifest():
+    import json
+
+    import swarmrl.protocol.shardcast as wire
+
+    doc = wire.__doc__
+    example = doc[doc.index("{") : doc.rindex("}") + 1]
+    manifest = wire.Manifest.model_validate(json.loads(example))
+    assert manifest.shard_count == 3 and manifest.total_bytes == 812 + 40000000
+    assert [s.size for s in manifest.files[1].shards] == [33554432, 6445568]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(min_size=0, max_size=3000), st.data())
+def test_delta_roundtrip_any_bytes(tmp_path_factory, old, data):
+    new = data.draw(st.binary(min_size=len(old), max_size=len(old)))
+    d = tmp_path_factory.mktemp("delta")
+    (d / "old").write_bytes(old)
+    (d / "new").write_bytes(new)
+    encode_delta(d / "old", d / "new", d / "blob")
+    fd = os.open(d / "out", os.O_RDWR | os.O_CREAT)
+    try:
+        apply_delta(d / "old", d / "blob", fd, len(new))
+    finally:
+        os.close(fd)
+    assert (d / "out").read_bytes() == new
