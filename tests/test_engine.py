@@ -280,3 +280,17 @@ def test_bad_inputs_are_rejected() -> None:
     with pytest.raises(ValueError):
         engine.generate([[]], params, seeds=[1])
     assert engine.generate([], params, seeds=[]) == []
+
+
+def test_bfloat16_model_runs_and_reports_float32() -> None:
+    model = _model("qwen2").to(torch.bfloat16)
+    engine = TorchEngine(model, TOKENIZER)
+    gen = engine.generate(
+        PROMPTS[:2], SamplingParams(max_new_tokens=6), seeds=[1, 2], return_hidden=True
+    )[1]
+    assert gen.hidden_states is not None and gen.hidden_states.dtype == torch.float32
+    logits, hidden = _hf_forward(model, gen.prompt_tokens + gen.output_tokens[:-1])
+    ref = torch.log_softmax(logits[len(gen.prompt_tokens) - 1 :], -1)
+    ref = ref.gather(1, torch.tensor(gen.output_tokens)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(gen.logprobs), ref, atol=0.05)
+    assert torch.allclose(gen.hidden_states, hidden, atol=0.1)
