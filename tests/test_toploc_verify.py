@@ -11,6 +11,7 @@ from swarmrl.config.model import TinyModelConfig
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.sampling import gumbel_noise
 from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.tokenizer import build_char_tokenizer
@@ -258,3 +259,11 @@ def test_forged_logprobs_and_inner_stop_token(world):
     inner = claim.model_copy(update={"output_tokens": tokens})
     verdict = verifier.check(seal(bundle, inner, worker.keypair), inner, assignment)
     assert "termination" in verdict.codes and any("inside" in r.detail for r in verdict.reasons)
+
+
+def test_per_row_steps_give_the_engine_noise():
+    """The replay draws all steps of a sample at once; it must equal step-by-step noise."""
+    seeds = torch.tensor([5, 2**40 + 3, 77])
+    together = gumbel_noise(seeds, torch.tensor([0, 7, 3]), 50)
+    one_by_one = [gumbel_noise(seeds[i : i + 1], s, 50)[0] for i, s in enumerate([0, 7, 3])]
+    assert torch.equal(together, torch.stack(one_by_one))

@@ -56,12 +56,20 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x.bitwise_xor_(x >> 15)
 
 
-def noise_keys(seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """key(seed, t) for each seed: int64 [B] in [0, 2^32)."""
+def noise_keys(seeds: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """key(seed, t) for each seed: int64 [B] in [0, 2^32).
+
+    ``step`` is one decode step for all rows, or an int64 [B] tensor of per-row steps (a
+    validator replaying every step of a sample at once).
+    """
     seeds = seeds.to(torch.int64)
     if bool((seeds < 0).any()):
         raise ValueError("sampling seeds must lie in [0, 2^63)")
-    if not 0 <= step < 2**32:
+    if isinstance(step, torch.Tensor):
+        step = step.to(device=seeds.device, dtype=torch.int64)
+        if bool(((step < 0) | (step >= 2**32)).any()):
+            raise ValueError("decode steps must lie in [0, 2^32)")
+    elif not 0 <= step < 2**32:
         raise ValueError(f"decode step must lie in [0, 2^32), got {step}")
     lo = seeds & _M32
     hi = seeds >> 32
@@ -79,8 +87,11 @@ def _vocab_word_table(vocab: int, device: torch.device) -> torch.Tensor:
     return table
 
 
-def gumbel_noise(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """g(seed, t, v) for every seed and vocab id: float32 [B, vocab] on ``seeds.device``."""
+def gumbel_noise(seeds: torch.Tensor, step: int | torch.Tensor, vocab: int) -> torch.Tensor:
+    """g(seed, t, v) for every seed and vocab id: float32 [B, vocab] on ``seeds.device``.
+
+    ``step``: one step for all rows, or int64 [B] per-row steps (see ``noise_keys``).
+    """
     keys = noise_keys(seeds, step)  # [B]
     h = mix32(keys[:, None] ^ _vocab_word_table(vocab, seeds.device)[None, :])  # [B, vocab]
     u = h.bitwise_right_shift_(8).to(torch.float64).add_(0.5).mul_(1.0 / 2**24)

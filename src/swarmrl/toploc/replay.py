@@ -77,8 +77,8 @@ def replay_sampling(
     if params.greedy:
         noise = torch.zeros(n, vocab)
     else:
-        seeds = torch.tensor([seed], dtype=torch.int64)
-        noise = torch.cat([gumbel_noise(seeds, step, vocab) for step in range(n)])  # [n, vocab]
+        seeds = torch.full((n,), seed, dtype=torch.int64)
+        noise = gumbel_noise(seeds, torch.arange(n), vocab)  # [n, vocab]: row t = step t
     best = (allowed + noise).max(dim=-1).values  # [n]
     mine = (token_scaled + noise.gather(1, token)).view(n)
     margin = best - mine  # [n]; > 0: another token scored higher
