@@ -252,6 +252,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sample counts (smoke run)")
     parser.add_argument("--out", default="bench/toploc-results.json")
+    parser.add_argument(
+        "--costs-only", action="store_true", help="skip the honest and cheat phases"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     per_config = 8 if args.quick else 76
@@ -300,12 +303,33 @@ def main() -> None:
         engine, tuned, eos_token_ids=engine.eos_ids, vocab_size=len(tokenizer), scorer=score
     )
 
-    # -- honest bar ----------------------------------------------------------------------------
-    honest_rows = []
-    sweeps = [("trained", engine, model, verifier, per_config)]
     random_verifier = Verifier(
         random_engine, tuned, eos_token_ids=engine.eos_ids, vocab_size=len(tokenizer)
     )
+    if not args.costs_only:
+        honest_and_cheats(args, results, locals())
+    run_costs(args, results, locals())
+
+
+def honest_and_cheats(args, results: dict, env: dict) -> None:
+    """Phases 3 and 4 (see the module docstring)."""
+    engine, model, untrained, tokenizer = (
+        env["engine"],
+        env["model"],
+        env["untrained"],
+        env["tokenizer"],
+    )
+    verifier, random_verifier, random_engine = (
+        env["verifier"],
+        env["random_verifier"],
+        env["random_engine"],
+    )
+    worker, params, prompt_fn, score = env["worker"], env["params"], env["prompt_fn"], env["score"]
+    per_config, per_attack, started = env["per_config"], env["per_attack"], env["started"]
+    older, cheap, tiny, cfg = env["older"], env["cheap"], env["tiny"], env["cfg"]
+    # -- honest bar ----------------------------------------------------------------------------
+    honest_rows = []
+    sweeps = [("trained", engine, model, verifier, per_config)]
     random_worker = attacks.Worker(random_engine, worker.keypair, params, 7, DIGEST)
     sweeps.append(("random-init", random_engine, untrained, random_verifier, per_config // 9))
     for name, eng, mdl, ver, count in sweeps:
@@ -429,6 +453,16 @@ def main() -> None:
     results["attacks"] = attack_rows
     save(results, args.out)
 
+
+def run_costs(args, results: dict, env: dict) -> None:
+    """Phase 5 (see the module docstring)."""
+    engine, worker, verifier = env["engine"], env["worker"], env["verifier"]
+    random_engine, random_verifier, params = (
+        env["random_engine"],
+        env["random_verifier"],
+        env["params"],
+    )
+    prompt_fn, started = env["prompt_fn"], env["started"]
     # -- costs ---------------------------------------------------------------------------------
     long_params = SamplingParams(temperature=1.0, max_new_tokens=64)
     long_worker = attacks.Worker(random_engine, worker.keypair, long_params, 7, DIGEST)
