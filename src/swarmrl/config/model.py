@@ -18,6 +18,9 @@ class TinyModelConfig(Section):
     num_heads: int = Field(4, gt=0, description="attention heads (key/value heads equal)")
     intermediate_size: int = Field(512, gt=0, description="MLP inner width")
     max_position_embeddings: int = Field(256, gt=0, description="longest sequence, in tokens")
+    initializer_range: float = Field(
+        0.02, gt=0, description="std of the normal init of weight matrices and embeddings"
+    )
 
 
 class ModelConfig(Section):

@@ -38,6 +38,7 @@ def tiny_model_config(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         rms_norm_eps=1e-6,
+        initializer_range=tiny.initializer_range,
     )
     if tiny.arch == "llama":
         return LlamaConfig(**common)
