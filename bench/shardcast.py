@@ -544,21 +544,23 @@ def main() -> None:
             plain, ours, plain_cpu, ours_cpu = [], [], [], []
             try:
                 _wait_until(lambda: _relay_has(relays[0], 1), 300, "relay to replicate")
-                for _ in range(args.repeats):  # alternate, so both see the same background load
+                for run in range(args.repeats + 1):  # alternate: both see the same load
                     os.sync()
                     seconds, cpu = plain_transfer(ck / "model.safetensors", work / "plain.out")
-                    plain.append(seconds)
-                    plain_cpu.append(cpu)
+                    if run > 0:  # run 0 warms both paths up and is not counted
+                        plain.append(seconds)
+                        plain_cpu.append(cpu)
                     (work / "plain.out").unlink()
                     os.sync()
                     client = WeightClient(relays, key.public_key_hex, work / "single_out")
                     relay_cpu, client_cpu = _cpu_of(procs[1].pid), time.process_time()
                     started = time.perf_counter()
                     client.fetch(1)
-                    ours.append(time.perf_counter() - started)
-                    ours_cpu.append(
-                        time.process_time() - client_cpu + _cpu_of(procs[1].pid) - relay_cpu
-                    )
+                    if run > 0:
+                        ours.append(time.perf_counter() - started)
+                        ours_cpu.append(
+                            time.process_time() - client_cpu + _cpu_of(procs[1].pid) - relay_cpu
+                        )
                     shutil.rmtree(work / "single_out")
             finally:
                 _stop(procs)
