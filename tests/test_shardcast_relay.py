@@ -243,3 +243,31 @@ def test_relay_refuses_forged_upstreams_and_routes_around_corrupt_ones(tmp_path)
     finally:
         for node in (fooled, careful, origin, forged, bad):
             node.stop()
+
+
+@pytest.mark.slow
+def test_fetched_version_loads_as_a_policy(tmp_path):
+    torch = pytest.importorskip("torch")
+    from swarmrl.config.model import TinyModelConfig
+    from swarmrl.model.factory import create_tiny_model
+    from swarmrl.model.io import load_policy, save_policy
+    from swarmrl.model.tokenizer import build_char_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer("0123456789+=")
+    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = create_tiny_model(tiny, tokenizer)
+    Publisher(tmp_path / "store", KEY, CFG).publish(
+        save_policy(model, tokenizer, tmp_path / "ck"), 1
+    )
+    origin = serve_store(tmp_path / "store", CFG)
+    try:
+        path = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "w", CFG).fetch("latest")
+    finally:
+        origin.stop()
+    loaded, loaded_tokenizer = load_policy(path)
+    for (name, a), (_, b) in zip(
+        model.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert loaded_tokenizer("12+3")["input_ids"] == tokenizer("12+3")["input_ids"]
