@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -306,27 +307,47 @@ def main() -> None:
     random_verifier = Verifier(
         random_engine, tuned, eos_token_ids=engine.eos_ids, vocab_size=len(tokenizer)
     )
+    setup = SimpleNamespace(
+        engine=engine,
+        model=model,
+        untrained=untrained,
+        tokenizer=tokenizer,
+        verifier=verifier,
+        random_verifier=random_verifier,
+        random_engine=random_engine,
+        worker=worker,
+        params=params,
+        prompt_fn=prompt_fn,
+        score=score,
+        per_config=per_config,
+        per_attack=per_attack,
+        started=started,
+        older=older,
+        cheap=cheap,
+        tiny=tiny,
+        cfg=cfg,
+    )
     if not args.costs_only:
-        honest_and_cheats(args, results, locals())
-    run_costs(args, results, locals())
+        honest_and_cheats(args, results, setup)
+    run_costs(args, results, setup)
 
 
-def honest_and_cheats(args, results: dict, env: dict) -> None:
+def honest_and_cheats(args, results: dict, env: SimpleNamespace) -> None:
     """Phases 3 and 4 (see the module docstring)."""
     engine, model, untrained, tokenizer = (
-        env["engine"],
-        env["model"],
-        env["untrained"],
-        env["tokenizer"],
+        env.engine,
+        env.model,
+        env.untrained,
+        env.tokenizer,
     )
     verifier, random_verifier, random_engine = (
-        env["verifier"],
-        env["random_verifier"],
-        env["random_engine"],
+        env.verifier,
+        env.random_verifier,
+        env.random_engine,
     )
-    worker, params, prompt_fn, score = env["worker"], env["params"], env["prompt_fn"], env["score"]
-    per_config, per_attack, started = env["per_config"], env["per_attack"], env["started"]
-    older, cheap, tiny, cfg = env["older"], env["cheap"], env["tiny"], env["cfg"]
+    worker, params, prompt_fn, score = env.worker, env.params, env.prompt_fn, env.score
+    per_config, per_attack, started = env.per_config, env.per_attack, env.started
+    older, cheap, tiny, cfg = env.older, env.cheap, env.tiny, env.cfg
     # -- honest bar ----------------------------------------------------------------------------
     honest_rows = []
     sweeps = [("trained", engine, model, verifier, per_config)]
@@ -454,15 +475,15 @@ def honest_and_cheats(args, results: dict, env: dict) -> None:
     save(results, args.out)
 
 
-def run_costs(args, results: dict, env: dict) -> None:
+def run_costs(args, results: dict, env: SimpleNamespace) -> None:
     """Phase 5 (see the module docstring)."""
-    engine, worker, verifier = env["engine"], env["worker"], env["verifier"]
+    engine, worker, verifier = env.engine, env.worker, env.verifier
     random_engine, random_verifier, params = (
-        env["random_engine"],
-        env["random_verifier"],
-        env["params"],
+        env.random_engine,
+        env.random_verifier,
+        env.params,
     )
-    prompt_fn, started = env["prompt_fn"], env["started"]
+    prompt_fn, started = env.prompt_fn, env.started
     # -- costs ---------------------------------------------------------------------------------
     long_params = SamplingParams(temperature=1.0, max_new_tokens=64)
     long_worker = attacks.Worker(random_engine, worker.keypair, long_params, 7, DIGEST)

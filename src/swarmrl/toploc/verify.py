@@ -303,13 +303,15 @@ class Verifier:
             passed = self._chunk_passes(chunk)
             if not passed:
                 failing.append(index)
-                case.reject(
-                    "hidden_states",
-                    f"chunk {index}: {chunk.k - chunk.exp_mismatches}/{chunk.k} exponents "
-                    f"match, mantissa error mean {chunk.mant_err_mean:.3g} "
-                    f"median {chunk.mant_err_median:.3g}",
-                )
             reports.append(_report(index, chunk, passed))
+        if failing:
+            first = agreements[failing[0]]
+            case.reject(
+                "hidden_states",
+                f"{len(failing)} of {len(agreements)} chunks disagree; chunk {failing[0]}: "
+                f"{first.k - first.exp_mismatches}/{first.k} exponents match, mantissa error "
+                f"mean {first.mant_err_mean:.3g} median {first.mant_err_median:.3g}",
+            )
 
         params = sampling_params(bundle.sampling)
         replay = replay_sampling(
