@@ -46,12 +46,16 @@ class RLConfig(Section):
 class SFTConfig(Section):
     """Warm start by supervised fine-tuning on generated worked examples."""
 
-    steps: int = Field(400, ge=0, description="optimizer steps")
-    batch_size: int = Field(256, gt=0, description="examples per step")
+    steps: int = Field(500, ge=0, description="optimizer steps")
+    batch_size: int = Field(128, gt=0, description="examples per step")
     lr: float = Field(2e-3, gt=0, description="AdamW learning rate")
-    train_examples: int = Field(2000, gt=0, description="size of the fixed SFT set")
+    train_examples: int = Field(20000, gt=0, description="size of the fixed SFT set")
     label_noise: float = Field(
-        0.3, ge=0, le=1, description="share of SFT answers that are wrong (so imitation plateaus)"
+        0.6,
+        ge=0,
+        le=1,
+        description="share of SFT answers showing the task's characteristic mistake; above 0.5 "
+        "the mistake is the most likely answer, so imitation plateaus",
     )
 
 
