@@ -236,7 +236,9 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
         if row.state == "submitted":
             raise Conflict(f"lease {sub.lease_id} was already answered")
         if row.state != "active" or row.deadline < now:
-            raise Expired(f"lease {sub.lease_id} expired at {row.deadline:.0f}; it was reassigned")
+            raise Expired(
+                f"lease {sub.lease_id} expired at {row.deadline:.0f}; its tasks go to another node"
+            )
         work = WorkUnit.model_validate_json(row.work)
         version = current_version(conn, pool_id)
         tokens = check_samples(spec, work, sub.samples, version, ctx.config.max_proof_bytes)
