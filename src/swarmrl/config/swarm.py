@@ -36,13 +36,13 @@ class SwarmConfig(Section):
         ),
     )
     rollouts_per_lease: int = Field(
-        32, gt=0, description="completions a worker asks for per lease (prompts × group size)"
+        64, gt=0, description="completions a worker asks for per lease (prompts × group size)"
     )
     lease_timeout_s: float = Field(
         60.0, gt=0, description="a leased unit not submitted within this is reassigned"
     )
     units_per_version: int = Field(
-        4,
+        16,
         ge=0,
         description=(
             "a worker submits at most this many units per policy version before pausing for a "
@@ -50,7 +50,7 @@ class SwarmConfig(Section):
         ),
     )
     version_wait_s: float = Field(
-        5.0, ge=0, description="longest pause of a worker that reached `units_per_version`"
+        2.0, ge=0, description="longest pause of a worker that reached `units_per_version`"
     )
     ready_timeout_s: float = Field(
         120.0, gt=0, description="longest wait for a started role to answer its health check"

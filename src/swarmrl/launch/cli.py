@@ -2,9 +2,9 @@
 
 ``run --colocated`` generates and trains in one process (``swarmrl.trainer.colocated``); without
 it, the whole swarm runs on this machine (``swarmrl.launch.swarm``). ``demo`` runs the embedded
-default config (``configs/arith.toml``) colocated. Either way the run directory gets
-``config.json``, ``metrics.jsonl``, ``report.json`` and ``report.png`` (``swarmrl.launch.report``)
-and the last line printed says where it is.
+default config (``configs/arith.toml``) as a local swarm with one cheating worker. Either way
+the run directory gets ``config.json``, ``metrics.jsonl``, ``report.json`` and ``report.png``
+(``swarmrl.launch.report``) and the last line printed says where it is.
 
 Knows how to wire config, trainer and report together; nothing about the maths.
 """
@@ -105,19 +105,22 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
 
 def run_swarm_cli(config: SwarmConfig, quiet: bool) -> Path:
     from swarmrl.launch.report import new_run_dir
-    from swarmrl.launch.swarm import run_swarm
+    from swarmrl.launch.swarm import run_swarm, summary_text
 
+    _quiet_libraries()
     run_dir = new_run_dir(config)
-    run_swarm(config, run_dir, display=not quiet)
-    print(f"run directory: {run_dir}")
+    report = run_swarm(config, run_dir, display=not quiet)
+    print(summary_text(report) + f"; run directory: {run_dir}")
     return run_dir
 
 
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser(verb).parse_args(list(argv))
     if verb == "demo":
-        config = load_config([EMBEDDED_DEFAULT], args.overrides)
-        run_colocated_cli(config, args.quiet)
+        from swarmrl.launch.swarm import DEMO_OVERRIDES
+
+        config = load_config([EMBEDDED_DEFAULT], [*DEMO_OVERRIDES, *args.overrides])
+        run_swarm_cli(config, args.quiet)
         return 0
     config = load_config([args.config], args.overrides)
     if args.colocated:

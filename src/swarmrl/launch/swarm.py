@@ -436,3 +436,25 @@ def run_swarm(
         facts = swarm_facts(plan)
     path = write_report(plan, facts, time.monotonic() - started)
     return json.loads(path.read_text())
+
+
+# `swarmrl demo`: the embedded config as a swarm, plus one worker that starts cheating after
+# three honest submissions, to show it being caught, banned and kept out of training.
+DEMO_OVERRIDES = ("swarm.cheaters=['corrupt_weights_after:3']",)
+
+
+def summary_text(report: dict) -> str:
+    """One line a person reads at the end of a swarm run."""
+    ev, swarm = report["eval"], report["swarm"]
+    subs = swarm["submissions"]
+    banned = [w["name"] for w in swarm["workers"] if w["state"] == "banned"]
+    control = ev.get("control", {}).get("accuracy")
+    return (
+        f"held-out accuracy (n={ev['n']}): {ev['before']['accuracy']:.1%} -> "
+        f"{ev['after']['accuracy']:.1%}"
+        + (f" (control, SFT continued: {control:.1%})" if control is not None else "")
+        + f" in {report['wall_seconds']:.0f} s; submissions accepted {subs['accepted']}, "
+        f"rejected {subs['rejected']} (honest {subs['rejected_honest']}); "
+        f"banned: {', '.join(banned) or 'none'}; "
+        f"ledger {'verified' if report['ledger']['verified'] else 'INVALID'}"
+    )
