@@ -14,8 +14,8 @@ refuse everything signed before an instant (``not_before_s``, e.g. its own start
 in-memory nonce store is enough across restarts, because no request signed before the restart
 is accepted after it.
 
-Knows nothing about HTTP frameworks, pools or databases: the nonce store is a small protocol,
-with an in-memory implementation here and a database one in ``swarmrl.pool``.
+Knows nothing about HTTP frameworks, pools or databases: the nonce store is a small protocol
+with an in-memory implementation here (what the orchestrator uses, with ``not_before_s``).
 """
 
 from __future__ import annotations

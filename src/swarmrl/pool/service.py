@@ -1,8 +1,8 @@
-"""Pool membership: pools, joins with invites, heartbeats, health sweeps, invalidations, views.
+"""Pool membership: pools, joins with invites, heartbeats, health sweeps, admin views.
 
 Every public function runs one database transaction: it either commits the whole state change
 together with its ledger entries, or raises a :class:`Rejected` and leaves nothing behind. The
-functions are synchronous and meant to run on the orchestrator's single database thread
+functions are synchronous and run one at a time on the orchestrator's event-loop thread
 (``swarmrl.pool.app``), so they never race each other. Work (leases, submissions, verdicts,
 batches) lives in ``swarmrl.pool.work``. Knows nothing about HTTP.
 """
