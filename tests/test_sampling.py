@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from swarmrl.inference.sampling import gumbel_noise, mask_logits, sample_tokens
+from swarmrl.inference.sampling import gumbel_block, gumbel_noise, mask_logits, sample_tokens
 from swarmrl.inference.types import SamplingParams
 
 M32 = 0xFFFFFFFF
@@ -136,3 +136,15 @@ def test_sampling_params_reject_bad_values() -> None:
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)
+
+
+def test_noise_block_equals_step_by_step_noise() -> None:
+    seeds = torch.tensor([3, 2**40 + 1, 77])
+    block = gumbel_block(seeds, 5, 4, 30)
+    assert block.shape == (3, 4, 30)
+    for j in range(4):
+        assert torch.equal(block[:, j], gumbel_noise(seeds, 5 + j, 30))
+    logits = torch.randn(3, 30)
+    with_block = sample_tokens(logits, SamplingParams(), seeds, 6, noise=block[:, 1])
+    plain = sample_tokens(logits, SamplingParams(), seeds, 6)
+    assert torch.equal(with_block[0], plain[0]) and torch.equal(with_block[1], plain[1])

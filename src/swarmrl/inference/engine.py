@@ -22,8 +22,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.inference import llama
 from swarmrl.inference.backbone import Backbone, HFBackbone
-from swarmrl.inference.sampling import sample_tokens
+from swarmrl.inference.sampling import gumbel_block, sample_tokens
 from swarmrl.inference.types import Generation, Prefill, SamplingParams, check_token_ids
+
+# Gumbel noise is drawn for several decode steps at once while [B, steps, vocab] stays below
+# this many elements (fewer small operations per step; one step at a time for huge vocabularies).
+NOISE_BLOCK_ELEMENTS = 1 << 22
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> set[int]:
@@ -119,37 +123,46 @@ class TorchEngine:
         stops = torch.tensor(stop_ids, dtype=torch.long, device=dev)
         out_tokens = torch.zeros(batch, steps, dtype=torch.long, device=dev)
         out_logprobs = torch.zeros(batch, steps, dtype=torch.float32, device=dev)
-        n_out = torch.full((batch,), steps, dtype=torch.long, device=dev)
-        stopped = torch.zeros(batch, dtype=torch.bool, device=dev)
-        # The live batch: row r of the cache is original row `rows_idx[r]`; it shrinks when
-        # half of its rows have stopped, so finished rows stop costing compute.
+        # The live batch: row r of the cache and of the buffers is original row `rows_idx[r]`;
+        # it shrinks when half of its rows have stopped, so finished rows stop costing compute.
         rows_idx = torch.arange(batch, device=dev)
+        tok_buf, lp_buf = torch.zeros_like(out_tokens), torch.zeros_like(out_logprobs)
         seed_t = torch.tensor([int(s) for s in seeds], dtype=torch.long, device=dev)
         alive = torch.ones(batch, dtype=torch.bool, device=dev)
+        noise: torch.Tensor | None = None  # [b, n, vocab]: Gumbel noise of steps noise_at ..
+        noise_at = 0
+        block = max(1, min(steps, NOISE_BLOCK_ELEMENTS // (batch * vocab)))
         for t in range(steps):
-            tok, lp = sample_tokens(logits, params, seed_t, t)  # [b], [b]
-            out_tokens[rows_idx, t] = tok
-            out_logprobs[rows_idx, t] = lp
-            hit = torch.isin(tok, stops) & alive
-            n_out[rows_idx[hit]] = t + 1
-            stopped[rows_idx[hit]] = True
-            alive &= ~hit
+            step_noise = None
+            if not params.greedy:
+                if noise is None or t >= noise_at + noise.shape[1]:
+                    noise, noise_at = gumbel_block(seed_t, t, min(block, steps - t), vocab), t
+                step_noise = noise[:, t - noise_at]
+            tok, lp = sample_tokens(logits, params, seed_t, t, noise=step_noise)  # [b], [b]
+            tok_buf[:, t] = tok
+            lp_buf[:, t] = lp
+            alive &= ~torch.isin(tok, stops)
             n_alive = int(alive.sum())
             if t == steps - 1 or n_alive == 0:
                 break
             if n_alive <= len(alive) // 2:
-                keep = alive.nonzero()[:, 0]
+                gone, keep = (~alive).nonzero()[:, 0], alive.nonzero()[:, 0]
+                out_tokens[rows_idx[gone]] = tok_buf[gone]
+                out_logprobs[rows_idx[gone]] = lp_buf[gone]
                 cache = self.backbone.select_rows(cache, keep)
                 rows_idx, seed_t, lens, tok = rows_idx[keep], seed_t[keep], lens[keep], tok[keep]
+                tok_buf, lp_buf, alive = tok_buf[keep], lp_buf[keep], alive[keep]
                 key_valid = None if key_valid is None else key_valid[keep]
-                alive = alive[keep]
+                noise = None if noise is None else noise[keep]
             hidden, logits = self.backbone.forward(
                 tok[:, None], (lens + t)[:, None], key_valid, cache, width + t, "last"
             )
             if decoded is not None:
                 decoded[rows_idx, t] = hidden[:, 0].float()
+        out_tokens[rows_idx] = tok_buf
+        out_logprobs[rows_idx] = lp_buf
         return self._results(
-            rows, seeds, out_tokens, out_logprobs, n_out, stopped, prompt_hidden, decoded
+            rows, seeds, out_tokens, out_logprobs, set(stop_ids), prompt_hidden, decoded
         )
 
     def _results(
@@ -158,18 +171,18 @@ class TorchEngine:
         seeds: Sequence[int],
         out_tokens: torch.Tensor,
         out_logprobs: torch.Tensor,
-        n_out: torch.Tensor,
-        stopped: torch.Tensor,
+        stop_ids: set[int],
         prompt_hidden: torch.Tensor | None,
         decoded: torch.Tensor | None,
     ) -> list[Generation]:
         tokens_l, logprobs_l = out_tokens.cpu().tolist(), out_logprobs.cpu().tolist()
-        counts, stopped_l = n_out.cpu().tolist(), stopped.cpu().tolist()
         decoded = decoded.cpu() if decoded is not None else None  # [B, steps - 1, hidden]
         width = prompt_hidden.shape[1] if prompt_hidden is not None else 0
         results = []
         for b, row in enumerate(rows):
-            n = counts[b]
+            # A row ends at its first stop token; the buffer past it holds no live tokens.
+            stop_at = next((i for i, tok in enumerate(tokens_l[b]) if tok in stop_ids), None)
+            n = len(tokens_l[b]) if stop_at is None else stop_at + 1
             hidden = None
             if prompt_hidden is not None:
                 parts = [prompt_hidden[b, width - len(row) :].cpu()]
@@ -181,7 +194,7 @@ class TorchEngine:
                     prompt_tokens=row,
                     output_tokens=tokens_l[b][:n],
                     logprobs=logprobs_l[b][:n],
-                    finish_reason="eos" if stopped_l[b] else "length",
+                    finish_reason="length" if stop_at is None else "eos",
                     seed=int(seeds[b]),
                     hidden_states=hidden,
                 )

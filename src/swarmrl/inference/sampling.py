@@ -98,6 +98,17 @@ def gumbel_noise(seeds: torch.Tensor, step: int | torch.Tensor, vocab: int) -> t
     return u.log_().neg_().log_().neg_().to(torch.float32)
 
 
+def gumbel_block(seeds: torch.Tensor, first_step: int, n_steps: int, vocab: int) -> torch.Tensor:
+    """g for steps first_step .. first_step+n_steps-1 at once: float32 [B, n_steps, vocab].
+
+    Same values as ``gumbel_noise`` step by step; one vectorised pass instead of n_steps.
+    """
+    batch = seeds.shape[0]
+    steps = torch.arange(first_step, first_step + n_steps, device=seeds.device)
+    rows = gumbel_noise(seeds.repeat_interleave(n_steps), steps.repeat(batch), vocab)
+    return rows.view(batch, n_steps, vocab)
+
+
 def mask_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Steps 1-3: temperature-scaled logits with tokens outside top-k/top-p set to -inf.
 
@@ -121,17 +132,24 @@ def mask_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seeds: torch.Tensor,
+    step: int,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 1-5 for one decode step of a batch.
 
-    logits: [B, vocab]; seeds: int64 [B]. Returns (tokens int64 [B], logprobs float32 [B]).
+    logits: [B, vocab]; seeds: int64 [B]; noise: ``gumbel_noise(seeds, step, vocab)`` if the
+    caller already has it (e.g. from ``gumbel_block``), else computed here.
+    Returns (tokens int64 [B], logprobs float32 [B]).
     """
     masked = mask_logits(logits, params)  # [B, vocab]
     logprobs = torch.log_softmax(masked, dim=-1)
     if params.greedy:
         tokens = torch.argmax(masked, dim=-1)
     else:
-        noise = gumbel_noise(seeds, step, masked.shape[-1])
+        if noise is None:
+            noise = gumbel_noise(seeds, step, masked.shape[-1])
         tokens = torch.argmax(masked + noise, dim=-1)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
