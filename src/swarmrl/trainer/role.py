@@ -323,10 +323,12 @@ def run(
 
             evals: dict[str, dict[str, float]] = {}
             heldout: list[dict[str, float]] = []
+            started: float | None = None
 
             def evaluate_now(step: int) -> dict[str, float]:
                 result = learner.evaluate()
-                heldout.append({"step": step, **result})
+                wall = time.monotonic() - started if started is not None else 0.0
+                heldout.append({"step": step, "wall_time": wall, **result})
                 log.info("held-out after %d steps: accuracy %.3f", step, result["accuracy"])
                 status.set(accuracy=result["accuracy"])
                 return result
