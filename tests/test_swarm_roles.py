@@ -1,0 +1,103 @@
+"""Worker generation and validator judgement, in process, on a tiny random model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarmrl.config import EMBEDDED_DEFAULT, load_config
+from swarmrl.envs import build_env
+from swarmrl.identity import KeyPair
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.launch.policy import LoadedVersion
+from swarmrl.model import build_char_tokenizer, create_tiny_model
+from swarmrl.protocol.pool import PendingSubmission, SamplingParams, WorkUnit
+from swarmrl.protocol.swarm import sample_seed
+from swarmrl.toploc.bundle import build_bundles
+from swarmrl.validator.judge import judge
+from swarmrl.worker.rollouts import corrupt_weights, generate_unit
+
+DIGEST = "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    config = load_config(
+        [EMBEDDED_DEFAULT],
+        ["env.digits=2", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+         "model.tiny.intermediate_size=64"],
+    )  # fmt: skip
+    env = build_env(config.env)
+    tokenizer = build_char_tokenizer(env.alphabet)
+    model = create_tiny_model(config.model.tiny, tokenizer).eval()
+    return config, env, tokenizer, model
+
+
+def _work(tasks: list[int], g: int = 3) -> WorkUnit:
+    return WorkUnit(
+        lease_id="l1", pool_id="swarm", node_id="n" * 32, task_indices=tasks, samples_per_task=g,
+        sampling=SamplingParams(max_new_tokens=6), seed=12345, min_version=0, deadline=1e12,
+        origin_node_id="n" * 32, origin_counter=0,
+    )  # fmt: skip
+
+
+def _submit(setup, state_dict=None, tasks=(5, 17)):
+    config, env, tokenizer, model = setup
+    worker = KeyPair.generate()
+    engine = TorchEngine(create_tiny_model(config.model.tiny, tokenizer), tokenizer)
+    engine.load_state_dict(state_dict or model.state_dict())
+
+    def prove(generations, params):
+        bundles = build_bundles(
+            generations, keypair=worker, policy_version=0, model_digest=DIGEST, params=params
+        )
+        return [b.model_dump(mode="json") for b in bundles]
+
+    work = _work(list(tasks))
+    samples = generate_unit(engine, env, tokenizer, work, 0, prove)
+    pending = PendingSubmission(
+        submission_id="s1", node_id=worker.node_id, node_key=worker.public_key_hex,
+        request_signature="0" * 128, body_digest="0" * 64, request_timestamp_ms=0,
+        request_nonce="0" * 32, work=work, samples=samples,
+    )  # fmt: skip
+    versions = {0: LoadedVersion(0, DIGEST, TorchEngine(model, tokenizer), tokenizer, Path("."))}
+    return pending, versions.__getitem__, config
+
+
+def test_samples_follow_the_lease_and_seed_rule(setup):
+    pending, _, _ = _submit(setup)
+    assert [s.task_index for s in pending.samples] == [5, 5, 5, 17, 17, 17]
+    seeds = [s.proof["seed"] for s in pending.samples]
+    assert seeds == [sample_seed(12345, i) for i in range(6)]
+
+
+def test_honest_submission_is_accepted_with_behaviour_logprobs(setup):
+    pending, versions, config = _submit(setup)
+    result = judge(pending, build_env(config.env), versions, config.toploc)
+    assert result.verdict is not None and result.verdict.accept, result.verdict
+    behaviour = result.verdict.behaviour_logprobs
+    assert [len(b) for b in behaviour] == [len(s.output_tokens) for s in pending.samples]
+    for b, s in zip(behaviour, pending.samples, strict=True):
+        assert b == pytest.approx(s.logprobs, abs=1e-3)
+    assert result.verdict.measured_tokens == sum(len(s.output_tokens) for s in pending.samples)
+
+
+def test_corrupted_weights_are_rejected_hard(setup):
+    _, _, _, model = setup
+    pending, versions, config = _submit(setup, corrupt_weights(model.state_dict(), seed=1))
+    result = judge(pending, build_env(config.env), versions, config.toploc)
+    assert result.verdict is not None and not result.verdict.accept
+    assert result.verdict.severity == "hard"
+    assert any("hidden_states" in r or "sampling" in r for r in result.verdict.reasons)
+
+
+def test_samples_for_other_tasks_are_rejected(setup):
+    pending, versions, config = _submit(setup)
+    swapped = [*pending.samples[3:], *pending.samples[:3]]  # answers task 17 where 5 was leased
+    pending = pending.model_copy(update={"samples": swapped})
+    result = judge(pending, build_env(config.env), versions, config.toploc)
+    assert not result.verdict.accept
+    assert "where the lease assigned 5" in result.verdict.reasons[0]
