@@ -98,3 +98,16 @@ def test_load_policy_missing_dir_is_one_line_user_error(tmp_path: Path) -> None:
     assert str(missing) in str(err.value)
     with pytest.raises(MissingPathError):
         load_policy("./relative/not/there")
+
+
+def test_load_policy_unreachable_hub_id_is_one_line_user_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import huggingface_hub.constants
+
+    # offline: the lookup fails at once instead of retrying a network that tests never use
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(MissingPathError) as err:
+        load_policy("swarmrl-no-such-org/no-such-model")
+    assert "\n" not in str(err.value)
+    assert "swarmrl-no-such-org/no-such-model" in str(err.value)

@@ -3,7 +3,7 @@
 ``save_policy`` writes ``config.json``, ``model.safetensors``, ``generation_config.json`` and the
 tokenizer files; ``load_policy`` reads them back with ``from_pretrained`` (a local directory or a
 hub id). A local-looking path that does not exist is a ``MissingPathError`` with a one-line
-message, not a hub lookup.
+message, not a hub lookup; so is a hub id that cannot be found or fetched.
 
 Knows nothing about versions, signatures or sharding (see ``swarmrl.shardcast``).
 """
@@ -53,8 +53,12 @@ def load_policy(
         if not (local / "config.json").is_file():
             raise MissingPathError(f"model directory not found or has no config.json: {local}")
         name = str(local)
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=_DTYPES[dtype])
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=_DTYPES[dtype])
+    except OSError as err:  # hub id not cached and the hub unreachable, or files missing
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise MissingPathError(f"cannot load model {name!r}: {first_line}") from err
     model.to(device)
     model.eval()
     return model, tokenizer
