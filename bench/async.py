@@ -22,26 +22,21 @@ from pathlib import Path
 
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 
+# the embedded config (task, model, warm start, RL batch) with shorter evaluation
 QUICK = [
-    "env.digits=2",
-    "sft.steps=150",
-    "sft.batch_size=64",
-    "sft.train_examples=2000",
-    "rl.prompts_per_step=8",
-    "rl.group_size=8",
     "eval.n=200",
     "eval.control=false",
-    "swarm.eval_every=4",
+    "swarm.eval_every=2",
     "swarm.ready_timeout_s=300",
 ]
 
 
-def warm_start(overrides: list[str], cache: Path) -> str:
-    """Train (or reuse) the warm start once; every arm then loads it by path."""
+def warm_start(overrides: list[str]) -> str:
+    """Train (or reuse, from run.cache_dir) the warm start once; every arm loads it by path."""
     from swarmrl.envs import build_env
     from swarmrl.trainer.warmstart import ensure_warm_start
 
-    config = load_config([EMBEDDED_DEFAULT], [*overrides, f"run.cache_dir={cache}"])
+    config = load_config([EMBEDDED_DEFAULT], overrides)
     return str(ensure_warm_start(config, build_env(config.env)).path)
 
 
@@ -91,13 +86,13 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/async.json")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="swarmrl-async-"))
     base = [*QUICK, f"rl.steps={args.steps}", "run.threads=1", *args.overrides]
     started = time.perf_counter()
-    policy = warm_start(base, work / "cache")
+    policy = warm_start(base)
     pinned = [*base, f"model.path={policy}"]
     arms = [swarm_arm(pinned, 0, work), swarm_arm(pinned, 2, work), colocated_arm(pinned)]
     target = min(a["accuracy_after"] for a in arms)
