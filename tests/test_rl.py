@@ -123,6 +123,7 @@ def tiny():
     return create_tiny_model(cfg, tok)
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_match_full_logits_and_gradients(tiny):
     ids = torch.randint(4, 16, (3, 11))
     full = torch.log_softmax(tiny(input_ids=ids).logits[:, :-1].float() / 0.7, -1)
