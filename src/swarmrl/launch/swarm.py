@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from swarmrl.config import SwarmConfig, save_config
 from swarmrl.errors import WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.launch.supervisor import Supervisor, free_port, http_ok, wait_until
+from swarmrl.launch.supervisor import Supervisor, free_port
 from swarmrl.protocol.pool import PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
 
@@ -279,7 +280,7 @@ def watch(
     plan: SwarmPlan,
     display: LiveDisplay,
     timeout_s: float,
-    on_tick: object = None,
+    on_tick: Callable[[dict[str, RoleStatus]], None] | None = None,
 ) -> None:
     """Redraw the display until the trainer exits 0; raise if any role dies or time runs out."""
     deadline = time.monotonic() + timeout_s
@@ -291,7 +292,7 @@ def watch(
         for name, status in statuses.items():
             if status.state == "banned" and name in sup.roles:
                 sup.retire(name)  # a banned worker leaves; the swarm goes on without it
-        if callable(on_tick):
+        if on_tick is not None:
             on_tick(statuses)
         if trainer.popen.poll() == 0:
             return
@@ -302,16 +303,6 @@ def watch(
                 f"{plan.config.rl.steps} steps; logs in {sup.log_dir}"
             )
         time.sleep(plan.config.swarm.status_interval_s)
-
-
-def orchestrator_ready(plan: SwarmPlan) -> bool:
-    return http_ok(f"{plan.orchestrator_url}/health")
-
-
-def wait_orchestrator(plan: SwarmPlan, timeout_s: float) -> None:
-    wait_until(
-        lambda: orchestrator_ready(plan), f"orchestrator at {plan.orchestrator_url}", timeout_s
-    )
 
 
 # --- the whole run ---------------------------------------------------------------------------

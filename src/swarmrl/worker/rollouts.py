@@ -15,6 +15,7 @@ Knows nothing about HTTP or pools beyond the wire types of a work unit and a sam
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -48,7 +49,7 @@ def engine_params(work: WorkUnit) -> SamplingParams:
     )
 
 
-class Generator:
+class Generator(Protocol):
     """Anything with the engine's ``generate`` verb (see ``swarmrl.inference.engine``)."""
 
     def generate(
