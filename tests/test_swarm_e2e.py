@@ -8,7 +8,9 @@ trainer has not finished in time, and every role is stopped whatever happens.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -121,7 +123,7 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
 
 def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cache_dir):
     """Kill a worker holding a lease, kill the relay, restart the orchestrator: the run ends."""
-    config = _config(cache_dir, "rl.steps=6", "swarm.workers=2", "swarm.lease_timeout_s=6")
+    config = _config(cache_dir, "rl.steps=10", "swarm.workers=2", "swarm.lease_timeout_s=3")
     run_dir = tmp_path / "run"
     plan = prepare(config, run_dir)
     done: set[str] = set()
@@ -135,8 +137,16 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
             trainer = statuses.get("trainer")
             step = trainer.metrics.get("step", 0) if trainer else 0
             if "worker" not in done and _active_leases(run_dir, doomed) > 0:
-                sup.kill("worker-1")  # a machine vanishing while it holds a lease
-                done.add("worker")
+                # freeze it, then make sure the lease is still open (a submit may have been in
+                # flight): a machine vanishing while it holds a lease
+                pid = sup.roles["worker-1"].pid
+                os.killpg(pid, signal.SIGSTOP)
+                time.sleep(0.5)
+                if _active_leases(run_dir, doomed) > 0:
+                    sup.kill("worker-1")
+                    done.add("worker")
+                else:
+                    os.killpg(pid, signal.SIGCONT)
             if "relay" not in done and step >= 1:
                 sup.kill("relay-0")
                 done.add("relay")
@@ -151,7 +161,7 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
 
     assert done == {"worker", "relay", "orchestrator"}
     summary = _summary(run_dir)
-    assert [row["step"] for row in summary["history"]] == [0, 1, 2, 3, 4, 5]
+    assert [row["step"] for row in summary["history"]] == list(range(10))
     assert facts["ledger"]["verified"] is True
     assert facts["swarm"]["submissions"]["rejected"] == 0
     after = _submissions(run_dir)
