@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.identity import load_keypair
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.launch.supervisor import Supervisor
+from swarmrl.launch.supervisor import Supervisor, wait_until
 from swarmrl.launch.swarm import (
     prepare,
     run_swarm,
@@ -86,6 +86,17 @@ def _active_leases(run_dir: Path, node_id: str) -> int:
             ).scalar_one()
     except sa.exc.OperationalError:  # tables not created yet
         return 0
+    finally:
+        engine.dispose()
+
+
+def _reassigned(run_dir: Path) -> int:
+    engine = make_engine(sqlite_url(run_dir / "orchestrator" / "pool.db"))
+    try:
+        with engine.connect() as conn:
+            return conn.execute(
+                sa.text("select count(*) from leases where reassigned_to is not null")
+            ).scalar_one()
     finally:
         engine.dispose()
 
@@ -157,6 +168,9 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
                 done.add("orchestrator")
 
         watch(sup, plan, live, timeout_s=400, on_tick=faults)
+        # the surviving worker keeps leasing after the last step; give the orphaned lease
+        # (deadline lease_timeout_s after the kill) time to be handed to it
+        wait_until(lambda: _reassigned(run_dir) >= 1, "the dead worker's lease to move", 30)
         facts = swarm_facts(plan)
 
     assert done == {"worker", "relay", "orchestrator"}
@@ -171,14 +185,7 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
             assert after[sid][1] in ("accepted", "trained")
     consumed = summary["consumed_submissions"]
     assert len(consumed) == len(set(consumed))
-    # the dead worker's lease went to the surviving worker
-    engine = make_engine(sqlite_url(run_dir / "orchestrator" / "pool.db"))
-    with engine.connect() as conn:
-        reassigned = conn.execute(
-            sa.text("select count(*) from leases where reassigned_to is not null")
-        ).scalar_one()
-    engine.dispose()
-    assert reassigned >= 1
+    assert _reassigned(run_dir) >= 1  # the dead worker's lease went to the survivor
     # the surviving worker kept getting versions after the relay died (origin fallback)
     survivor = json.loads((run_dir / "status" / "worker-0.json").read_text())
     assert survivor["policy_version"] >= 4
