@@ -45,6 +45,16 @@ def add_role_args(parser: argparse.ArgumentParser, *, needs_key: bool = True) ->
     )
 
 
+def add_peer_args(parser: argparse.ArgumentParser) -> None:
+    """Options of the roles that lease from a pool and fetch weights (worker, validator)."""
+    parser.add_argument("--orchestrator", required=True, help="orchestrator URL")
+    parser.add_argument("--pool", default="swarm", help="pool id")
+    parser.add_argument("--weights", action="append", required=True, help="relay or origin URL")
+    parser.add_argument(
+        "--publisher-key", required=True, help="trainer's public key (hex) or key file"
+    )
+
+
 def load_role_config(args: argparse.Namespace) -> SwarmConfig:
     from swarmrl.config import EMBEDDED_DEFAULT
 

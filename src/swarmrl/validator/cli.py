@@ -23,6 +23,7 @@ from swarmrl.identity import load_keypair
 from swarmrl.launch.policy import LoadedVersion, load_version, publisher_key, set_threads
 from swarmrl.launch.rolekit import (
     StatusReporter,
+    add_peer_args,
     add_role_args,
     load_role_config,
     retry,
@@ -39,12 +40,7 @@ KEEP_LOADED = 3
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarmrl validator", description=__doc__.splitlines()[0])
     add_role_args(parser)
-    parser.add_argument("--orchestrator", required=True, help="orchestrator URL")
-    parser.add_argument("--pool", default="swarm", help="pool id")
-    parser.add_argument("--weights", action="append", required=True, help="relay or origin URL")
-    parser.add_argument(
-        "--publisher-key", required=True, help="trainer's public key (hex) or key file"
-    )
+    add_peer_args(parser)
     parser.add_argument(
         "--work-dir", default=None, help="weights cache (default: ./validator-NAME)"
     )

@@ -19,6 +19,7 @@ from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import load_keypair
 from swarmrl.launch.rolekit import (
     StatusReporter,
+    add_peer_args,
     add_role_args,
     load_role_config,
     setup_logging,
@@ -29,12 +30,7 @@ from swarmrl.launch.supervisor import terminate_as_interrupt
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarmrl worker", description=__doc__.splitlines()[0])
     add_role_args(parser)
-    parser.add_argument("--orchestrator", required=True, help="orchestrator URL")
-    parser.add_argument("--pool", default="swarm", help="pool id")
-    parser.add_argument("--weights", action="append", required=True, help="relay or origin URL")
-    parser.add_argument(
-        "--publisher-key", required=True, help="trainer's public key (hex) or key file"
-    )
+    add_peer_args(parser)
     parser.add_argument("--invite", default=None, help="invite JSON from the pool owner")
     parser.add_argument("--work-dir", default=None, help="weights cache (default: ./worker-NAME)")
     return parser
