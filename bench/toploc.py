@@ -9,7 +9,7 @@
 2. Calibration: ``swarmrl.toploc.calibrate`` on a separate honest set -> thresholds.
 3. Honest bar: samples generated across batch sizes 1/8/32, 1 and 2 threads, with the
    engine's KV cache and with a plain full-forward loop without cache; every one must pass.
-4. Cheats (``swarmrl.toploc.attacks``), >= 50 samples each: every one must be rejected.
+4. Cheats (``swarmrl.testing.cheats``), >= 50 samples each: every one must be rejected.
 5. Costs: proof building vs generation time, validation vs generation time, bytes per chunk,
    and build/verify speed of the reference ``toploc`` package on the same activations.
 
@@ -38,7 +38,7 @@ from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.tokenizer import build_char_tokenizer
-from swarmrl.toploc import attacks
+from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
 from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks
 from swarmrl.toploc.hidden import compare_chunks

@@ -11,7 +11,6 @@ from swarmrl.identity.requests import request_message
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
 from swarmrl.pool.scheduling import draw_tasks
-from swarmrl.pool.simulate import CPU_NODE, local_orchestrator, synthetic_samples
 from swarmrl.protocol.pool import (
     Heartbeat,
     InvalidateRequest,
@@ -20,6 +19,7 @@ from swarmrl.protocol.pool import (
     Submission,
     Verdict,
 )
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 
 def _spec(owner: KeyPair, validator: KeyPair, **kw) -> PoolSpec:

@@ -19,8 +19,8 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
-from swarmrl.pool.simulate import CPU_NODE, local_orchestrator, synthetic_samples
 from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 6

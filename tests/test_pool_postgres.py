@@ -19,8 +19,8 @@ from swarmrl.identity import KeyPair
 from swarmrl.ledger.verify import verify_export
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
-from swarmrl.pool.simulate import CPU_NODE, local_orchestrator, synthetic_samples
 from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_FILE = REPO / ".ci" / "pg.env"

@@ -14,7 +14,6 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
-from swarmrl.pool.simulate import CPU_NODE, local_orchestrator, synthetic_samples
 from swarmrl.protocol.pool import (
     Heartbeat,
     JoinRequest,
@@ -23,6 +22,7 @@ from swarmrl.protocol.pool import (
     SamplingParams,
     Submission,
 )
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "secure"
 

@@ -14,7 +14,7 @@ from swarmrl.shardcast import Publisher, store
 from swarmrl.shardcast.delta import apply_delta, encode_delta
 from swarmrl.shardcast.manifest import parse_manifest, sign_manifest, verify_manifest
 from swarmrl.shardcast.server import parse_range
-from swarmrl.shardcast.testing import random_weights, write_checkpoint
+from swarmrl.testing.shardcast import random_weights, write_checkpoint
 
 CFG = ShardcastConfig(shard_size_bytes=64 * 1024, keep_versions=2, keyframe_interval=3)
 

@@ -21,7 +21,7 @@ from swarmrl.errors import BadSignature, CorruptData, InfraError, PeerUnavailabl
 from swarmrl.identity import KeyPair
 from swarmrl.shardcast import Publisher, WeightClient, store
 from swarmrl.shardcast.assemble import FileWriter
-from swarmrl.shardcast.testing import random_weights, serve_store, write_checkpoint
+from swarmrl.testing.shardcast import random_weights, serve_store, write_checkpoint
 
 SHARD = 16 * 1024
 CFG = ShardcastConfig(

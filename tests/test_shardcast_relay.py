@@ -18,7 +18,7 @@ from swarmrl.shardcast.catalog import Catalog
 from swarmrl.shardcast.cli import main as cli_main
 from swarmrl.shardcast.relay import Follower
 from swarmrl.shardcast.server import build_app, serve_in_thread
-from swarmrl.shardcast.testing import random_weights, serve_store, write_checkpoint
+from swarmrl.testing.shardcast import random_weights, serve_store, write_checkpoint
 
 KEY = KeyPair.from_seed(b"\x05" * 32)
 # long-polls are held 20 s: anything that arrives in well under that came from a push

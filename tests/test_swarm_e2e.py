@@ -17,7 +17,6 @@ import sqlalchemy as sa
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.identity import load_keypair
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.launch.supervisor import Supervisor, wait_until
 from swarmrl.launch.swarm import (
     POOL_ID,
     prepare,
@@ -29,6 +28,7 @@ from swarmrl.launch.swarm import (
 )
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.db import make_engine, sqlite_url
+from swarmrl.rolekit.supervisor import Supervisor, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from swarmrl.errors import PeerUnavailable, WaitTimeout
-from swarmrl.launch.rolekit import StatusReporter, retry, wait_for
 from swarmrl.protocol.swarm import RoleStatus
+from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 
 LOG = logging.getLogger("test")
 

@@ -11,13 +11,13 @@ from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.launch.policy import LoadedVersion
 from swarmrl.model import build_char_tokenizer, create_tiny_model
 from swarmrl.protocol.pool import PendingSubmission, SamplingParams, WorkUnit
 from swarmrl.protocol.swarm import sample_seed
+from swarmrl.rolekit.policy import LoadedVersion
+from swarmrl.roles.validator.judge import judge
+from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit
 from swarmrl.toploc.bundle import build_bundles
-from swarmrl.validator.judge import judge
-from swarmrl.worker.rollouts import corrupt_weights, generate_unit
 
 DIGEST = "ab" * 32
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swarmrl.errors import WaitTimeout
-from swarmrl.launch.supervisor import RoleExited, Supervisor, free_port, wait_until
+from swarmrl.rolekit.supervisor import RoleExited, Supervisor, free_port, wait_until
 
 
 def _gone(pid: int) -> bool:
@@ -115,7 +115,7 @@ def test_wait_ready_fails_fast_when_role_dies(tmp_path):
 
 SUPERVISOR_SCRIPT = """
     import sys, time
-    from swarmrl.launch.supervisor import Supervisor, terminate_as_interrupt
+    from swarmrl.rolekit.supervisor import Supervisor, terminate_as_interrupt
     run_dir = sys.argv[1]
     with terminate_as_interrupt(), Supervisor(run_dir, grace_s=2) as sup:
         role = sup.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])

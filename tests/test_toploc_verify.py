@@ -15,7 +15,7 @@ from swarmrl.inference.sampling import gumbel_noise
 from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.tokenizer import build_char_tokenizer
-from swarmrl.toploc import attacks
+from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.bundle import seal
 from swarmrl.toploc.calibrate import generate_without_cache, measure, recommend
 from swarmrl.toploc.prefill import prefill_many

@@ -22,14 +22,14 @@ VERBS: dict[str, tuple[str, str]] = {
     "filter": ("swarmrl.trainer.cli", "keep tasks whose pass rate lies in [lo, hi]"),
     "toploc": ("swarmrl.toploc.cli", "verifiable-inference tools (calibrate thresholds)"),
     "shardcast": ("swarmrl.shardcast.cli", "publish and fetch signed weight versions"),
-    "relay": ("swarmrl.shardcast.cli", "run a weight relay following upstreams"),
+    "relay": ("swarmrl.roles.relay.cli", "run a weight relay following upstreams"),
     "keys": ("swarmrl.identity.cli", "make ed25519 key files"),
     "pool": ("swarmrl.pool.cli", "pool administration (invites)"),
-    "orchestrator": ("swarmrl.pool.cli", "run the pool service"),
+    "orchestrator": ("swarmrl.roles.orchestrator.cli", "run the pool service"),
     "ledger": ("swarmrl.ledger.cli", "export and verify the contribution ledger"),
-    "trainer": ("swarmrl.trainer.role", "run the trusted trainer role"),
-    "worker": ("swarmrl.worker.cli", "run an untrusted inference worker"),
-    "validator": ("swarmrl.validator.cli", "run a trusted validator"),
+    "trainer": ("swarmrl.roles.trainer.cli", "run the trusted trainer role"),
+    "worker": ("swarmrl.roles.worker.cli", "run an untrusted inference worker"),
+    "validator": ("swarmrl.roles.validator.cli", "run a trusted validator"),
 }
 
 

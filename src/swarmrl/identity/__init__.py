@@ -11,6 +11,8 @@ from swarmrl.identity.keys import (
     digest_hex,
     load_keypair,
     node_id_for,
+    parse_public_key,
+    parse_public_keys,
     verify_signature,
 )
 
@@ -21,5 +23,7 @@ __all__ = [
     "digest_hex",
     "load_keypair",
     "node_id_for",
+    "parse_public_key",
+    "parse_public_keys",
     "verify_signature",
 ]

@@ -153,3 +153,39 @@ def load_keypair(path: str | Path) -> KeyPair:
     if data.get("public_key") not in (None, pair.public.hex):
         raise UserError(f"key file {path}: public_key does not match private_key")
     return pair
+
+
+def _is_hex_key(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def parse_public_key(value: str) -> str:
+    """A public key (lower-case hex) from 64 hex characters or a key file.
+
+    A key file is either a swarmrl key file (its ``public_key``) or a file holding the bare
+    64-hex public key. Raises a one-line :class:`UserError` for anything else.
+    """
+    text = value.strip()
+    if _is_hex_key(text):
+        return text.lower()
+    path = Path(text)
+    if not path.is_file():
+        raise MissingPathError(f"public key is neither 64 hex characters nor a key file: {value}")
+    body = path.read_text().strip()
+    if _is_hex_key(body):
+        return body.lower()
+    try:
+        key = str(json.loads(body)["public_key"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path} is not a swarmrl key file nor a 64-hex public key") from exc
+    if not _is_hex_key(key):
+        raise UserError(f"{path}: public_key is not 64 hex characters")
+    return key.lower()
+
+
+def parse_public_keys(value: str) -> list[str]:
+    """Several public keys, comma-separated, each as :func:`parse_public_key` reads it."""
+    keys = [parse_public_key(item) for item in value.split(",") if item.strip()]
+    if not keys:
+        raise UserError("no public key given")
+    return keys

@@ -32,9 +32,9 @@ from swarmrl.config import SwarmConfig, save_config
 from swarmrl.errors import WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.launch.supervisor import Supervisor, free_port
 from swarmrl.protocol.pool import PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
+from swarmrl.rolekit.supervisor import Supervisor, free_port
 
 POOL_ID = "swarm"
 HOST = "127.0.0.1"

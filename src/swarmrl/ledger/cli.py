@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from swarmrl.errors import MissingPathError, UserError
-from swarmrl.ledger.export import write_export
+from swarmrl.ledger.export import open_ledger_db, write_export
 from swarmrl.ledger.verify import verify_export
 
 
@@ -34,9 +34,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     console = Console(width=max(Console().width, 160))
     if args.action == "export":
-        from swarmrl.pool.db import make_engine
-
-        count = write_export(make_engine(args.db), args.out)
+        count = write_export(open_ledger_db(args.db), args.out)
         console.print(f"exported {count} ledger entries to {args.out}")
         return 0
     key = args.orchestrator_key.strip().lower()

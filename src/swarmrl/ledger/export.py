@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from swarmrl.errors import UserError
 from swarmrl.ledger.chain import ledger_table
 from swarmrl.ledger.verify import export_lines
 
@@ -41,6 +42,20 @@ def read_entries(engine: sa.Engine, last: int | None = None) -> list[dict[str, A
         }
         for r in rows
     ]
+
+
+def open_ledger_db(url: str) -> sa.Engine:
+    """An engine over an existing database that holds a ledger table (read only here)."""
+    try:
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(ledger_table.name):
+                raise UserError(f"database {url!r} holds no ledger")
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+        raise UserError(f"bad database URL {url!r}: {exc}") from exc
+    except sa.exc.OperationalError as exc:
+        raise UserError(f"cannot open database {url!r}: {exc.orig}") from exc
+    return engine
 
 
 def write_export(engine: sa.Engine, out: str | Path) -> int:

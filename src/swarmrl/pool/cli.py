@@ -1,7 +1,5 @@
-"""``swarmrl orchestrator`` (run the pool service) and ``swarmrl pool`` (invites, pool creation).
+"""``swarmrl pool``: pool administration (invites, pool creation); the service is a role.
 
-    swarmrl orchestrator --key orch.json [--db URL] [--store DIR|URL] [--run-dir DIR]
-                         [--host 127.0.0.1] [--port 8600] [--pool spec.json …] [--set k=v …]
     swarmrl pool invite --key owner.json --pool ID [--expires-in 86400] [--node NODE_ID] [--out F]
     swarmrl pool create --url URL --key orch.json --spec spec.json
 
@@ -12,20 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from swarmrl.config.load import parse_override
-from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import ConfigError, MissingPathError, UserError
 from swarmrl.identity.keys import load_keypair
 from swarmrl.protocol.pool import PoolSpec
 
 
-def _read_spec(path: str) -> PoolSpec:
+def read_spec(path: str) -> PoolSpec:
     file = Path(path)
     if not file.is_file():
         raise MissingPathError(f"pool spec not found: {path}")
@@ -35,47 +30,6 @@ def _read_spec(path: str) -> PoolSpec:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"pool spec {path}: {where}: {first['msg']}") from exc
-
-
-def _orchestrator(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="swarmrl orchestrator", description="run the pool service"
-    )
-    parser.add_argument("--key", required=True, help="orchestrator key file (signs the ledger)")
-    parser.add_argument("--db", default="", help="SQLAlchemy URL (default: SQLite in --run-dir)")
-    parser.add_argument("--store", default="", help="rollout dir or fsspec URL (default: run dir)")
-    parser.add_argument("--run-dir", default="runs/orchestrator", help="default db/store home")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8600, help="0 = any free port")
-    parser.add_argument("--port-file", default=None, help="write the bound port here")
-    parser.add_argument("--pool", action="append", default=[], help="pool spec JSON to host")
-    parser.add_argument("--set", action="append", default=[], help="pool config key=value")
-    args = parser.parse_args(list(argv))
-    overrides: dict[str, object] = {}
-    for item in args.set:
-        overrides.update(parse_override(item))
-    try:
-        config = PoolConfig(**{**overrides, "db_url": args.db, "store_url": args.store})
-    except ValidationError as exc:
-        raise ConfigError(f"pool config: {exc.errors()[0]['msg']}") from exc
-    from swarmrl.pool import service
-    from swarmrl.pool.rejections import Conflict
-    from swarmrl.pool.server import make_context, serve_forever
-
-    ctx = make_context(load_keypair(args.key), args.run_dir, config)
-    for path in args.pool:
-        spec = _read_spec(path)
-        try:
-            service.create_pool(ctx, spec)
-        except Conflict:  # already hosted (a restart): its state comes back from the database
-            if service.get_pool(ctx, spec.pool_id).spec != spec:
-                print(
-                    f"swarmrl orchestrator: warning: pool {spec.pool_id!r} already exists with "
-                    f"a different spec than {path}; keeping the stored one",
-                    file=sys.stderr,
-                )
-    serve_forever(ctx, args.host, args.port, args.port_file)
-    return 0
 
 
 def _pool(argv: Sequence[str]) -> int:
@@ -108,10 +62,10 @@ def _pool(argv: Sequence[str]) -> int:
     from swarmrl.pool.client import PoolClient
 
     with PoolClient(args.url, load_keypair(args.key)) as client:
-        info = client.create_pool(_read_spec(args.spec))
+        info = client.create_pool(read_spec(args.spec))
     print(json.dumps(info.model_dump(mode="json"), indent=2))
     return 0
 
 
 def main(verb: str, argv: Sequence[str]) -> int:
-    return _orchestrator(argv) if verb == "orchestrator" else _pool(argv)
+    return _pool(argv)

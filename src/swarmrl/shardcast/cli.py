@@ -1,4 +1,4 @@
-"""The ``swarmrl shardcast`` (publish / fetch / serve-origin) and ``swarmrl relay`` verbs.
+"""The ``swarmrl shardcast`` verb: publish, fetch and serve-origin (the relay is a role).
 
 Knows nothing about training; parses arguments and calls the library.
 """
@@ -8,37 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
-import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import MissingPathError, UserError
+from swarmrl.identity.keys import parse_public_keys
 
 
-def _publisher_keys(value: str) -> list[str]:
-    """Public keys from hex (comma-separated) or a key file (swarmrl key JSON or bare hex)."""
-    keys = []
-    for item in value.split(","):
-        item = item.strip()
-        if len(item) == 64 and all(c in "0123456789abcdefABCDEF" for c in item):
-            keys.append(item.lower())
-            continue
-        path = Path(item)
-        if not path.is_file():
-            raise MissingPathError(f"publisher key is neither 64 hex chars nor a file: {item}")
-        text = path.read_text().strip()
-        try:
-            keys.append(json.loads(text)["public_key"].lower())
-        except (ValueError, KeyError, TypeError):
-            if len(text) != 64:
-                raise UserError(f"{path}: not a key file and not a 64-hex public key") from None
-            keys.append(text.lower())
-    return keys
-
-
-def _config(args: argparse.Namespace) -> ShardcastConfig:
+def shardcast_config(args: argparse.Namespace) -> ShardcastConfig:
     overrides = {}
     for name in ("shard_size_bytes", "keep_versions", "keyframe_interval", "parallel_downloads"):
         value = getattr(args, name, None)
@@ -47,25 +23,9 @@ def _config(args: argparse.Namespace) -> ShardcastConfig:
     return ShardcastConfig(**overrides)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_shardcast_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-versions", dest="keep_versions", type=int, help="versions to keep")
     parser.add_argument("--log-level", default="INFO", help="logging level (INFO, DEBUG, …)")
-
-
-def _serve_forever(app, host: str, port: int, on_stop=None) -> int:
-    from swarmrl.shardcast.server import serve_in_thread
-
-    running = serve_in_thread(app, host, port)
-    print(f"serving on {running.url}", flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(1.0) and running.thread.is_alive():
-        pass
-    if on_stop is not None:
-        on_stop()
-    running.stop()
-    return 0
 
 
 def _shardcast(argv: Sequence[str]) -> int:
@@ -81,7 +41,7 @@ def _shardcast(argv: Sequence[str]) -> int:
     pub.add_argument("--step", type=int, help="trainer step (default: the version)")
     pub.add_argument("--shard-size", dest="shard_size_bytes", type=int, help="shard size in bytes")
     pub.add_argument("--keyframe-interval", dest="keyframe_interval", type=int)
-    _common(pub)
+    add_shardcast_args(pub)
     fetch = sub.add_parser("fetch", help="fetch a version into a directory")
     fetch.add_argument(
         "--source",
@@ -99,17 +59,17 @@ def _shardcast(argv: Sequence[str]) -> int:
         "--allow-rollback", action="store_true", help="accept a version older than the one held"
     )
     fetch.add_argument("--parallel", dest="parallel_downloads", type=int)
-    _common(fetch)
+    add_shardcast_args(fetch)
     origin = sub.add_parser("serve-origin", help="serve a store directory over HTTP")
     origin.add_argument("--store", required=True)
     origin.add_argument("--host", default="127.0.0.1")
     origin.add_argument("--port", type=int, default=8470)
-    _common(origin)
+    add_shardcast_args(origin)
     args = parser.parse_args(list(argv))
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg = _config(args)
+    cfg = shardcast_config(args)
 
     if args.command == "publish":
         from swarmrl.identity import load_keypair
@@ -134,7 +94,7 @@ def _shardcast(argv: Sequence[str]) -> int:
         from swarmrl.shardcast.client import WeightClient
 
         sources = [s.strip() for item in args.source for s in item.split(",") if s.strip()]
-        client = WeightClient(sources, _publisher_keys(args.publisher_key), args.out, cfg)
+        client = WeightClient(sources, parse_public_keys(args.publisher_key), args.out, cfg)
         version = args.version if args.version == "latest" else int(args.version)
         path = client.fetch(version, allow_rollback=args.allow_rollback)
         for report in client.reports:
@@ -144,47 +104,14 @@ def _shardcast(argv: Sequence[str]) -> int:
         print(path)
         return 0
     from swarmrl.shardcast.catalog import Catalog
-    from swarmrl.shardcast.server import build_app
+    from swarmrl.shardcast.server import build_app, serve_until_signal
 
     catalog = Catalog(args.store, cfg.keep_versions)
     catalog.refresh()
-    return _serve_forever(
+    return serve_until_signal(
         build_app(catalog, cfg, role="origin", watch_disk=True), args.host, args.port
     )
 
 
-def _relay(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="swarmrl relay", description="run a weight relay following upstreams"
-    )
-    parser.add_argument("--upstream", required=True, help="URL[,URL…] of origins or relays")
-    parser.add_argument(
-        "--publisher-key", required=True, help="trusted publisher key: hex or key file"
-    )
-    parser.add_argument(
-        "--store", required=True, help="directory for the versions this relay holds"
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8471)
-    _common(parser)
-    args = parser.parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    from swarmrl.shardcast.catalog import Catalog
-    from swarmrl.shardcast.relay import Follower
-    from swarmrl.shardcast.server import build_app
-
-    cfg = _config(args)
-    catalog = Catalog(args.store, cfg.keep_versions)
-    upstreams = [u.strip() for u in args.upstream.split(",") if u.strip()]
-    follower = Follower(upstreams, _publisher_keys(args.publisher_key), catalog, cfg)
-    app = build_app(catalog, cfg, role="relay")
-    follower.start()
-    return _serve_forever(app, args.host, args.port, on_stop=follower.stop)
-
-
 def main(verb: str, argv: Sequence[str]) -> int:
-    if verb == "relay":
-        return _relay(argv)
     return _shardcast(argv)

@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -361,6 +362,23 @@ def serve_in_thread(
         time.sleep(0.02)
     catalog = getattr(app.state, "catalog", None)
     return RunningServer(server, thread, f"http://{host}:{bound}", catalog)
+
+
+def serve_until_signal(
+    app: Starlette, host: str, port: int, on_stop: Callable[[], None] | None = None
+) -> int:
+    """Serve ``app`` until SIGINT/SIGTERM (or the server thread dies); the CLI verbs' loop."""
+    running = serve_in_thread(app, host, port)
+    print(f"serving on {running.url}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(1.0) and running.thread.is_alive():
+        pass
+    if on_stop is not None:
+        on_stop()
+    running.stop()
+    return 0
 
 
 def serve_origin(

@@ -2,6 +2,7 @@
 
 ``sft`` and ``warmstart`` (the cached supervised warm start), ``batch`` (rollouts → padded
 tensors), ``step`` (one clipped policy-gradient step, shared by every mode), ``rollout`` and
-``colocated`` (generate-then-train in one process), ``evaluate`` (held-out accuracy), ``cli``
-(the ``sft``/``eval``/``filter`` verbs) and ``role`` (the swarm's trusted trainer).
+``colocated`` (generate-then-train in one process), ``evaluate`` (held-out accuracy) and ``cli``
+(the ``sft``/``eval``/``filter`` verbs). The swarm's trainer process is
+:mod:`swarmrl.roles.trainer`.
 """

@@ -113,10 +113,10 @@ def filter_main(args: argparse.Namespace) -> int:
     import torch
 
     from swarmrl.inference.engine import TorchEngine
+    from swarmrl.model.prompts import derive_seed
     from swarmrl.rl import pass_rate_mask
     from swarmrl.trainer.evaluate import correctness
     from swarmrl.trainer.rollout import sampling_params
-    from swarmrl.trainer.tokens import derive_seed
 
     if not 0.0 <= args.lo <= args.hi <= 1.0:
         raise ConfigError(f"need 0 <= --lo <= --hi <= 1, got {args.lo} and {args.hi}")

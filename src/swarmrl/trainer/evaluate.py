@@ -17,8 +17,8 @@ from swarmrl.config.rl import SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.types import SamplingParams
+from swarmrl.model.prompts import decode_completion, derive_seed, encode_prompt
 from swarmrl.trainer.rollout import sampling_params
-from swarmrl.trainer.tokens import decode_completion, derive_seed, encode_prompt
 
 EVAL_BATCH = 512  # prompts per engine call
 

@@ -20,9 +20,9 @@ from swarmrl.config.rl import RLConfig, SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.types import SamplingParams
+from swarmrl.model.prompts import decode_completion, derive_seed, encode_prompt
 from swarmrl.rl import fill_with_informative
 from swarmrl.trainer.batch import Completion, Group
-from swarmrl.trainer.tokens import decode_completion, derive_seed, encode_prompt
 
 
 def sampling_params(sampling: SamplingConfig, tokenizer: PreTrainedTokenizerBase) -> SamplingParams:

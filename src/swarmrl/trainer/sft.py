@@ -9,7 +9,7 @@ the right answer often enough under sampling for an exact-match reward to find i
 mean cross-entropy over completion tokens (answer and EOS), the prompt is context only.
 
 Sequence layout (right-padded): ``<bos> prompt completion <eos> <pad>...`` (see
-``swarmrl.trainer.tokens``).
+``swarmrl.model.prompts``).
 
 Knows nothing about RL or generation; :func:`greedy_exact_match` checks greedy correctness by
 teacher forcing (greedy decoding yields the reference exactly when every reference token is the
@@ -27,7 +27,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment, Task
-from swarmrl.trainer.tokens import encode_prompt
+from swarmrl.model.prompts import encode_prompt
 
 
 @dataclass

@@ -6,7 +6,7 @@
 
 ``--weights`` lists relays first and the origin last; the client weighs sources by measured
 throughput and falls back to the others when one fails. Knows only argument parsing; the node
-itself is ``swarmrl.worker.node``.
+itself is ``swarmrl.roles.worker.node``.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import load_keypair
-from swarmrl.launch.rolekit import (
+from swarmrl.rolekit.supervisor import terminate_as_interrupt
+from swarmrl.rolekit.toolkit import (
     StatusReporter,
     add_peer_args,
     add_role_args,
     load_role_config,
     setup_logging,
 )
-from swarmrl.launch.supervisor import terminate_as_interrupt
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,9 +42,10 @@ def main(verb: str, argv: Sequence[str]) -> int:
     keypair = load_keypair(args.key)
     name = args.name or f"worker-{keypair.node_id[:8]}"
     log = setup_logging(name)
-    from swarmrl.launch.policy import publisher_key, set_threads
+    from swarmrl.identity.keys import parse_public_key
     from swarmrl.protocol.pool import Invite
-    from swarmrl.worker.node import WorkerNode, WorkerSettings
+    from swarmrl.rolekit.policy import set_threads
+    from swarmrl.roles.worker.node import WorkerNode, WorkerSettings
 
     invite = None
     if args.invite:
@@ -60,7 +61,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
         orchestrator=args.orchestrator,
         pool_id=args.pool,
         weight_sources=[u for item in args.weights for u in item.split(",") if u],
-        publisher_key=publisher_key(args.publisher_key),
+        publisher_key=parse_public_key(args.publisher_key),
         work_dir=Path(args.work_dir or f"worker-{name}"),
         invite=invite,
     )

@@ -24,12 +24,12 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import Environment, Task
-from swarmrl.launch.policy import LoadedVersion
+from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.pool import PendingSubmission, Verdict
 from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, SamplingSpec
 from swarmrl.protocol.swarm import sample_seed
+from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.verify import Verifier
-from swarmrl.trainer.tokens import decode_completion, encode_prompt
 
 MAX_REASONS = 8
 

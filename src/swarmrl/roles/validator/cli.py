@@ -4,7 +4,7 @@
                       --weights URL [--weights URL …] --publisher-key KEY [--work-dir DIR]
 
 Loop: claim pending submissions, fetch each declared policy version through shardcast (the
-last few stay loaded), judge (``swarmrl.validator.judge``), post the signed verdict. The
+last few stay loaded), judge (``swarmrl.roles.validator.judge``), post the signed verdict. The
 validator's key must be listed in the pool's ``validators``. Knows nothing about training.
 """
 
@@ -20,8 +20,11 @@ from pathlib import Path
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import build_env
 from swarmrl.identity import load_keypair
-from swarmrl.launch.policy import LoadedVersion, load_version, publisher_key, set_threads
-from swarmrl.launch.rolekit import (
+from swarmrl.identity.keys import parse_public_key
+from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads
+from swarmrl.rolekit.supervisor import terminate_as_interrupt
+from swarmrl.rolekit.toolkit import (
     StatusReporter,
     add_peer_args,
     add_role_args,
@@ -29,10 +32,8 @@ from swarmrl.launch.rolekit import (
     retry,
     setup_logging,
 )
-from swarmrl.launch.supervisor import terminate_as_interrupt
-from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.roles.validator.judge import judge
 from swarmrl.shardcast import WeightClient
-from swarmrl.validator.judge import judge
 
 KEEP_LOADED = 3
 
@@ -90,7 +91,7 @@ def run(
     work_dir = Path(args.work_dir or f"validator-{status.status.name}")
     weights = WeightClient(
         [u for item in args.weights for u in item.split(",") if u],
-        publisher_key(args.publisher_key),
+        parse_public_key(args.publisher_key),
         work_dir / "weights",
         config.shardcast,
         client_id=keypair.node_id[:12],

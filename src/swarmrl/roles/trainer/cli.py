@@ -39,24 +39,24 @@ from swarmrl.envs import Environment, build_env
 from swarmrl.errors import WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.launch.rolekit import (
+from swarmrl.model.io import save_policy
+from swarmrl.model.prompts import decode_completion
+from swarmrl.pool.client import PoolClient
+from swarmrl.protocol.pool import TrainableSubmission
+from swarmrl.rolekit.supervisor import terminate_as_interrupt
+from swarmrl.rolekit.toolkit import (
     StatusReporter,
     add_role_args,
     load_role_config,
     retry,
     setup_logging,
 )
-from swarmrl.launch.supervisor import terminate_as_interrupt
-from swarmrl.model.io import save_policy
-from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import TrainableSubmission
 from swarmrl.shardcast import Publisher
 from swarmrl.shardcast.catalog import Catalog
 from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.trainer.batch import Completion, Group, collate
 from swarmrl.trainer.evaluate import evaluate
 from swarmrl.trainer.step import make_optimizer, policy_step
-from swarmrl.trainer.tokens import decode_completion
 from swarmrl.trainer.warmstart import continue_warm_start, ensure_warm_start, load_start_policy
 
 

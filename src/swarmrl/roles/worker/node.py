@@ -10,7 +10,7 @@ Three loops run side by side:
 - work (main thread): leases a work unit, switches to the newest downloaded version between
   units, generates all samples with proofs, and submits them signed.
 
-Every call to a peer is retried with a bounded, logged wait (``swarmrl.launch.rolekit``). A
+Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.toolkit``). A
 refusal from the orchestrator (stale version, expired lease) drops that unit and goes on.
 
 Knows nothing about training or validation; it only produces rollouts and proofs.
@@ -30,13 +30,13 @@ from swarmrl.envs import build_env
 from swarmrl.errors import InfraError, PeerError, WaitTimeout
 from swarmrl.identity import KeyPair
 from swarmrl.inference.types import Generation, SamplingParams
-from swarmrl.launch.policy import LoadedVersion, load_version, swap_version
-from swarmrl.launch.rolekit import StatusReporter, retry, wait_for
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
+from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
+from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
+from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit
 from swarmrl.shardcast import WeightClient
 from swarmrl.toploc.bundle import build_bundles
-from swarmrl.worker.rollouts import corrupt_weights, generate_unit
 
 
 @dataclass

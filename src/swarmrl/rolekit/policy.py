@@ -9,14 +9,12 @@ Knows nothing about pools or training; it loads what shardcast delivered.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from swarmrl.errors import UserError
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model.io import load_policy
 from swarmrl.shardcast import store
@@ -54,20 +52,6 @@ def swap_version(loaded: LoadedVersion, path: str | Path, version: int) -> Loade
     loaded.root_digest = version_digest(path)
     loaded.path = Path(path)
     return loaded
-
-
-def publisher_key(value: str) -> str:
-    """A trusted publisher public key from 64 hex characters or a swarmrl key file."""
-    text = value.strip()
-    if len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text):
-        return text.lower()
-    path = Path(text)
-    if not path.is_file():
-        raise UserError(f"publisher key is neither 64 hex characters nor a key file: {value}")
-    try:
-        return str(json.loads(path.read_text())["public_key"]).lower()
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path} is not a swarmrl key file ({exc})") from exc
 
 
 def set_threads(threads: int) -> None:

@@ -22,9 +22,9 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment
 from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.model.prompts import encode_prompt
 from swarmrl.protocol.pool import Sample, WorkUnit
 from swarmrl.protocol.swarm import sample_seed
-from swarmrl.trainer.tokens import encode_prompt
 
 # generations of one unit (with hidden states) -> one wire proof bundle per generation
 ProofBuilder = Callable[[list[Generation], SamplingParams], list[dict | str | None]]

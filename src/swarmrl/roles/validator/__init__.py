@@ -1,0 +1,1 @@
+"""The validator role: the trusted checker that replays submissions and judges them."""

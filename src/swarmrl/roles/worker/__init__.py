@@ -1,0 +1,1 @@
+"""The worker role: the untrusted inference node (lease, generate, prove, submit)."""

@@ -1,1 +1,0 @@
-"""swarmrl.validator (see docs/architecture.md)."""

@@ -1,1 +1,0 @@
-"""swarmrl.worker (see docs/architecture.md)."""
