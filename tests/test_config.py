@@ -59,3 +59,14 @@ def test_resolved_config_is_saved(tmp_path):
     config = load_config([], ["rl.steps=3"])
     path = save_config(config, tmp_path)
     assert json.loads(path.read_text())["rl"]["steps"] == 3
+
+
+def test_cache_dir_is_the_user_cache_wherever_a_run_starts(tmp_path, monkeypatch):
+    """A run started from another directory finds the same warm-start cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    caches = set()
+    for cwd in (tmp_path / "a", tmp_path / "b"):
+        cwd.mkdir()
+        monkeypatch.chdir(cwd)
+        caches.add(load_config([EMBEDDED_DEFAULT], []).run.cache_dir)
+    assert caches == {str(tmp_path / "xdg" / "swarmrl")}

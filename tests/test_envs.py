@@ -100,6 +100,21 @@ def test_math_env_reads_jsonl_and_parquet_and_verifies(tmp_path):
         assert env.score(by_answer["4"], "\\boxed{4}").reward == 1.0
 
 
+def test_math_scores_only_the_final_boxed_answer(tmp_path):
+    """A bare number anywhere in the text is not an answer: junk must not earn the reward."""
+    path = tmp_path / "d.jsonl"
+    _write_jsonl(path, [{"problem": "4+5?", "answer": 9}, {"problem": "1+1?", "answer": 2}])
+    env = MathEnv(path, heldout_fraction=0.5)
+    task = env.task_for_id(0)
+    assert env.score(task, "a 9 b").reward == 0.0
+    assert env.score(task, "9").reward == 0.0
+    assert env.score(task, "\\boxed{}").reward == 0.0
+    assert env.score(task, "first \\boxed{9} then \\boxed{8}").reward == 0.0
+    assert env.score(task, "first \\boxed{8} then \\boxed{9}").reward == 1.0
+    assert env.score(task, "\\boxed{\\frac{18}{2}}").reward == 1.0
+    assert env.score(task, "unbalanced \\boxed{9").reward == 0.0
+
+
 @pytest.mark.parametrize(
     "line, needle",
     [

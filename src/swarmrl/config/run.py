@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from swarmrl.config.base import Section
+
+
+def user_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/swarmrl`` (``~/.cache/swarmrl`` when unset): the same cache wherever a
+    run is started, so a warm start is trained once per machine, not once per directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "swarmrl")
 
 
 class RunConfig(Section):
@@ -15,6 +24,9 @@ class RunConfig(Section):
     name: str = Field("arith", description="run name, used in the run directory")
     seed: int = Field(0, description="master seed; everything random derives from it")
     run_dir: str = Field("runs", description="parent directory of run directories")
-    cache_dir: str = Field(".cache/swarmrl", description="warm-start and other caches")
+    cache_dir: str = Field(
+        default_factory=user_cache_dir,
+        description="warm-start and other caches (default: the user cache directory)",
+    )
     threads: int = Field(2, ge=1, description="torch intra-op threads")
     device: Literal["cpu", "cuda", "auto"] = Field("auto", description="where tensors live")

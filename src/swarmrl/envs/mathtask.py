@@ -4,8 +4,10 @@ the ``math-verify`` library.
 Each row is an object with a string ``problem`` and an ``answer`` (string or number). The whole
 file is read and checked when the environment is built: a missing file is a
 :class:`MissingPathError`, a row that cannot be used a :class:`DatasetError` naming the file and
-the row (1-based). The prompt asks for the final answer in ``\\boxed{}``; the reward is 1 when
-``math_verify.verify(parse(answer), parse(completion))`` holds, else 0.
+the row (1-based). The prompt asks for the final answer in ``\\boxed{}``, and only that is
+scored: the reward is 1 when the completion's last ``\\boxed{...}`` holds an answer that
+``math_verify`` finds equal to the reference, else 0. A bare number elsewhere in the text earns
+nothing (otherwise junk that happens to contain the answer is rewarded).
 
 Knows nothing about tokens or models; needs a pretrained tokenizer (``alphabet`` is ``None``).
 """
@@ -71,14 +73,30 @@ def _timeout() -> int | None:
     return PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
+def last_boxed(text: str) -> str | None:
+    """The contents of the last balanced ``\\boxed{...}`` in ``text``, or None."""
+    start = text.rfind("\\boxed{")
+    while start != -1:
+        depth = 0
+        for i in range(start + len("\\boxed"), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start + len("\\boxed{") : i]
+        start = text.rfind("\\boxed{", 0, start)  # unbalanced: try an earlier one
+    return None
+
+
 def answers_match(reference: str, completion: str) -> bool:
-    """``math_verify``'s verdict on whether ``completion`` states ``reference``."""
+    """Whether the final boxed answer of ``completion`` equals ``reference`` (``math_verify``)."""
     from math_verify import parse, verify
 
+    boxed = last_boxed(completion)
+    if boxed is None or not boxed.strip():
+        return False
     gold = parse(f"${reference}$", parsing_timeout=_timeout())
     if not gold:
         gold = parse(reference, parsing_timeout=_timeout())
-    predicted = parse(completion, parsing_timeout=_timeout())
+    predicted = parse(f"$\\boxed{{{boxed}}}$", parsing_timeout=_timeout())
     if not gold or not predicted:
         return False
     return bool(verify(gold, predicted, timeout_seconds=_timeout()))
