@@ -8,6 +8,7 @@ Every :class:`swarmrl.errors.UserError` becomes one line on stderr and exit stat
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -24,6 +25,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "shardcast": ("swarmrl.shardcast.cli", "publish and fetch signed weight versions"),
     "relay": ("swarmrl.roles.relay.cli", "run a weight relay following upstreams"),
     "keys": ("swarmrl.identity.cli", "make ed25519 key files"),
+    "config": ("swarmrl.config.reference", "show every config key, its value and description"),
     "pool": ("swarmrl.pool.cli", "pool administration (invites)"),
     "orchestrator": ("swarmrl.roles.orchestrator.cli", "run the pool service"),
     "ledger": ("swarmrl.ledger.cli", "export and verify the contribution ledger"),
@@ -38,6 +40,12 @@ def _usage() -> str:
     lines = ["usage: swarmrl VERB [options]   (swarmrl VERB --help for a verb's options)", ""]
     lines += [f"  {verb.ljust(width)}  {help_}" for verb, (_, help_) in VERBS.items()]
     return "\n".join(lines)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"swarmrl {verb}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``swarmrl … | head -1``): not an error
+        _silence_stdout()
+        return 0
     except SwarmError as exc:
         print(f"swarmrl {verb}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

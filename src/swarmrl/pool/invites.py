@@ -5,6 +5,9 @@ from __future__ import annotations
 import secrets
 import time
 
+from pydantic import ValidationError
+
+from swarmrl.errors import UserError
 from swarmrl.identity.keys import KeyPair, canonical_json
 from swarmrl.protocol.pool import Invite
 
@@ -24,4 +27,9 @@ def make_invite(
         "expires_at": round((time.time() if now_s is None else now_s) + expires_in_s, 3),
         "node_id": node_id,
     }
-    return Invite(**unsigned, signature=owner.sign(canonical_json(unsigned)))
+    try:
+        return Invite(**unsigned, signature=owner.sign(canonical_json(unsigned)))
+    except ValidationError as exc:  # a pool or node id the user typed: say which, in one line
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"invite {field} {first.get('input')!r}: {first['msg']}") from exc

@@ -1,0 +1,67 @@
+"""The ``swarmrl`` command's front door: the key reference, one-line errors, pipes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from swarmrl.cli import main
+from swarmrl.config.reference import show_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _swarmrl(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "swarmrl.cli", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_config_show_prints_every_key_with_value_default_and_description(capsys):
+    assert main(["config", "show", "--set", "rl.steps=7"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    steps = next(line for line in lines if line.startswith("rl.steps = "))
+    assert steps.startswith("rl.steps = 7 (default ")
+    assert "#" in steps and steps.split("#", 1)[1].strip()
+    keys = {line.split(" = ", 1)[0] for line in lines}
+    assert {"pool.request_window_s", "shardcast.keep_versions", "toploc.topk"} <= keys
+
+
+def test_config_show_refuses_an_unknown_key_in_one_line():
+    result = _swarmrl("config", "show", "--set", "rl.no_such_key=1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "swarmrl config: error: unknown config key 'rl.no_such_key'"
+    ]
+
+
+def test_docs_config_page_is_current():
+    """docs/config.md is generated; regenerate with `swarmrl config show --markdown`."""
+    assert (REPO / "docs" / "config.md").read_text() == show_markdown()
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    """``swarmrl … | head -1``: the reader leaves early; the command ends quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = _swarmrl("config", "show", stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0
+    assert "Traceback" not in result.stderr
+
+
+def test_an_invite_for_a_malformed_node_id_is_a_one_line_error(tmp_path):
+    key = tmp_path / "owner.json"
+    assert _swarmrl("keys", "new", "--out", str(key)).returncode == 0
+    result = _swarmrl("pool", "invite", "--key", str(key), "--pool", "p", "--node", "zzz")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("swarmrl pool: error: invite node_id 'zzz'")
