@@ -271,3 +271,37 @@ def test_fetched_version_loads_as_a_policy(tmp_path):
     ):
         assert torch.equal(a, b), name
     assert loaded_tokenizer("12+3")["input_ids"] == tokenizer("12+3")["input_ids"]
+
+
+def test_a_lying_upstream_does_not_stop_a_relay(tmp_path):
+    """Upstreams LIAR,ORIGIN: the liar announces v1000000 (the signed v1 under that name)."""
+    pub = Publisher(tmp_path / "origin", KEY, CFG)
+    weights = random_weights(64 * 1024, seed=8)
+    pub.publish(write_checkpoint(tmp_path / "ck1", weights), 1)
+    shutil.copytree(tmp_path / "origin", tmp_path / "liar")
+    shutil.copytree(
+        store.ready_dir(tmp_path / "liar", 1), store.ready_dir(tmp_path / "liar", 1_000_000)
+    )
+    origin, liar = serve_store(tmp_path / "origin", CFG), serve_store(tmp_path / "liar", CFG)
+    relay = _Relay(tmp_path / "relay", [liar.url, origin.url])
+    try:
+        assert httpx.get(f"{liar.url}/versions").json()["latest"] == 1_000_000
+        _wait(lambda: relay.catalog.latest(complete_only=True) == 1, 15, "v1 at the relay")
+        # a new version at the origin arrives by push although the liar announces a higher one
+        started = time.monotonic()
+        bumped = {k: v + np.float32(1e-3) for k, v in weights.items()}
+        pub.publish(write_checkpoint(tmp_path / "ck2", bumped), 2)
+        _wait(lambda: relay.catalog.latest(complete_only=True) == 2, 10, "v2 at the relay")
+        assert time.monotonic() - started < 8.0  # well inside one 20 s long-poll
+        copy = store.ready_dir(tmp_path / "relay", 2) / "model.safetensors"
+        assert copy.read_bytes() == (tmp_path / "ck2" / "model.safetensors").read_bytes()
+        lies = [e for e in relay.follower.errors if e.startswith("v1000000:")]
+        assert lies and "got a validly signed v1" in lies[0]
+        assert len(lies) <= 4  # set aside with a growing cool-down, not retried in a loop
+        assert 1_000_000 not in [
+            v["version"] for v in httpx.get(f"{relay.url}/versions").json()["versions"]
+        ]
+    finally:
+        relay.stop()
+        liar.stop()
+        origin.stop()

@@ -1,8 +1,11 @@
 """A relay: follow upstreams (origin or relays) and re-serve what they publish, verified.
 
 One watcher thread per upstream holds a long-poll (``/versions/wait``) open, so a new version
-is known the moment its upstream knows it. A replication thread then fetches the newest
-announced version from all upstreams at once (weighted, resumable, every shard checked against
+is known the moment its upstream knows it; each upstream's announcement is kept apart, so one
+that announces a version it cannot back (a lying or broken relay) delays nobody else. A
+replication thread then takes the newest announced version that no upstream has yet failed to
+back with a validly signed manifest (such a version is set aside, with a growing cool-down,
+and the next newest is tried at once), and fetches it from all upstreams (weighted, resumable, every shard checked against
 the signed manifest, delta from the parent when held) into a partial directory that the
 catalog already serves shard by shard as they are verified; once complete it is renamed ready
 and versions beyond ``keep_versions`` are pruned.
@@ -17,11 +20,13 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import InfraError, PeerError
+from swarmrl.protocol.shardcast import Manifest
 from swarmrl.shardcast import store
 from swarmrl.shardcast.assemble import FileWriter
 from swarmrl.shardcast.catalog import Catalog
@@ -36,6 +41,9 @@ from swarmrl.shardcast.client import (
 from swarmrl.shardcast.transport import Connections, SourcePool
 
 log = logging.getLogger(__name__)
+
+UNBACKED_COOLDOWN_S = (1.0, 60.0)  # first and longest wait before an unbacked version is retried
+ERRORS_KEPT = 100
 
 
 class Follower:
@@ -57,9 +65,11 @@ class Follower:
         self.node_id = f"relay-{uuid.uuid4().hex[:8]}"
         self.conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.node_id})
         self.writer = writer or FileWriter()
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=ERRORS_KEPT)  # newest replication failures
         self._reported = 0
-        self._announced = -1
+        self._announced = {url: -1 for url in self.pool.urls}  # newest version each announced
+        # version -> (monotonic time it may be tried again, failures so far)
+        self._unbacked: dict[int, tuple[float, int]] = {}
         self._cv = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -103,7 +113,7 @@ class Follower:
             try:
                 resp = conns.get(
                     url,
-                    f"/versions/wait?after={self._announced}&timeout={hold}",
+                    f"/versions/wait?after={self._announced[url]}&timeout={hold}",
                     headers,
                     timeout_s=hold + 10,
                 )
@@ -120,8 +130,8 @@ class Follower:
                 continue
             if latest is not None:
                 with self._cv:
-                    if latest > self._announced:
-                        self._announced = latest
+                    if latest > self._announced[url]:
+                        self._announced[url] = latest
                         self._cv.notify_all()
         conns.close_all()
 
@@ -130,19 +140,48 @@ class Follower:
         latest = self.catalog.latest()
         return -1 if latest is None else latest
 
+    def _candidates(self) -> list[int]:
+        """Announced versions newer than what is held and not cooling down, newest first."""
+        floor, now = self._held_or_none(), time.monotonic()
+        with self._cv:
+            announced = set(self._announced.values())
+            cooling = {v for v, (until, _) in self._unbacked.items() if until > now}
+        return sorted((v for v in announced if v > floor and v not in cooling), reverse=True)
+
+    def _set_aside(self, version: int, exc: Exception) -> None:
+        """No upstream backs ``version``: leave it for a while, longer after each failure."""
+        first, longest = UNBACKED_COOLDOWN_S
+        with self._cv:
+            _, failures = self._unbacked.get(version, (0.0, 0))
+            wait = min(longest, first * 2**failures)
+            self._unbacked[version] = (time.monotonic() + wait, failures + 1)
+        self.errors.append(f"v{version}: {type(exc).__name__}: {exc}")
+        log.warning(
+            "no upstream backs v%d (%s); trying older versions, v%d again in %.0fs",
+            version,
+            exc,
+            version,
+            wait,
+        )
+        self.catalog.count("versions_unbacked_total")
+
     def _replicate_loop(self) -> None:
         backoff = 1.0
         while not self._stop.is_set():
             with self._cv:
-                self._cv.wait_for(
-                    lambda: self._stop.is_set() or self._announced > self._held_or_none(),
-                    timeout=1.0,
-                )
-                target = self._announced
-            if self._stop.is_set() or target <= self._held_or_none():
+                self._cv.wait_for(lambda: self._stop.is_set() or bool(self._candidates()), 1.0)
+            candidates = self._candidates()
+            if self._stop.is_set() or not candidates:
+                continue
+            target = candidates[0]
+            try:
+                manifest = self._manifest(target)
+            except (PeerError, InfraError, OSError) as exc:  # announced, but nobody backs it
+                self._set_aside(target, exc)
+                self._log_corrupt()
                 continue
             try:
-                self.replicate(target)
+                self._install(manifest)
                 backoff = 1.0
             except (PeerError, InfraError, OSError) as exc:  # report, keep following
                 self.errors.append(f"v{target}: {type(exc).__name__}: {exc}")
@@ -151,19 +190,24 @@ class Follower:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
-    def replicate(self, version: int) -> None:
-        """Fetch ``version`` from the upstreams into the catalog's store, serving it as it arrives."""
-        held = self._held()
-        manifest = fetch_manifest(
+    def _manifest(self, version: int) -> Manifest:
+        """The signed manifest of ``version`` from the first upstream that backs it."""
+        return fetch_manifest(
             self.pool,
             self.conns,
             version,
             self.trusted,
-            held=held,
+            held=self._held(),
             allow_rollback=False,
             timeout_s=self.config.request_timeout_s,
         )
-        catalog = self.catalog
+
+    def replicate(self, version: int) -> None:
+        """Fetch ``version`` from the upstreams into the catalog's store, serving it as it arrives."""
+        self._install(self._manifest(version))
+
+    def _install(self, manifest: Manifest) -> None:
+        version, catalog = manifest.version, self.catalog
 
         def on_partial(partial: Path) -> None:
             catalog.add_in_progress(manifest, partial)
