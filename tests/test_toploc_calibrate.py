@@ -1,6 +1,8 @@
-"""`swarmrl toploc calibrate` end to end on a saved tiny model, and loading its thresholds."""
+"""Calibration: `swarmrl toploc calibrate` and the run-start calibration on saved tiny models,
+the thresholds the verifier loads, and what they catch that the defaults miss."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -9,10 +11,15 @@ from swarmrl.cli import main as swarmrl_main
 from swarmrl.config.model import TinyModelConfig
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import MissingPathError, UserError
+from swarmrl.identity import KeyPair
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
-from swarmrl.model.io import save_policy
+from swarmrl.model.io import load_policy, save_policy
 from swarmrl.model.tokenizer import build_char_tokenizer
-from swarmrl.toploc.verify import load_thresholds
+from swarmrl.toploc import attacks, thresholds
+from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
+from swarmrl.toploc.verify import Verifier, load_thresholds
 
 
 @pytest.mark.slow
@@ -50,3 +57,54 @@ def test_threshold_file_errors_are_one_line_user_errors(tmp_path):
     bad.write_text('{"thresholds": {"max_mantissa_mean": -1}}')
     with pytest.raises(UserError):
         load_thresholds(ToplocConfig(thresholds_path=str(bad)))
+
+
+def test_run_start_thresholds_catch_int8_weights_the_defaults_pass(tmp_path, monkeypatch):
+    """A worker decoding (and proving) with int8 per-channel weights, claiming the real model."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer("abcdefghijklmnop:")
+    tiny = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
+    model_dir = save_policy(create_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "model")
+    plan = CalibrationPlan(samples=16, batch_sizes=(1, 4), threads=(1,), max_new_tokens=40)
+    recorded = tmp_path / "run" / "toploc-thresholds.json"
+    document = ensure_thresholds(model_dir, "float32", recorded, plan=plan, cache_dir=tmp_path)
+    assert json.loads(recorded.read_text()) == document and document["dtype"] == "float32"
+    # a second run on the same model and dtype reuses the cached calibration
+    monkeypatch.setattr(thresholds, "load_policy", lambda *a, **k: pytest.fail("recalibrated"))
+    again = ensure_thresholds(
+        model_dir, "float32", tmp_path / "run2.json", plan=plan, cache_dir=tmp_path
+    )
+    assert again == document
+
+    model, tokenizer = load_policy(model_dir)
+    engine = TorchEngine(model, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)
+    worker = attacks.Worker(engine, KeyPair.from_seed(bytes(32)), params, 0, "ab" * 32)
+    rng = random.Random(1)
+    letters = tokenizer.encode("abcdefghijklmnop")
+    prompts = [[rng.choice(letters) for _ in range(8)] for _ in range(10)]
+    seeds = list(range(200, 210))
+    cheat = TorchEngine(attacks.int8_per_channel(model), tokenizer)
+    subs = attacks.with_engine(worker, cheat, prompts, seeds)
+    honest = attacks.honest(worker, prompts, seeds)
+
+    def items_of(submissions):
+        pairs = zip(submissions, prompts, seeds, strict=True)
+        return [(b, c, worker.assignment(p, s)) for (b, c), p, s in pairs]
+
+    items, honest_items = items_of(subs), items_of(honest)
+
+    def verdicts(config, batch):
+        verifier = Verifier(engine, config, eos_token_ids=engine.eos_ids, vocab_size=len(tokenizer))
+        return verifier.check_many(batch)
+
+    defaults = verdicts(ToplocConfig(), items)
+    assert all(v.accepted for v in defaults)  # the shipped defaults let every one through
+    calibrated = ToplocConfig(thresholds_path=str(recorded))
+    caught = verdicts(calibrated, items)
+    assert not any(v.accepted for v in caught)
+    assert sum("hidden_states" in v.codes for v in caught) >= 8
+    assert all(v.accepted for v in verdicts(calibrated, honest_items))
+    torch.set_num_threads(previous)

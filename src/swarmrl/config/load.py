@@ -81,9 +81,7 @@ def build_config(data: Mapping[str, Any]) -> SwarmConfig:
         raise ConfigError(_describe(exc)) from exc
 
 
-def load_config(
-    files: Iterable[str | Path] = (), overrides: Iterable[str] = ()
-) -> SwarmConfig:
+def load_config(files: Iterable[str | Path] = (), overrides: Iterable[str] = ()) -> SwarmConfig:
     """Defaults, then each TOML file in order, then each ``key=value`` override."""
     data: dict[str, Any] = {}
     for file in files:

@@ -1,8 +1,11 @@
 """Config of the toploc subsystem: proof shape, acceptance thresholds, limits on peer input.
 
 The hidden-state thresholds default to the reference TOPLOC values, which were set for GPU
-bf16 inference; calibrate them per model with ``swarmrl toploc calibrate`` and point
-``thresholds_path`` at the JSON it writes (its values override the ones here).
+bf16 inference and are far too loose for a model replayed bit for bit (an int8-quantized
+worker passes them). ``swarmrl run`` therefore calibrates the starting policy in its dtype at
+run start and records the result in the run directory (``calibrate_at_start``); elsewhere run
+``swarmrl toploc calibrate`` and point ``thresholds_path`` at the JSON it writes (its values
+override the ones here).
 """
 
 from __future__ import annotations
@@ -57,4 +60,13 @@ class ToplocConfig(Section):
     )
     thresholds_path: str | None = Field(
         None, description="JSON from `swarmrl toploc calibrate`; None = use the values above"
+    )
+    calibrate_at_start: bool = Field(
+        True,
+        description="with thresholds_path unset, `swarmrl run` calibrates the starting policy "
+        "(model and dtype) before version 0 is published and records the thresholds as "
+        "RUN_DIR/toploc-thresholds.json, which its validators then use",
+    )
+    calibration_samples: int = Field(
+        64, ge=1, description="honest samples generated for the run-start calibration"
     )

@@ -5,7 +5,8 @@ them for the given prompts and seeds (the assignment), signed with the worker's 
 the binding check passes and the content checks must do the catching:
 
 * ``with_engine``      generate with other weights (perturbed, older, another model, other
-                       dtype) and prove them honestly (the proofs match *those* weights)
+                       dtype) and prove them honestly (the proofs match *those* weights);
+                       ``int8_per_channel`` makes the cheapest such model: int8 weights
 * ``changed_prompt``   generate from other prompts of the same length, claim the assigned one
 * ``tampered_token``   replace one output token after the fact, keep the proofs
 * ``other_sampling``   sample with another temperature or seed, claim the assigned one
@@ -20,6 +21,7 @@ Used by ``bench/toploc.py`` and the tests. Knows nothing about pools or transpor
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -87,6 +89,18 @@ def with_engine(
 ) -> list[Submission]:
     """Generate and prove with ``engine`` (wrong weights or dtype), claim the declared model."""
     return worker.prove(engine.generate(prompts, worker.params, seeds, return_hidden=True))
+
+
+@torch.no_grad()
+def int8_per_channel(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose matrices are int8-quantized per output channel (symmetric,
+    scale = max |row| / 127) and stored dequantized: what an int8 inference kernel computes."""
+    quantized = copy.deepcopy(model)
+    for param in quantized.parameters():
+        if param.dim() == 2:
+            scale = param.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # [out, 1]
+            param.copy_((param / scale).round().clamp(-127, 127) * scale)
+    return quantized
 
 
 def changed_prompt(

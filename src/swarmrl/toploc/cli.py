@@ -17,21 +17,13 @@ Knows nothing about pools or workers.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import random
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import UserError
-from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model.io import load_policy
-from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
+from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
 
 
 def _ints(text: str) -> list[int]:
@@ -63,63 +55,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def random_prompts(vocab: int, special: set[int], count: int, seed: int) -> list[list[int]]:
-    """``count`` prompts of 4..24 ordinary token ids, reproducible from ``seed``."""
-    rng = random.Random(seed)
-    ordinary = [t for t in range(vocab) if t not in special]
-    if not ordinary:
-        raise UserError("the tokenizer has no ordinary (non-special) tokens")
-    return [[rng.choice(ordinary) for _ in range(rng.randint(4, 24))] for _ in range(count)]
-
-
 def calibrate(args: argparse.Namespace) -> dict:
     """Run the honest generations, measure and recommend; returns the JSON document."""
     model, tokenizer = load_policy(args.model, dtype=args.dtype)
-    engine = TorchEngine(model, tokenizer)
-    cfg = ToplocConfig()
-    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-    special = set(tokenizer.all_special_ids)
-    cache_modes = [True] if args.no_nocache else [True, False]
-    runs = list(itertools.product(args.batch_sizes, args.threads, cache_modes))
-    per_run = max(1, args.samples // len(runs))
-    measured, log = Measurements(), []
-    previous_threads = torch.get_num_threads()
-    try:
-        for run_index, (batch, threads, cache) in enumerate(runs):
-            torch.set_num_threads(threads)
-            prompts = random_prompts(len(tokenizer), special, per_run, args.seed + run_index)
-            started = time.perf_counter()
-            for start in range(0, per_run, batch):
-                chunk = prompts[start : start + batch]
-                base = args.seed * 1_000_003 + run_index * 100_000 + start
-                seeds = [base + i for i in range(len(chunk))]
-                if cache:
-                    gens = engine.generate(chunk, params, seeds, return_hidden=True)
-                else:
-                    gens = generate_without_cache(
-                        model, chunk, params, seeds, sorted(engine.eos_ids), engine.pad_id
-                    )
-                measured.extend(measure(engine, gens, params, cfg))
-            log.append(
-                {
-                    "batch": batch,
-                    "threads": threads,
-                    "cache": cache,
-                    "samples": per_run,
-                    "seconds": round(time.perf_counter() - started, 2),
-                }
-            )
-    finally:
-        torch.set_num_threads(previous_threads)
-    return {
-        "model": str(args.model),
-        "dtype": args.dtype,
-        "samples": per_run * len(runs),
-        "runs": log,
-        "measured": measured.summary(),
-        "margin": {"rel": args.margin_rel, "abs_ulps": args.margin_ulps},
-        "thresholds": recommend(measured, cfg.topk, args.margin_rel, args.margin_ulps),
-    }
+    plan = CalibrationPlan(
+        samples=args.samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        batch_sizes=tuple(args.batch_sizes),
+        threads=tuple(args.threads),
+        nocache=not args.no_nocache,
+        margin_rel=args.margin_rel,
+        margin_ulps=args.margin_ulps,
+        seed=args.seed,
+    )
+    document = calibrate_policy(model, tokenizer, plan, dtype=args.dtype)
+    return {"model": str(args.model), **document}
 
 
 def main(verb: str, argv: Sequence[str]) -> int:

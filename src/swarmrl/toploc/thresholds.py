@@ -1,0 +1,193 @@
+"""Verifier thresholds calibrated for one model and dtype, made at run start and recorded.
+
+The default thresholds (``ToplocConfig``) are the reference TOPLOC values for GPU bf16: far too
+loose for a model replayed bit for bit (float32 on CPU), so a worker decoding with int8
+weights passes them. ``calibrate_policy`` measures how honest generations of *this* model look
+when replayed (batch sizes, thread counts, with and without the KV cache) and recommends
+limits (formulas in ``calibrate``); ``ensure_thresholds`` does that once per model and dtype,
+caches the result by the digest of the model's files, and writes the document where the run
+records it (``toploc.thresholds_path``), which is what validators load.
+
+Document (also what ``swarmrl toploc calibrate`` writes)::
+
+    {"model": DIR, "model_digest": HEX, "dtype": "float32", "samples": N,
+     "runs": [{"batch": 8, "threads": 1, "cache": true, "samples": 32, "seconds": 0.4}, ...],
+     "measured": {"mant_err_mean": {"max": ..., "p99": ..., "mean": ..., "count": ...}, ...},
+     "margin": {"rel": 1.0, "abs_ulps": 1.0},
+     "thresholds": {"min_exponent_matches": 126, "max_mantissa_mean": 1.0, ...}}
+
+Knows nothing about pools, roles or the command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.errors import UserError
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.types import SamplingParams
+from swarmrl.model.io import DType, load_policy
+from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
+
+FORMAT = 1  # bump when the calibration recipe changes, so cached documents are not reused
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What honest generations to measure, and the safety margin on the worst of them."""
+
+    samples: int = 64  # honest samples in total, spread over the runs below
+    max_new_tokens: int = 48  # > one 32-token chunk, so decode chunks are measured too
+    temperature: float = 1.0
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    threads: tuple[int, ...] = (1, 2)
+    nocache: bool = True  # also measure the plain full-forward decoding path
+    margin_rel: float = 1.0
+    margin_ulps: float = 1.0
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded as is (e.g. who asked)
+
+    def key(self) -> dict[str, Any]:
+        """The settings that shape the result (the cache key)."""
+        return {k: v for k, v in self.__dict__.items() if k != "extra"}
+
+
+def random_prompts(vocab: int, special: set[int], count: int, seed: int) -> list[list[int]]:
+    """``count`` prompts of 4..24 ordinary token ids, reproducible from ``seed``."""
+    rng = random.Random(seed)
+    ordinary = [t for t in range(vocab) if t not in special]
+    if not ordinary:
+        raise UserError("the tokenizer has no ordinary (non-special) tokens")
+    return [[rng.choice(ordinary) for _ in range(rng.randint(4, 24))] for _ in range(count)]
+
+
+def calibrate_policy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    plan: CalibrationPlan,
+    *,
+    dtype: str,
+    topk: int = 128,
+) -> dict[str, Any]:
+    """Generate honest samples, replay them as a validator would, recommend thresholds."""
+    if plan.samples < 1:
+        raise UserError("calibration needs at least 1 sample")
+    engine = TorchEngine(model, tokenizer)
+    cfg = ToplocConfig(topk=topk)
+    params = SamplingParams(temperature=plan.temperature, max_new_tokens=plan.max_new_tokens)
+    special = set(tokenizer.all_special_ids)
+    cache_modes = [True, False] if plan.nocache else [True]
+    runs = list(itertools.product(plan.batch_sizes, plan.threads, cache_modes))
+    per_run = max(1, plan.samples // len(runs))
+    measured, log = Measurements(), []
+    previous_threads = torch.get_num_threads()
+    try:
+        for run_index, (batch, threads, cache) in enumerate(runs):
+            torch.set_num_threads(threads)
+            prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
+            started = time.perf_counter()
+            for start in range(0, per_run, batch):
+                chunk = prompts[start : start + batch]
+                base = plan.seed * 1_000_003 + run_index * 100_000 + start
+                seeds = [base + i for i in range(len(chunk))]
+                if cache:
+                    gens = engine.generate(chunk, params, seeds, return_hidden=True)
+                else:
+                    gens = generate_without_cache(
+                        model, chunk, params, seeds, sorted(engine.eos_ids), engine.pad_id
+                    )
+                measured.extend(measure(engine, gens, params, cfg))
+            log.append(
+                {
+                    "batch": batch,
+                    "threads": threads,
+                    "cache": cache,
+                    "samples": per_run,
+                    "seconds": round(time.perf_counter() - started, 2),
+                }
+            )
+    finally:
+        torch.set_num_threads(previous_threads)
+    return {
+        "dtype": dtype,
+        "samples": per_run * len(runs),
+        "runs": log,
+        "measured": measured.summary(),
+        "margin": {"rel": plan.margin_rel, "abs_ulps": plan.margin_ulps},
+        "thresholds": recommend(measured, topk, plan.margin_rel, plan.margin_ulps),
+        **plan.extra,
+    }
+
+
+def model_digest(model_dir: Path) -> str:
+    """SHA-256 over the relative paths and bytes of every file of a model directory."""
+    hasher = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        hasher.update(path.relative_to(model_dir).as_posix().encode() + b"\0")
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                hasher.update(block)
+    return hasher.hexdigest()
+
+
+def write_document(document: dict[str, Any], out: Path) -> None:
+    """Write ``document`` as JSON via a synced temporary file and a rename (never half a file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(json.dumps(document, indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def ensure_thresholds(
+    model_dir: str | Path,
+    dtype: DType,
+    out: str | Path,
+    *,
+    plan: CalibrationPlan | None = None,
+    cache_dir: str | Path | None = None,
+    topk: int = 128,
+) -> dict[str, Any]:
+    """Calibrate ``model_dir`` in ``dtype`` (or reuse the cached result) and record it at ``out``.
+
+    The cache entry (``cache_dir/toploc/<digest>.json``) is keyed by the model's file digest,
+    the dtype, ``topk`` and the plan, so a warm-started run pays for calibration once.
+    """
+    plan = plan or CalibrationPlan()
+    model_dir = Path(model_dir)
+    digest = model_digest(model_dir)
+    key = json.dumps(
+        {"format": FORMAT, "model": digest, "dtype": dtype, "topk": topk, **plan.key()},
+        sort_keys=True,
+    )
+    cached = None
+    if cache_dir is not None:
+        name = hashlib.sha256(key.encode()).hexdigest()[:16]
+        cached = Path(cache_dir).expanduser() / "toploc" / f"{name}.json"
+    if cached is not None and cached.is_file():
+        document = json.loads(cached.read_text())
+    else:
+        model, tokenizer = load_policy(model_dir, dtype=dtype)
+        document = calibrate_policy(model, tokenizer, plan, dtype=dtype, topk=topk)
+        document = {"model": str(model_dir), "model_digest": digest, **document}
+        if cached is not None:
+            write_document(document, cached)
+    write_document(document, Path(out))
+    return document
