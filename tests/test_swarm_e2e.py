@@ -120,6 +120,12 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     assert swarm["submissions"]["rejected_honest"] == 0
     assert swarm["versions_published"] == 4  # v0 + one per step
     assert facts["ledger"]["verified"] is True
+    # validators judged with thresholds calibrated at run start, recorded in the run
+    recorded = run_dir / "toploc-thresholds.json"
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["toploc"]["thresholds_path"] == str(recorded.resolve())
+    thresholds = json.loads(recorded.read_text())["thresholds"]
+    assert thresholds["max_mantissa_mean"] < 10.0 and thresholds["min_exponent_matches"] > 90
     summary = _summary(run_dir)
     assert [row["step"] for row in summary["history"]] == [0, 1, 2]
     # nothing the validator rejected or the ban dropped ever reached the trainer

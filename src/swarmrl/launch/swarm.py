@@ -5,6 +5,8 @@ Layout of a run directory::
     keys/        one ed25519 key file per role (trainer = pool owner, orchestrator, validators,
                  workers); invites/ one single-use invite per worker, signed by the owner
     pool.json    the pool spec the orchestrator hosts
+    toploc-thresholds.json   verifier thresholds the trainer calibrated on the starting policy
+                 (model and dtype) before publishing version 0; the validators use them
     logs/        one log file per role            status/  one status file per role
     orchestrator/  database (ledger) and rollout files
     trainer/     the origin's version store and the trainer's summary
@@ -37,6 +39,7 @@ from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.rolekit.supervisor import Supervisor, free_port
 
 POOL_ID = "swarm"
+THRESHOLDS_FILE = "toploc-thresholds.json"  # verifier thresholds calibrated at run start
 HOST = "127.0.0.1"
 
 
@@ -112,6 +115,11 @@ def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None)
     from swarmrl.pool.invites import make_invite
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if config.toploc.thresholds_path is None and config.toploc.calibrate_at_start:
+        # the trainer calibrates the starting policy there before version 0 is published
+        recorded = str((run_dir / THRESHOLDS_FILE).resolve())
+        toploc = config.toploc.model_copy(update={"thresholds_path": recorded})
+        config = config.model_copy(update={"toploc": toploc})
     save_config(config, run_dir)
     plan = SwarmPlan(config, run_dir, config_file or run_dir / "config.toml")
     if config_file is None:
@@ -167,7 +175,11 @@ def _to_toml(config: SwarmConfig) -> str:
 
 
 def _common(plan: SwarmPlan, name: str) -> list[str]:
-    return [str(plan.config_file), "--name", name, "--status-dir", str(plan.status_dir)]
+    args = [str(plan.config_file), "--name", name, "--status-dir", str(plan.status_dir)]
+    thresholds = plan.config.toploc.thresholds_path
+    if thresholds is not None:  # also when the role reads a config file that does not say it
+        args += ["--set", f"toploc.thresholds_path={thresholds}"]
+    return args
 
 
 def start_orchestrator(sup: Supervisor, plan: SwarmPlan) -> None:

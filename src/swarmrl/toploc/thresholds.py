@@ -50,7 +50,9 @@ class CalibrationPlan:
 
     samples: int = 64  # honest samples in total, spread over the runs below
     max_new_tokens: int = 48  # > one 32-token chunk, so decode chunks are measured too
-    temperature: float = 1.0
+    temperature: float = 1.0  # the run's sampling (log-prob and near-tie slack depend on it)
+    top_p: float = 1.0
+    top_k: int = 0
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     threads: tuple[int, ...] = (1, 2)
     nocache: bool = True  # also measure the plain full-forward decoding path
@@ -86,7 +88,12 @@ def calibrate_policy(
         raise UserError("calibration needs at least 1 sample")
     engine = TorchEngine(model, tokenizer)
     cfg = ToplocConfig(topk=topk)
-    params = SamplingParams(temperature=plan.temperature, max_new_tokens=plan.max_new_tokens)
+    params = SamplingParams(
+        temperature=plan.temperature,
+        top_p=plan.top_p,
+        top_k=plan.top_k,
+        max_new_tokens=plan.max_new_tokens,
+    )
     special = set(tokenizer.all_special_ids)
     cache_modes = [True, False] if plan.nocache else [True]
     runs = list(itertools.product(plan.batch_sizes, plan.threads, cache_modes))

@@ -54,6 +54,7 @@ from swarmrl.rolekit.toolkit import (
 from swarmrl.shardcast import Publisher
 from swarmrl.shardcast.catalog import Catalog
 from swarmrl.shardcast.server import build_app, serve_in_thread
+from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.trainer.batch import Completion, Group, collate
 from swarmrl.trainer.evaluate import evaluate
 from swarmrl.trainer.step import make_optimizer, policy_step
@@ -290,6 +291,44 @@ def main(verb: str, argv: Sequence[str]) -> int:
             return 130
 
 
+def calibrate_verifier(
+    config: SwarmConfig, model_dir: Path, status: StatusReporter, log: logging.Logger
+) -> None:
+    """Record thresholds calibrated on the starting policy where the validators will read them
+    (``toploc.thresholds_path``), before version 0 is published; kept if already there."""
+    toploc = config.toploc
+    if toploc.thresholds_path is None or not toploc.calibrate_at_start:
+        return
+    out = Path(toploc.thresholds_path)
+    if out.is_file():
+        return
+    status.set(state="calibrating the verifier")
+    s = config.rl.sampling
+    plan = CalibrationPlan(
+        samples=toploc.calibration_samples,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+    )
+    started = time.monotonic()
+    document = ensure_thresholds(
+        model_dir,
+        config.model.dtype,
+        out,
+        plan=plan,
+        cache_dir=config.run.cache_dir,
+        topk=toploc.topk,
+    )
+    log.info(
+        "verifier thresholds for %s (%s) in %.1f s: %s -> %s",
+        model_dir,
+        config.model.dtype,
+        time.monotonic() - started,
+        json.dumps(document["thresholds"]),
+        out,
+    )
+
+
 def run(
     args: argparse.Namespace,
     config: SwarmConfig,
@@ -304,6 +343,7 @@ def run(
     env = build_env(config.env)
     status.set(state="warm start")
     learner = Learner(config, env, log)
+    calibrate_verifier(config, learner.warm.path, status, log)
     origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port)
     log.info("origin serving %s at %s", origin.store_dir, origin.server.url)
     history: list[dict[str, float]] = []
