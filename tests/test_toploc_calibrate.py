@@ -17,7 +17,8 @@ from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.io import load_policy, save_policy
 from swarmrl.model.tokenizer import build_char_tokenizer
-from swarmrl.toploc import attacks, thresholds
+from swarmrl.testing import cheats as attacks
+from swarmrl.toploc import thresholds
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.toploc.verify import Verifier, load_thresholds
 
