@@ -148,3 +148,19 @@ def test_noise_block_equals_step_by_step_noise() -> None:
     with_block = sample_tokens(logits, SamplingParams(), seeds, 6, noise=block[:, 1])
     plain = sample_tokens(logits, SamplingParams(), seeds, 6)
     assert torch.equal(with_block[0], plain[0]) and torch.equal(with_block[1], plain[1])
+
+
+def test_seed_rule_is_the_documented_sha256_text():
+    import hashlib
+
+    from swarmrl.protocol.seeds import derive_seed, sample_seed
+
+    digest = hashlib.sha256(b"swarmrl-seed-v1:sample:12345:7").digest()
+    assert sample_seed(12345, 7) == derive_seed("sample", 12345, 7)
+    assert sample_seed(12345, 7) == int.from_bytes(digest[:8], "big") >> 1
+    assert 0 <= derive_seed("eval", -3, "ab") < 2**63
+    assert derive_seed("tasks", 0, 1) != derive_seed("tasks", 1, 0)
+    with pytest.raises(ValueError, match="separator"):
+        derive_seed("a:b")
+    with pytest.raises(TypeError):
+        derive_seed(True)

@@ -13,7 +13,7 @@ from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model
 from swarmrl.protocol.pool import PendingSubmission, SamplingParams, WorkUnit
-from swarmrl.protocol.swarm import sample_seed
+from swarmrl.protocol.seeds import sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit

@@ -7,7 +7,6 @@ tokens (EOS, pad) removed. Knows nothing about models.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -23,8 +22,3 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 def decode_completion(tokenizer: PreTrainedTokenizerBase, output_tokens: Sequence[int]) -> str:
     return tokenizer.decode(list(output_tokens), skip_special_tokens=True)
 
-
-def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed that is a pure function of ``parts`` (same on every machine)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & (2**63 - 1)

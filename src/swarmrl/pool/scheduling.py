@@ -1,13 +1,14 @@
 """Pure scheduling maths: the per-node task draw, unit seeds, lease sizing, throughput estimate.
 
-Task draw (a node cannot choose its tasks; anyone can recompute them)::
+Task draw (a node cannot choose its tasks; anyone can recompute them), with the project's one
+seeding rule (``swarmrl.protocol.seeds.derive_seed``)::
 
-    task_i = int.from_bytes(sha256(f"swarmrl-tasks-v1:{pool_seed}:{node_id}:{counter}:{i}")) mod task_count
+    task_i = derive_seed("task", pool_seed, node_id, counter, i) mod task_count
 
 for i in 0 … n−1, where ``counter`` is the node's lease counter in that pool (0, 1, 2, …). Draws
-are with replacement; the modulo bias is below 2^-200 for any realistic ``task_count``.
+are with replacement; the modulo bias is below 2^-40 for any task count under 2^23.
 
-Unit seed: the first 63 bits of sha256(f"swarmrl-seed-v1:{pool_seed}:{node_id}:{counter}").
+Unit seed: ``derive_seed("unit", pool_seed, node_id, counter)``.
 
 Lease size: ``clamp(floor(tokens_per_s · target_s / (samples_per_task · max_new_tokens)), lo, hi)``
 tasks, using the orchestrator's own throughput estimate; a node without one gets ``lo``.
@@ -18,25 +19,21 @@ Throughput estimate: exponential moving average ``e ← (1 − α)·e + α·x`` 
 
 from __future__ import annotations
 
-import hashlib
 import math
 
-
-def _h(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest(), "big")
+from swarmrl.protocol.seeds import derive_seed
 
 
 def draw_tasks(pool_seed: int, node_id: str, counter: int, n: int, task_count: int) -> list[int]:
     """The ``n`` task indices of lease number ``counter`` of ``node_id`` (module docstring)."""
     if task_count <= 0 or n < 0:
         raise ValueError(f"need task_count > 0 and n ≥ 0, got {task_count}, {n}")
-    prefix = f"swarmrl-tasks-v1:{pool_seed}:{node_id}:{counter}:"
-    return [_h(prefix + str(i)) % task_count for i in range(n)]
+    return [derive_seed("task", pool_seed, node_id, counter, i) % task_count for i in range(n)]
 
 
 def unit_seed(pool_seed: int, node_id: str, counter: int) -> int:
     """63-bit sampling seed of one work unit."""
-    return _h(f"swarmrl-seed-v1:{pool_seed}:{node_id}:{counter}") >> (256 - 63)
+    return derive_seed("unit", pool_seed, node_id, counter)
 
 
 def lease_size(

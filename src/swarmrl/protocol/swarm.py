@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -77,12 +76,3 @@ class RoleStatus(BaseModel):
             out[status.name] = status
         return out
 
-
-def sample_seed(unit_seed: int, sample_index: int) -> int:
-    """Sampling seed of sample ``sample_index`` of a work unit (tasks in lease order, G each).
-
-    ``seed_i = first 63 bits of sha256(f"swarmrl-sample-v1:{unit_seed}:{i}")``, so the seed of
-    every sample follows from the orchestrator's unit seed and nobody picks it.
-    """
-    digest = hashlib.sha256(f"swarmrl-sample-v1:{unit_seed}:{sample_index}".encode()).digest()
-    return int.from_bytes(digest, "big") >> (256 - 63)

@@ -4,22 +4,20 @@ gradient clipping. Each module states its formula in its docstring.
 """
 
 from swarmrl.rl.advantages import group_advantages
-from swarmrl.rl.filters import fill_with_informative, informative, pass_rate_mask
+from swarmrl.rl.filters import fill_with_informative, is_informative, pass_rate_mask
 from swarmrl.rl.kl import k3_kl
 from swarmrl.rl.logprobs import token_logprobs
-from swarmrl.rl.loss import clip_fraction, clipped_token_loss, importance_ratio, token_mean
+from swarmrl.rl.loss import clipped_token_loss, importance_ratio
 from swarmrl.rl.metrics import clip_grad_norm
 
 __all__ = [
-    "clip_fraction",
     "clip_grad_norm",
     "clipped_token_loss",
     "fill_with_informative",
     "group_advantages",
     "importance_ratio",
-    "informative",
+    "is_informative",
     "k3_kl",
     "pass_rate_mask",
     "token_logprobs",
-    "token_mean",
 ]

@@ -3,7 +3,10 @@
 Online filter: a group whose rewards are all equal has zero advantage for every completion, so
 it contributes no gradient; drop it and sample more groups until the batch is full::
 
-    informative(group) ⇔ max(r) − min(r) > 0
+    informative(group) ⇔ max(r) > min(r)
+
+:func:`is_informative` is that rule, the only copy: the colocated sampler (through
+:func:`fill_with_informative`) and the swarm trainer's batch collector both call it.
 
 Offline filter: keep a task when its pass rate p (share of k sampled completions that are
 correct under the base model) lies in [lo, hi]; tasks always or never solved teach nothing.
@@ -26,9 +29,9 @@ class HasRewards(Protocol):
 G = TypeVar("G", bound=HasRewards)
 
 
-def informative(rewards: torch.Tensor) -> torch.Tensor:
-    """Bool ``[groups]``: True where the group's rewards ``[groups, G]`` are not all equal."""
-    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+def is_informative(rewards: Sequence[float]) -> bool:
+    """True when a group's rewards are not all equal (its advantages are not all zero)."""
+    return max(rewards) > min(rewards)
 
 
 def fill_with_informative(
@@ -48,7 +51,7 @@ def fill_with_informative(
             break
         groups = sample(missing, round_)
         sampled += len(groups)
-        kept += [g for g in groups if max(g.rewards) > min(g.rewards)]
+        kept += [g for g in groups if is_informative(g.rewards)]
     return kept[:need], sampled
 
 

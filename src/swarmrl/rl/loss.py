@@ -13,8 +13,10 @@ The δ cap bounds the loss for negative advantages, where plain PPO clipping (�
 
     L = Σ_tokens ℓ · mask / Σ_tokens mask                 (over the whole batch, not per sequence)
 
-so every loss token weighs the same however long its sequence. ``clip_fraction`` is the share
-of loss tokens where the clipped branch won (its gradient is zero there).
+so every loss token weighs the same however long its sequence (``swarmrl.trainer.step`` sums
+ℓ·mask over micro-batches and divides by the loss tokens of the whole batch). The clip fraction
+a run logs is the share of loss tokens where the clipped branch won (its gradient is zero
+there).
 
 Knows nothing about models: it takes per-token tensors.
 """
@@ -48,13 +50,3 @@ def clipped_token_loss(
     clipped_branch = -c2 * advantages
     return torch.maximum(unclipped, clipped_branch), clipped_branch > unclipped
 
-
-def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ values·mask / Σ mask over the whole batch (0 when there are no loss tokens)."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def clip_fraction(clipped: torch.Tensor, mask: torch.Tensor) -> float:
-    """Share of loss tokens whose loss took the clipped branch."""
-    return float(token_mean(clipped.to(torch.float32), mask))

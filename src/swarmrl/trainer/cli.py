@@ -113,7 +113,7 @@ def filter_main(args: argparse.Namespace) -> int:
     import torch
 
     from swarmrl.inference.engine import TorchEngine
-    from swarmrl.model.prompts import derive_seed
+    from swarmrl.protocol.seeds import derive_seed
     from swarmrl.rl import pass_rate_mask
     from swarmrl.trainer.evaluate import correctness
     from swarmrl.trainer.rollout import sampling_params
@@ -129,7 +129,7 @@ def filter_main(args: argparse.Namespace) -> int:
     params = sampling_params(config.rl.sampling, tokenizer)
     hits = torch.zeros(len(tasks))
     for k in range(args.samples):
-        seeds = [derive_seed(config.run.seed, "filter", k, t.problem_id) for t in tasks]
+        seeds = [derive_seed("filter", config.run.seed, k, t.problem_id) for t in tasks]
         hits += torch.tensor(
             correctness(env, engine, tokenizer, tasks, params, seeds), dtype=torch.float32
         )

@@ -17,7 +17,8 @@ from swarmrl.config.rl import SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.types import SamplingParams
-from swarmrl.model.prompts import decode_completion, derive_seed, encode_prompt
+from swarmrl.model.prompts import decode_completion, encode_prompt
+from swarmrl.protocol.seeds import derive_seed
 from swarmrl.trainer.rollout import sampling_params
 
 EVAL_BATCH = 512  # prompts per engine call
@@ -65,7 +66,7 @@ def evaluate(
     hits = correctness(env, engine, tokenizer, tasks, greedy, [0] * len(tasks))
     sampled: list[bool] = []
     for k in range(samples):
-        seeds = [derive_seed(seed, "eval", k, t.problem_id) for t in tasks]
+        seeds = [derive_seed("eval", seed, k, t.problem_id) for t in tasks]
         sampled += correctness(env, engine, tokenizer, tasks, base, seeds)
     return {
         "accuracy": sum(hits) / len(tasks),

@@ -1,6 +1,6 @@
 """Colocated rollout generation: tasks → G seeded samples each → scored groups.
 
-Every sample's seed is ``derive_seed(run_seed, step, round, prompt, sample)``, so a run is
+Every sample's seed is ``derive_seed("rollout", run_seed, step, round, prompt, sample)``, so a run is
 reproducible and every token can be replayed from its seed. Rewards are computed here, on the
 trusted side, from the decoded completion. With the online filter on, groups whose rewards are
 all equal are dropped and more tasks are drawn, up to ``max_backfill_rounds`` extra rounds.
@@ -20,7 +20,8 @@ from swarmrl.config.rl import RLConfig, SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.types import SamplingParams
-from swarmrl.model.prompts import decode_completion, derive_seed, encode_prompt
+from swarmrl.model.prompts import decode_completion, encode_prompt
+from swarmrl.protocol.seeds import derive_seed
 from swarmrl.rl import fill_with_informative
 from swarmrl.trainer.batch import Completion, Group
 
@@ -66,7 +67,9 @@ class RolloutSampler:
         prompts = [encode_prompt(self.tokenizer, t.prompt) for t in tasks]
         flat_prompts = [p for p in prompts for _ in range(g)]
         seeds = [
-            derive_seed(self.seed, step, round_, i, j) for i in range(len(tasks)) for j in range(g)
+            derive_seed("rollout", self.seed, step, round_, i, j)
+            for i in range(len(tasks))
+            for j in range(g)
         ]
         generations = self.engine.generate(flat_prompts, self.params, seeds)
         groups = []
@@ -94,7 +97,7 @@ class RolloutSampler:
         seen: list[Group] = []
 
         def sample(n: int, round_: int) -> list[Group]:
-            tasks = self.env.sample("train", n, derive_seed(self.seed, "tasks", step, round_))
+            tasks = self.env.sample("train", n, derive_seed("tasks", self.seed, step, round_))
             groups = self.sample_groups(tasks, step, round_, policy_version)
             seen.extend(groups)
             return groups

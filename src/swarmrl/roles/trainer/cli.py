@@ -43,6 +43,7 @@ from swarmrl.model.io import save_policy
 from swarmrl.model.prompts import decode_completion
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import TrainableSubmission
+from swarmrl.rl import is_informative
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
     StatusReporter,
@@ -144,7 +145,7 @@ class BatchCollector:
                 self.consumed.append(sub.submission_id)
                 for group in groups_of(sub, self.env, self.tokenizer, rl.group_size):
                     seen.append(group)
-                    if not rl.online_filter or max(group.rewards) > min(group.rewards):
+                    if not rl.online_filter or is_informative(group.rewards):
                         kept.append(group)
             if len(kept) >= need:
                 break

@@ -27,7 +27,7 @@ from swarmrl.envs import Environment, Task
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.pool import PendingSubmission, Verdict
 from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, SamplingSpec
-from swarmrl.protocol.swarm import sample_seed
+from swarmrl.protocol.seeds import sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.verify import Verifier
 

@@ -2,7 +2,7 @@
 
 A work unit names task indices into the pool's training split, ``samples_per_task`` (G) and a
 unit seed. Sample ``i`` (tasks in lease order, G consecutive samples per task) is generated with
-seed ``sample_seed(unit seed, i)`` (``swarmrl.protocol.swarm``), so a validator knows every
+seed ``sample_seed(unit seed, i)`` (``swarmrl.protocol.seeds``), so a validator knows every
 sample's Gumbel noise without trusting the worker. Prompts are ``<bos> + prompt characters``,
 the layout the warm start trained on.
 
@@ -24,7 +24,7 @@ from swarmrl.envs import Environment
 from swarmrl.inference.types import Generation, SamplingParams
 from swarmrl.model.prompts import encode_prompt
 from swarmrl.protocol.pool import Sample, WorkUnit
-from swarmrl.protocol.swarm import sample_seed
+from swarmrl.protocol.seeds import sample_seed
 
 # generations of one unit (with hidden states) -> one wire proof bundle per generation
 ProofBuilder = Callable[[list[Generation], SamplingParams], list[dict | str | None]]
