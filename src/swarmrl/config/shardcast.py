@@ -54,3 +54,26 @@ class ShardcastConfig(Section):
     fetch_timeout_s: float = Field(
         default=1800.0, gt=0, description="Deadline of one whole version fetch, seconds."
     )
+    max_clients: int = Field(
+        default=1024,
+        ge=1,
+        description="Client reports a server remembers for /clients; the longest silent goes first.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="Largest request head (request line + headers) a server reads, bytes; "
+        "more is answered 431 and the connection closed.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A connection that has not sent a complete request head this many seconds "
+        "after it opened (or after its last response) is closed.",
+    )
+    keep_alive_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long a server keeps an idle connection open after a response, seconds "
+        "(clients reuse a connection only when it has been idle for less).",
+    )

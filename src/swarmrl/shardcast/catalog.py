@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,12 +39,14 @@ class ClientReport:
 class Catalog:
     """Versions served from ``root`` plus the versions still arriving (see module docstring)."""
 
-    def __init__(self, root: str | Path, keep_versions: int) -> None:
+    def __init__(self, root: str | Path, keep_versions: int, max_clients: int = 1024) -> None:
         self.root = Path(root)
         self.keep = keep_versions
+        self.max_clients = max_clients
         self._lock = threading.Lock()
         self._versions: dict[int, ServedVersion] = {}
-        self.clients: dict[str, ClientReport] = {}
+        # least recently heard first; bounded by max_clients
+        self.clients: OrderedDict[str, ClientReport] = OrderedDict()
         self.counters: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
@@ -179,11 +182,12 @@ class Catalog:
 
     # -- clients and counters --------------------------------------------------------------
     def report_client(self, client_id: str, held: int | None) -> None:
+        """Remember what ``client_id`` holds; past ``max_clients`` the longest silent goes."""
         with self._lock:
+            self.clients.pop(client_id, None)
             self.clients[client_id] = ClientReport(held)
-            if len(self.clients) > 10_000:  # bounded: forget the longest silent
-                oldest = min(self.clients, key=lambda c: self.clients[c].last_seen)
-                del self.clients[oldest]
+            while len(self.clients) > self.max_clients:
+                self.clients.popitem(last=False)
 
     def clients_behind(self) -> int:
         latest = self.latest()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import threading
@@ -43,6 +44,7 @@ from starlette.types import Receive, Scope, Send
 
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import WaitTimeout
+from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.shardcast import store
 from swarmrl.shardcast.catalog import Catalog, ServedVersion
 
@@ -136,17 +138,39 @@ class _FileSliceResponse(Response):
             os.close(self.fd)
 
 
-def _client_report(request: Request, catalog: Catalog) -> None:
+CLIENT_ID = re.compile(r"[A-Za-z0-9._:@-]{1,64}")
+MAX_VERSION = 2**63 - 1
+
+
+def _parse_held(raw: str) -> int | None:
+    """The version a client says it holds; None when that is not a version number."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19):
+        return None
+    value = int(raw)
+    return value if value <= MAX_VERSION else None
+
+
+def _client_report(request: Request, catalog: Catalog) -> Response | None:
+    """Record the version the client says it holds; a 400 answer when what it says is malformed."""
     held_raw = request.headers.get("x-shardcast-held-version") or request.query_params.get("held")
     client = request.headers.get("x-shardcast-client")
     if client is None and request.client is not None:
         client = request.client.host
-    try:
-        held = int(held_raw) if held_raw is not None else None
-    except ValueError:
-        held = None
-    if client:
-        catalog.report_client(client, held)
+    held = None
+    if held_raw is not None:
+        held = _parse_held(held_raw)
+        if held is None:
+            catalog.count("client_reports_refused_total")
+            return JSONResponse({"error": "the held version must be a non-negative integer"}, 400)
+    if client is None:
+        return None
+    if CLIENT_ID.fullmatch(client) is None:
+        catalog.count("client_reports_refused_total")
+        return JSONResponse(
+            {"error": "X-Shardcast-Client must be 1-64 characters of A-Z a-z 0-9 . _ : @ -"}, 400
+        )
+    catalog.report_client(client, held)
+    return None
 
 
 def build_app(
@@ -157,6 +181,7 @@ def build_app(
 ) -> Starlette:
     """The ASGI app over ``catalog``; ``watch_disk`` picks up versions another process publishes."""
     cfg = config or ShardcastConfig()
+    catalog.max_clients = cfg.max_clients
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "role": role, "latest": catalog.latest()})
@@ -178,11 +203,15 @@ def build_app(
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def versions(request: Request) -> Response:
-        _client_report(request, catalog)
+        refused = _client_report(request, catalog)
+        if refused is not None:
+            return refused
         return JSONResponse(catalog.version_list().model_dump(mode="json"))
 
     async def versions_wait(request: Request) -> Response:
-        _client_report(request, catalog)
+        refused = _client_report(request, catalog)
+        if refused is not None:
+            return refused
         try:
             after = int(request.query_params.get("after", "-1"))
             hold = min(
@@ -315,6 +344,7 @@ def build_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.catalog = catalog
+    app.state.limits = HttpLimits(cfg.max_header_bytes, cfg.header_timeout_s, cfg.keep_alive_s)
     return app
 
 
@@ -345,8 +375,14 @@ def serve_in_thread(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
+    limits = getattr(app.state, "limits", None) or HttpLimits()
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, access_log=False
+        app,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        access_log=False,
+        **uvicorn_options(limits),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(

@@ -1,0 +1,162 @@
+"""Limits every swarmrl HTTP server puts on a connection before a request reaches the app.
+
+uvicorn bounds neither the size of a request head (request line plus headers) nor the time a
+peer may take to send it, and a connection that never sends anything is never dropped: one
+96 MiB header or a few hundred silent sockets tie up a server. ``guarded_http(limits)`` returns
+a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that
+
+* answers ``431 Request Header Fields Too Large`` and closes the connection as soon as more
+  than ``max_head_bytes`` arrive without a complete head;
+* closes a connection whose head is not complete ``head_timeout_s`` seconds after it opened or
+  after its previous response ended (an idle keep-alive socket, a slow-loris header);
+
+and leaves requests whose head has arrived alone (a long-poll may wait as long as it likes).
+It wraps whichever parser uvicorn would pick (httptools when installed, else h11).
+
+Knows nothing about routes, signatures or the apps it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What a peer may cost a server before its request head is complete."""
+
+    max_head_bytes: int = 64 * 1024  # request line + headers, bytes
+    head_timeout_s: float = 10.0  # to send a complete head, from connect or the last response
+    keep_alive_s: float = 5.0  # uvicorn's idle keep-alive after a response (clients stay below)
+
+
+_REFUSAL = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\n"
+    b"content-length: %d\r\n\r\n%s"
+)
+
+
+class _HeadGuard:
+    """Mixin over a uvicorn HTTP protocol (see module docstring)."""
+
+    limits: HttpLimits = HttpLimits()
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    client: tuple[str, int] | None
+
+    def _await_head(self) -> None:
+        self._head_bytes = 0
+        self._awaiting_head = True
+        self._cancel_head_timer()
+        self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            self.limits.head_timeout_s, self._head_timed_out
+        )
+
+    def _head_done(self) -> None:
+        self._awaiting_head = False
+        self._cancel_head_timer()
+
+    def _cancel_head_timer(self) -> None:
+        timer = getattr(self, "_head_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._head_timer = None
+
+    def _head_pending(self) -> bool:
+        return self._awaiting_head
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._head_pending() and not self.transport.is_closing():
+            log.info(
+                "dropping %s: no complete request head within %.0fs",
+                self.client,
+                self.limits.head_timeout_s,
+            )
+            self.transport.close()
+
+    def _count_head(self, nbytes: int) -> bool:
+        """Count bytes of a head still arriving; refuse (431) and close past the limit."""
+        if not self._head_pending() or self.transport.is_closing():
+            return True
+        self._head_bytes += nbytes
+        if self._head_bytes <= self.limits.max_head_bytes:
+            return True
+        message = f"request head over {self.limits.max_head_bytes} bytes".encode()
+        log.warning("refused %s: %s", self.client, message.decode())
+        self.transport.write(_REFUSAL % (len(message), message))
+        self.transport.close()
+        self._head_done()
+        return False
+
+    # -- protocol hooks -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[misc]
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._await_head()  # before a pipelined next head may complete in super()
+        super().on_response_complete()  # type: ignore[misc]
+
+
+class _GuardedH11(_HeadGuard, H11Protocol):
+    def _head_pending(self) -> bool:
+        import h11
+
+        return self._awaiting_head and self.conn.their_state is h11.IDLE
+
+    def data_received(self, data: bytes) -> None:
+        import h11
+
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._head_done()
+        else:
+            self._count_head(len(data))
+
+
+def _guarded_httptools() -> type | None:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return None
+
+    class _GuardedHttpTools(_HeadGuard, HttpToolsProtocol):  # type: ignore[misc, valid-type]
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._count_head(len(data))
+
+        def on_headers_complete(self) -> None:
+            self._head_done()
+            super().on_headers_complete()
+
+    return _GuardedHttpTools
+
+
+def guarded_http(limits: HttpLimits) -> type:
+    """A uvicorn HTTP protocol class enforcing ``limits`` (httptools if installed, else h11)."""
+    base = _guarded_httptools() or _GuardedH11
+    return type(f"Guarded{base.__name__}", (base,), {"limits": limits})
+
+
+def uvicorn_options(limits: HttpLimits) -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.Config`` that apply ``limits``."""
+    return {
+        "http": guarded_http(limits),
+        "timeout_keep_alive": limits.keep_alive_s,
+        "h11_max_incomplete_event_size": limits.max_head_bytes,
+    }
