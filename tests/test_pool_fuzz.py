@@ -3,14 +3,18 @@
 Cases come from the published OpenAPI schema (schemathesis, valid and invalid inputs); each is
 signed by a key drawn from {orchestrator, pool owner, validator, member node, stranger, none},
 and path parameters are sometimes pointed at the real pool and node so the deep code runs.
+On top of the schema's own cases, string values are sometimes swapped for nasty ones (lone
+surrogates, NULs, huge strings) and numbers for NaN/Infinity or huge integers. Runs on SQLite
+and on PostgreSQL.
 """
 
 import json
+import math
 
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -27,9 +31,9 @@ EXAMPLES = 6
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
+def target(tmp_path_factory, module_db_url):
     orch, owner, validator, node = (KeyPair.generate() for _ in range(4))
-    config = PoolConfig(max_body_bytes=256 << 10)
+    config = PoolConfig(max_body_bytes=256 << 10, db_url=module_db_url)
     with local_orchestrator(tmp_path_factory.mktemp("fuzz"), orch, config) as server:
         spec = PoolSpec(
             pool_id="fz",
@@ -62,26 +66,75 @@ def test_schema_lists_every_route(target):
     assert len(routes) == 17
 
 
+NASTY_TEXT = st.one_of(
+    st.sampled_from(["\ud800", "a\udfffb", "\x00", "x\x00", "\udbff\udbff"]),
+    st.lists(
+        st.one_of(st.characters(), st.sampled_from(["\x00", "\ud800", "\udc00"])), max_size=12
+    ).map("".join),
+    st.integers(10_000, 400_000).map(lambda n: "x" * n),
+)
+NASTY_NUMBER = st.sampled_from([math.nan, math.inf, -math.inf, 10**40, -(10**30), 2**63])
+PATH_NASTIES = ["%00", "%ED%A0%80", "%C0%80", "\ufffe", "\u0085", "x" * 300]
+
+
+def _deep(levels: int) -> object:
+    value: object = {"x": 1}
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _nastify(value, draw):
+    """``value`` with some strings, numbers and containers swapped for hostile ones."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if isinstance(item, dict) and draw(st.booleans()):
+                item = {**item, draw(NASTY_TEXT): _deep(draw(st.integers(20, 400)))}
+            out[key] = _nastify(item, draw)
+        return out
+    if isinstance(value, list):
+        return [_nastify(item, draw) for item in value]
+    if isinstance(value, str) and draw(st.booleans()):
+        return draw(NASTY_TEXT)
+    if isinstance(value, int | float) and not isinstance(value, bool) and draw(st.booleans()):
+        return draw(NASTY_NUMBER)
+    return value
+
+
 def _fuzz_operation(http, url, operation, keys, node_id, mode):
     seen = []
 
     @settings(
-        max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.explicit, Phase.generate),  # shrinking such cases is slow and fragile
     )
     @given(
         case=operation.as_strategy(generation_mode=mode),
         key=st.sampled_from(keys),
         real_pool=st.booleans(),
         real_node=st.booleans(),
+        nasty=st.booleans(),
+        data=st.data(),
     )
-    def run(case, key, real_pool, real_node):
+    def run(case, key, real_pool, real_node, nasty, data):
         if real_pool and "pool_id" in case.path_parameters:
             case.path_parameters["pool_id"] = "fz"
         if real_node and "node_id" in case.path_parameters:
             case.path_parameters["node_id"] = node_id
+        if nasty:
+            for name in list(case.path_parameters or {}):
+                if data.draw(st.booleans()):
+                    case.path_parameters[name] += data.draw(st.sampled_from(PATH_NASTIES))
         kwargs = case.as_transport_kwargs(base_url=url)
         target_url = httpx.URL(kwargs["url"], params=kwargs.get("params") or None)
-        body = json.dumps(kwargs["json"]).encode() if "json" in kwargs else b""
+        payload = kwargs.get("json")
+        if nasty and "json" in kwargs:
+            payload = _nastify(payload, data.draw)
+        body = json.dumps(payload).encode() if "json" in kwargs else b""
         headers = {"Content-Type": "application/json"}
         if key is not None:
             headers |= sign_request(key, kwargs["method"], target_url.raw_path.decode(), body)

@@ -1,17 +1,7 @@
-"""The pool and ledger on a real PostgreSQL server (started by .ci/services).
+"""The pool and ledger on a real PostgreSQL server (the ``pg_url`` fixture of conftest.py)."""
 
-The server URL comes from SWARMRL_TEST_PG_URL or the file .ci/pg.env that .ci/services writes;
-without either, the fixture runs ``.ci/services --no-install`` once. Skipped, with the reason,
-only when no server can be started. Each test gets a fresh database, dropped afterwards.
-"""
-
-import os
-import subprocess
-import uuid
-from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from swarmrl.cli import main as swarmrl_main
 from swarmrl.config.pool import PoolConfig
@@ -21,54 +11,6 @@ from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
 from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
-
-REPO = Path(__file__).resolve().parent.parent
-ENV_FILE = REPO / ".ci" / "pg.env"
-
-
-def _url_from_file() -> str | None:
-    if not ENV_FILE.is_file():
-        return None
-    for line in ENV_FILE.read_text().splitlines():
-        if line.startswith("SWARMRL_TEST_PG_URL="):
-            return line.split("=", 1)[1].strip()
-    return None
-
-
-def _server_url() -> tuple[str | None, str]:
-    url = os.environ.get("SWARMRL_TEST_PG_URL") or _url_from_file()
-    if url:
-        return url, ""
-    services = REPO / ".ci" / "services"
-    if not services.is_file():
-        return None, "no SWARMRL_TEST_PG_URL and no .ci/services to start PostgreSQL"
-    try:
-        run = subprocess.run(
-            [str(services), "--no-install"], capture_output=True, text=True, timeout=120
-        )
-    except subprocess.TimeoutExpired:
-        return None, ".ci/services did not start PostgreSQL within 120 s"
-    return _url_from_file(), run.stderr.strip() or "PostgreSQL could not be started"
-
-
-@pytest.fixture(scope="module")
-def pg_url():
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
-    base, why = _server_url()
-    if base is None:
-        pytest.skip(f"no PostgreSQL server: {why}")
-    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    name = f"swarmrl_t_{uuid.uuid4().hex[:12]}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f"CREATE DATABASE {name}"))
-    except sa.exc.OperationalError as exc:
-        pytest.skip(f"PostgreSQL at {base} is not reachable: {exc.orig}")
-    url = base.rsplit("/", 1)[0] + "/" + name
-    yield url
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-    admin.dispose()
 
 
 def test_pool_cycle_restart_and_ledger_on_postgres(pg_url, tmp_path):

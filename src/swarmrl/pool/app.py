@@ -17,11 +17,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from swarmrl import __version__
 from swarmrl.errors import BadSignature, PeerError, ReplayedRequest
@@ -32,11 +32,13 @@ from swarmrl.identity.requests import (
     SignedRequest,
 )
 from swarmrl.ledger.export import read_entries
-from swarmrl.pool import penalties, service, work
+from swarmrl.pool import batches, judging, penalties, service, work
 from swarmrl.pool.db import WalCheckpointer
 from swarmrl.pool.rejections import Rejected, Unauthorized
 from swarmrl.pool.service import Context
 from swarmrl.protocol.pool import (
+    NODE_ID,
+    POOL_ID_PATTERN,
     BatchReply,
     BatchRequest,
     ClaimReply,
@@ -58,6 +60,11 @@ from swarmrl.protocol.pool import (
     VerdictReceipt,
     VersionUpdate,
 )
+
+# Path ids are checked against their patterns before any handler (or database) sees them: a NUL
+# or a stray character is a 422, never a query PostgreSQL refuses.
+PoolId = Annotated[str, Path(pattern=POOL_ID_PATTERN)]
+NodeId = Annotated[str, Path(pattern=NODE_ID)]
 
 log = logging.getLogger("swarmrl.pool")
 T = TypeVar("T")
@@ -200,7 +207,7 @@ def build_app(ctx: Context) -> FastAPI:
         return await on_db(service.list_pools, ctx)
 
     @app.get("/pools/{pool_id}", response_model=PoolInfo, responses=ERRORS)
-    async def pool(pool_id: str) -> PoolInfo:
+    async def pool(pool_id: PoolId) -> PoolInfo:
         return await on_db(service.get_pool, ctx, pool_id)
 
     # --- orchestrator admin ----------------------------------------------------------------
@@ -215,23 +222,23 @@ def build_app(ctx: Context) -> FastAPI:
 
     @app.post("/pools/{pool_id}/join", response_model=NodeView, responses=ERRORS)
     async def join(
-        pool_id: str, req: JoinRequest, who: SignedRequest = Depends(signed)
+        pool_id: PoolId, req: JoinRequest, who: SignedRequest = Depends(signed)
     ) -> NodeView:
         return await on_db(service.join, ctx, pool_id, who.public_key.hex, who.node_id, req)
 
     @app.post("/pools/{pool_id}/heartbeat", response_model=HeartbeatReply, responses=ERRORS)
     async def heartbeat(
-        pool_id: str, beat: Heartbeat, who: SignedRequest = Depends(signed)
+        pool_id: PoolId, beat: Heartbeat, who: SignedRequest = Depends(signed)
     ) -> HeartbeatReply:
         return await on_db(service.heartbeat, ctx, pool_id, who.node_id, beat)
 
     @app.post("/pools/{pool_id}/lease", response_model=LeaseReply, responses=ERRORS)
-    async def lease(pool_id: str, who: SignedRequest = Depends(signed)) -> LeaseReply:
+    async def lease(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> LeaseReply:
         return await on_db(work.lease, ctx, pool_id, who.node_id)
 
     @app.post("/pools/{pool_id}/submissions", response_model=SubmissionReceipt, responses=ERRORS)
     async def submit(
-        pool_id: str, sub: Submission, who: SignedRequest = Depends(signed)
+        pool_id: PoolId, sub: Submission, who: SignedRequest = Depends(signed)
     ) -> SubmissionReceipt:
         return await on_db(work.submit, ctx, pool_id, who, sub)
 
@@ -239,40 +246,41 @@ def build_app(ctx: Context) -> FastAPI:
 
     @app.post("/pools/{pool_id}/validation/claim", response_model=ClaimReply, responses=ERRORS)
     async def claim(
-        pool_id: str, req: ClaimRequest, who: SignedRequest = Depends(signed)
-    ) -> ClaimReply:
-        subs = await on_db(work.claim, ctx, pool_id, who.public_key.hex, req.limit)
-        return ClaimReply(submissions=subs)
+        pool_id: PoolId, req: ClaimRequest, who: SignedRequest = Depends(signed)
+    ) -> Response:
+        body = await on_db(judging.claim, ctx, pool_id, who.public_key.hex, req.limit)
+        return Response(body, media_type="application/json")
 
     @app.post("/pools/{pool_id}/verdicts", response_model=VerdictReceipt, responses=ERRORS)
     async def verdict(
-        pool_id: str, v: Verdict, who: SignedRequest = Depends(signed)
+        pool_id: PoolId, v: Verdict, who: SignedRequest = Depends(signed)
     ) -> VerdictReceipt:
-        return await on_db(work.record_verdict, ctx, pool_id, who.public_key.hex, v)
+        return await on_db(judging.record_verdict, ctx, pool_id, who.public_key.hex, v)
 
     # --- trainer and pool admin ------------------------------------------------------------
 
     @app.post("/pools/{pool_id}/version", response_model=VersionUpdate, responses=ERRORS)
     async def set_version(
-        pool_id: str, update: VersionUpdate, who: SignedRequest = Depends(signed)
+        pool_id: PoolId, update: VersionUpdate, who: SignedRequest = Depends(signed)
     ) -> VersionUpdate:
         await admin(pool_id, who)
-        return VersionUpdate(version=await on_db(work.set_version, ctx, pool_id, update.version))
+        return VersionUpdate(version=await on_db(batches.set_version, ctx, pool_id, update.version))
 
     @app.post("/pools/{pool_id}/batches", response_model=BatchReply, responses=ERRORS)
     async def batch(
-        pool_id: str, req: BatchRequest, who: SignedRequest = Depends(signed)
-    ) -> BatchReply:
+        pool_id: PoolId, req: BatchRequest, who: SignedRequest = Depends(signed)
+    ) -> Response:
         await admin(pool_id, who)
-        return await on_db(work.take_batch, ctx, pool_id, req.step, req.limit)
+        body = await on_db(batches.take_batch, ctx, pool_id, req.step, req.limit)
+        return Response(body, media_type="application/json")
 
     @app.get("/pools/{pool_id}/nodes", response_model=list[NodeView], responses=ERRORS)
-    async def nodes(pool_id: str, who: SignedRequest = Depends(signed)) -> list[NodeView]:
+    async def nodes(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> list[NodeView]:
         await admin(pool_id, who)
         return await on_db(service.list_nodes, ctx, pool_id)
 
     @app.get("/pools/{pool_id}/nodes/{node_id}/logs", response_model=NodeLogs, responses=ERRORS)
-    async def logs(pool_id: str, node_id: str, who: SignedRequest = Depends(signed)) -> NodeLogs:
+    async def logs(pool_id: PoolId, node_id: NodeId, who: SignedRequest = Depends(signed)) -> NodeLogs:
         await admin(pool_id, who)
         return await on_db(service.node_logs, ctx, pool_id, node_id)
 
@@ -280,7 +288,7 @@ def build_app(ctx: Context) -> FastAPI:
         "/pools/{pool_id}/nodes/{node_id}/invalidate", response_model=NodeView, responses=ERRORS
     )
     async def invalidate(
-        pool_id: str, node_id: str, req: InvalidateRequest, who: SignedRequest = Depends(signed)
+        pool_id: PoolId, node_id: NodeId, req: InvalidateRequest, who: SignedRequest = Depends(signed)
     ) -> NodeView:
         await admin(pool_id, who)
         return await on_db(
@@ -288,7 +296,7 @@ def build_app(ctx: Context) -> FastAPI:
         )
 
     @app.get("/pools/{pool_id}/metrics", response_model=PoolMetrics, responses=ERRORS)
-    async def pool_metrics(pool_id: str, who: SignedRequest = Depends(signed)) -> PoolMetrics:
+    async def pool_metrics(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> PoolMetrics:
         await admin(pool_id, who)
         return await on_db(service.metrics, ctx, pool_id)
 

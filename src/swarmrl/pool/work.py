@@ -1,8 +1,9 @@
-"""Pool work: leasing units, checking and storing submissions, verdicts, trainer batches.
+"""Pool work: leasing units to nodes, checking and storing their submissions.
 
 Each function is one database transaction (see ``swarmrl.pool.service``). A submission's
 rollout file is written before its row; if the row cannot be committed the file is removed, so a
-rejected request leaves nothing behind. Knows nothing about HTTP or what a proof bundle holds.
+rejected request leaves nothing behind. Verdicts live in ``swarmrl.pool.judging``, trainer
+batches in ``swarmrl.pool.batches``. Knows nothing about HTTP or what a proof bundle holds.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ import json
 import math
 import uuid
 from collections import Counter
-from typing import Any
 
 import sqlalchemy as sa
 
 from swarmrl.identity.keys import canonical_json, digest_hex
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.pool import db
-from swarmrl.pool.penalties import invalidate_in
 from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.service import (
@@ -29,16 +28,11 @@ from swarmrl.pool.service import (
     require_member,
 )
 from swarmrl.protocol.pool import (
-    BatchReply,
     LeaseReply,
-    PendingSubmission,
     PoolSpec,
     Sample,
     Submission,
     SubmissionReceipt,
-    TrainableSubmission,
-    Verdict,
-    VerdictReceipt,
     WorkUnit,
 )
 
@@ -176,9 +170,6 @@ def check_samples(
                 f"{where}: policy version {s.policy_version} is stale (need ≥ "
                 f"{max(oldest, work.min_version)}: current {version} − async_level {spec.async_level})"
             )
-        if isinstance(s.proof, str):
-            if len(s.proof) % 2 or any(c not in "0123456789abcdefABCDEF" for c in s.proof):
-                raise Invalid(f"{where}: proof string must be hex bytes")
         proof_bytes = (
             0
             if s.proof is None
@@ -195,7 +186,7 @@ def _selected(submission_id: str, fraction: float) -> bool:
     return int(digest_hex(submission_id.encode())[:13], 16) / 16**13 < fraction
 
 
-def _credit(
+def credit(
     ctx: Context, conn: sa.Connection, spec: PoolSpec, sid: str, node_id: str, tokens: int, by: str
 ) -> None:
     now = ctx.clock()
@@ -291,193 +282,10 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
             }
             ctx.ledger.append(conn, "submission", body, pool_id=pool_id, node_id=node_id, ts=now)
             if not selected:
-                _credit(ctx, conn, spec, sid, node_id, tokens, "orchestrator")
+                credit(ctx, conn, spec, sid, node_id, tokens, "orchestrator")
         except BaseException:
             ctx.store.delete(key)
             raise
     return SubmissionReceipt(
         submission_id=sid, status="pending" if selected else "accepted", tokens=tokens
     )
-
-
-# --- validation ------------------------------------------------------------------------------
-
-
-def _require_validator(spec: PoolSpec, public_key_hex: str) -> None:
-    if public_key_hex not in spec.validators:
-        raise Unauthorized(
-            f"key {public_key_hex[:16]}… is not a validator of pool {spec.pool_id!r}"
-        )
-
-
-def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> list[PendingSubmission]:
-    """Hand a validator up to ``limit`` pending submissions it may judge (claims expire)."""
-    now = ctx.clock()
-    with ctx.engine.begin() as conn:
-        spec = ctx.spec(conn, pool_id)
-        _require_validator(spec, validator_key)
-        # a submission older than the trainer can still use is not worth a replay
-        oldest = current_version(conn, pool_id) - spec.async_level
-        rows = conn.execute(
-            sa.select(db.submissions, db.leases.c.work)
-            .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
-            .where(
-                db.submissions.c.pool_id == pool_id,
-                db.submissions.c.status == "pending",
-                db.submissions.c.min_version >= oldest,
-                sa.or_(
-                    db.submissions.c.claimed_by.is_(None),
-                    db.submissions.c.claim_expires_at < now,
-                    db.submissions.c.claimed_by == validator_key,
-                ),
-            )
-            .order_by(db.submissions.c.received_at)
-            .limit(limit)
-        ).all()
-        if rows:
-            conn.execute(
-                db.submissions.update()
-                .where(db.submissions.c.submission_id.in_([r.submission_id for r in rows]))
-                .values(claimed_by=validator_key, claim_expires_at=now + ctx.config.claim_timeout_s)
-            )
-        return [_pending(ctx, r) for r in rows]
-
-
-def _pending(ctx: Context, r: Any) -> PendingSubmission:
-    auth = json.loads(r.auth)
-    return PendingSubmission(
-        submission_id=r.submission_id,
-        node_id=r.node_id,
-        node_key=auth["node_key"],
-        request_signature=auth["signature"],
-        body_digest=auth["body_digest"],
-        request_timestamp_ms=auth["timestamp_ms"],
-        request_nonce=auth["nonce"],
-        work=WorkUnit.model_validate_json(r.work),
-        samples=ctx.store.get_samples(r.rollout_key),
-    )
-
-
-def record_verdict(
-    ctx: Context, pool_id: str, validator_key: str, verdict: Verdict
-) -> VerdictReceipt:
-    now = ctx.clock()
-    with ctx.engine.begin() as conn:
-        spec = ctx.spec(conn, pool_id)
-        _require_validator(spec, validator_key)
-        row = conn.execute(
-            sa.select(db.submissions).where(
-                db.submissions.c.submission_id == verdict.submission_id,
-                db.submissions.c.pool_id == pool_id,
-            )
-        ).first()
-        if row is None:
-            raise NotFound(f"unknown submission {verdict.submission_id} in pool {pool_id!r}")
-        if row.status != "pending":
-            raise Conflict(f"submission {verdict.submission_id} is {row.status}, not pending")
-        samples = ctx.store.get_samples(row.rollout_key) if verdict.accept else []
-        if verdict.accept:
-            lp = verdict.behaviour_logprobs
-            if lp is None or len(lp) != len(samples):
-                raise Invalid(f"accepting needs behaviour_logprobs for all {len(samples)} samples")
-            for i, (s, b) in enumerate(zip(samples, lp, strict=True)):
-                if len(b) != len(s.output_tokens) or not all(math.isfinite(x) for x in b):
-                    raise Invalid(
-                        f"behaviour_logprobs[{i}]: want {len(s.output_tokens)} finite values"
-                    )
-            if verdict.measured_tokens > row.tokens:
-                raise Invalid(f"measured_tokens {verdict.measured_tokens} > {row.tokens} submitted")
-        record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"})
-        conn.execute(
-            db.submissions.update()
-            .where(db.submissions.c.submission_id == row.submission_id)
-            .values(
-                status="accepted" if verdict.accept else "rejected",
-                validated=True,
-                verdict=json.dumps({**record, "validator": validator_key}),
-            )
-        )
-        body = {**record, "validator": validator_key}
-        ctx.ledger.append(conn, "verdict", body, pool_id=pool_id, node_id=row.node_id, ts=now)
-        node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == row.node_id)
-        if verdict.accept:
-            conn.execute(
-                db.nodes.update().where(node_where).values(accepted=db.nodes.c.accepted + 1)
-            )
-            _credit(
-                ctx,
-                conn,
-                spec,
-                row.submission_id,
-                row.node_id,
-                verdict.measured_tokens,
-                "validator",
-            )
-            assert verdict.behaviour_logprobs is not None
-            ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
-        else:
-            reason = "; ".join(verdict.reasons) or "rejected by validator"
-            state = node_row(conn, pool_id, row.node_id).state
-            if state != "banned":
-                invalidate_in(
-                    ctx, conn, pool_id, row.node_id, verdict.severity, reason, row.submission_id
-                )
-    credited = verdict.measured_tokens if verdict.accept else 0
-    status = "accepted" if verdict.accept else "rejected"
-    return VerdictReceipt(submission_id=row.submission_id, status=status, credited_tokens=credited)
-
-
-# --- trainer ---------------------------------------------------------------------------------
-
-
-def set_version(ctx: Context, pool_id: str, version: int) -> int:
-    with ctx.engine.begin() as conn:
-        ctx.spec(conn, pool_id)
-        current = current_version(conn, pool_id)
-        if version < current:
-            raise Conflict(f"version {version} is older than the current {current}")
-        conn.execute(
-            db.pools.update().where(db.pools.c.pool_id == pool_id).values(current_version=version)
-        )
-    return version
-
-
-def take_batch(ctx: Context, pool_id: str, step: int, limit: int) -> BatchReply:
-    """Accepted, unconsumed submissions with versions ≥ step − async_level, each served once."""
-    with ctx.engine.begin() as conn:
-        spec = ctx.spec(conn, pool_id)
-        rows = conn.execute(
-            sa.select(
-                db.submissions.c.submission_id,
-                db.submissions.c.node_id,
-                db.submissions.c.rollout_key,
-                db.leases.c.work,
-            )
-            .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
-            .where(
-                db.submissions.c.pool_id == pool_id,
-                db.submissions.c.status == "accepted",
-                db.submissions.c.consumed_step.is_(None),
-                db.submissions.c.min_version >= step - spec.async_level,
-            )
-            .order_by(db.submissions.c.received_at)
-            .limit(limit)
-        ).all()
-        if rows:
-            conn.execute(
-                db.submissions.update()
-                .where(db.submissions.c.submission_id.in_([r.submission_id for r in rows]))
-                .values(status="trained", consumed_step=step)
-            )
-        # read before commit: a store failure then leaves the rollouts unconsumed
-        out = [
-            TrainableSubmission(
-                submission_id=r.submission_id,
-                node_id=r.node_id,
-                task_indices=WorkUnit.model_validate_json(r.work).task_indices,
-                samples=ctx.store.get_samples(r.rollout_key),
-                behaviour_logprobs=ctx.store.get_behaviour(r.rollout_key),
-            )
-            for r in rows
-        ]
-    return BatchReply(step=step, submissions=out)

@@ -9,13 +9,22 @@ from the pool owner to a node. The proof bundle of a sample is opaque here (its 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from swarmrl.protocol.bounded import PeerText, ProofObject
 
 POOL_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 HEX64 = r"^[0-9a-f]{64}$"
 NODE_ID = r"^[0-9a-f]{32}$"
+RECORD_ID = r"^[0-9a-f]{32}$"  # lease and submission ids: 128 random bits, hex
+HEX_PROOF = r"^(?:[0-9a-fA-F]{2})*$"
+ShortText = Annotated[PeerText, StringConstraints(max_length=64)]
+LabelKey = Annotated[PeerText, StringConstraints(min_length=1, max_length=64)]
+LabelValue = Annotated[PeerText, StringConstraints(max_length=256)]
+LogLine = Annotated[PeerText, StringConstraints(max_length=4096)]
+Reason = Annotated[PeerText, StringConstraints(max_length=2000)]
 NodeState = Literal["healthy", "unhealthy", "dead", "ejected", "banned"]
 FinishReason = Literal["eos", "length", "stop"]
 Severity = Literal["hard", "soft"]
@@ -31,11 +40,11 @@ class Requirements(Message):
     """What a node must offer to join a pool. Example: ``{"engines": ["torch"], "min_memory_gb": 8,
     "accelerators": ["cpu", "cuda"]}``."""
 
-    engines: list[str] = Field(
+    engines: list[ShortText] = Field(
         default_factory=list, max_length=16, description="accepted engines; empty = any"
     )
     min_memory_gb: float = Field(0.0, ge=0, description="minimum device memory, GiB")
-    accelerators: list[str] = Field(
+    accelerators: list[ShortText] = Field(
         default_factory=list, max_length=16, description="accepted accelerators; empty = any"
     )
 
@@ -63,7 +72,7 @@ class PoolSpec(Message):
     owner_key: str = Field(pattern=HEX64, description="ed25519 public key of the pool owner")
     open: bool = Field(False, description="True: any node may join without an invite")
     requirements: Requirements = Field(default_factory=Requirements)
-    validators: list[str] = Field(
+    validators: list[Annotated[str, Field(pattern=HEX64)]] = Field(
         default_factory=list, max_length=64, description="public keys allowed to post verdicts"
     )
     task_count: int = Field(gt=0, le=2**40, description="tasks are indices in [0, task_count)")
@@ -115,11 +124,15 @@ class Invite(Message):
 class NodeMetadata(Message):
     """What a node says about itself when joining (signed with the join request)."""
 
-    engine: str = Field(max_length=64, description="inference engine, e.g. 'torch', 'vllm'")
+    engine: ShortText = Field(description="inference engine, e.g. 'torch', 'vllm'")
     memory_gb: float = Field(ge=0, le=1e6, description="device memory, GiB")
-    accelerator: str = Field(max_length=64, description="'cpu', 'cuda', 'mps', …")
-    software_version: str = Field("", max_length=64, description="swarmrl version of the node")
-    labels: dict[str, str] = Field(default_factory=dict, max_length=16, description="free-form")
+    accelerator: ShortText = Field(description="'cpu', 'cuda', 'mps', …")
+    software_version: ShortText = Field("", description="swarmrl version of the node")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="free-form; at most 16, keys ≤ 64 and values ≤ 256 characters",
+    )
 
 
 class JoinRequest(Message):
@@ -149,8 +162,10 @@ class Heartbeat(Message):
         None, ge=0, lt=2**31, description="loaded policy; None = none yet"
     )
     tokens_per_s: float | None = Field(None, ge=0, le=1e9, description="decode throughput")
-    log_tail: list[str] = Field(
-        default_factory=list, max_length=200, description="latest log lines, oldest first"
+    log_tail: list[LogLine] = Field(
+        default_factory=list,
+        max_length=200,
+        description="latest log lines, oldest first; each ≤ 4096 characters (stored cut shorter)",
     )
 
 
@@ -196,13 +211,15 @@ class Sample(Message):
     logprobs: list[float] = Field(max_length=1_000_000, description="worker's, nats per token")
     finish_reason: FinishReason
     policy_version: int = Field(ge=0, lt=2**31, description="version that generated the tokens")
-    proof: dict[str, Any] | str | None = Field(
-        None, description="opaque proof bundle: JSON object or hex bytes; None = no proof"
+    proof: ProofObject | Annotated[str, Field(pattern=HEX_PROOF)] | None = Field(
+        None,
+        description="opaque proof bundle: a bounded JSON object (swarmrl.protocol.bounded) or "
+        "hex bytes; None = no proof",
     )
 
 
 class Submission(Message):
-    lease_id: str
+    lease_id: str = Field(pattern=RECORD_ID, description="the lease this answers")
     samples: list[Sample] = Field(max_length=100_000, description="[n_tasks × G] completions")
 
 
@@ -249,10 +266,10 @@ class Verdict(Message):
     "hard", "reasons": ["proof chunk 2: 41/128 exponents match"], "measured_tokens": 0}``.
     """
 
-    submission_id: str
+    submission_id: str = Field(pattern=RECORD_ID)
     accept: bool
     severity: Severity = Field("hard", description="for rejections: hard bans, soft drops one unit")
-    reasons: list[str] = Field(default_factory=list, max_length=64)
+    reasons: list[Reason] = Field(default_factory=list, max_length=64)
     measured_tokens: int = Field(ge=0, lt=2**62, description="tokens the validator replayed")
     behaviour_logprobs: list[list[float]] | None = Field(None, description="[n_samples][T_i]")
 
@@ -291,8 +308,10 @@ class BatchReply(Message):
 
 class InvalidateRequest(Message):
     severity: Severity
-    reason: str = Field(max_length=1000)
-    submission_id: str | None = Field(None, description="soft: the unit to drop")
+    reason: Annotated[PeerText, StringConstraints(max_length=1000)]
+    submission_id: str | None = Field(
+        None, pattern=RECORD_ID, description="soft: the unit to drop"
+    )
 
 
 class NodeLogs(Message):

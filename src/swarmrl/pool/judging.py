@@ -1,0 +1,161 @@
+"""Validation: validators claim pending submissions and post verdicts on them.
+
+Every submission selected for validation is judged, whether or not the trainer can still use
+it: one that went stale while it waited is still claimed (after the fresh ones), so a worker
+that cheats just before a version bump is judged and penalised like any other; being stale, it
+is never served to the trainer (``swarmrl.pool.batches``). Each function is one database
+transaction (see ``swarmrl.pool.service``); a claim commits only once its reply is built
+(``swarmrl.pool.replies``). Knows nothing about HTTP or what a proof bundle holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import sqlalchemy as sa
+
+from swarmrl.pool import db
+from swarmrl.pool.penalties import invalidate_in
+from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
+from swarmrl.pool.replies import json_object, serialise_rows
+from swarmrl.pool.service import Context, current_version, node_row
+from swarmrl.pool.work import credit
+from swarmrl.protocol.pool import (
+    PendingSubmission,
+    PoolSpec,
+    Verdict,
+    VerdictReceipt,
+    WorkUnit,
+)
+
+
+def _require_validator(spec: PoolSpec, public_key_hex: str) -> None:
+    if public_key_hex not in spec.validators:
+        raise Unauthorized(
+            f"key {public_key_hex[:16]}… is not a validator of pool {spec.pool_id!r}"
+        )
+
+
+def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
+    """JSON of a :class:`ClaimReply` with up to ``limit`` pending submissions for a validator.
+
+    Submissions the trainer can still use come first, oldest first; claims expire after
+    ``claim_timeout_s``, and a validator re-claiming its own unexpired ones gets them again.
+    """
+    now = ctx.clock()
+    with ctx.engine.begin() as conn:
+        spec = ctx.spec(conn, pool_id)
+        _require_validator(spec, validator_key)
+        oldest = current_version(conn, pool_id) - spec.async_level
+        stale_last = sa.case((db.submissions.c.min_version >= oldest, 0), else_=1)
+        rows = conn.execute(
+            sa.select(db.submissions, db.leases.c.work)
+            .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
+            .where(
+                db.submissions.c.pool_id == pool_id,
+                db.submissions.c.status == "pending",
+                sa.or_(
+                    db.submissions.c.claimed_by.is_(None),
+                    db.submissions.c.claim_expires_at < now,
+                    db.submissions.c.claimed_by == validator_key,
+                ),
+            )
+            .order_by(stale_last, db.submissions.c.received_at)
+            .limit(limit)
+        ).all()
+        served, parts = serialise_rows(
+            conn, rows, lambda r: _pending(ctx, r), lambda r: r.submission_id
+        )
+        if served:
+            conn.execute(
+                db.submissions.update()
+                .where(db.submissions.c.submission_id.in_([r.submission_id for r in served]))
+                .values(claimed_by=validator_key, claim_expires_at=now + ctx.config.claim_timeout_s)
+            )
+        return json_object({}, "submissions", parts)
+
+
+def _pending(ctx: Context, r: Any) -> PendingSubmission:
+    auth = json.loads(r.auth)
+    return PendingSubmission(
+        submission_id=r.submission_id,
+        node_id=r.node_id,
+        node_key=auth["node_key"],
+        request_signature=auth["signature"],
+        body_digest=auth["body_digest"],
+        request_timestamp_ms=auth["timestamp_ms"],
+        request_nonce=auth["nonce"],
+        work=WorkUnit.model_validate_json(r.work),
+        samples=ctx.store.get_samples(r.rollout_key),
+    )
+
+
+def record_verdict(
+    ctx: Context, pool_id: str, validator_key: str, verdict: Verdict
+) -> VerdictReceipt:
+    now = ctx.clock()
+    with ctx.engine.begin() as conn:
+        spec = ctx.spec(conn, pool_id)
+        _require_validator(spec, validator_key)
+        row = conn.execute(
+            sa.select(db.submissions).where(
+                db.submissions.c.submission_id == verdict.submission_id,
+                db.submissions.c.pool_id == pool_id,
+            )
+        ).first()
+        if row is None:
+            raise NotFound(f"unknown submission {verdict.submission_id} in pool {pool_id!r}")
+        if row.status != "pending":
+            raise Conflict(f"submission {verdict.submission_id} is {row.status}, not pending")
+        samples = ctx.store.get_samples(row.rollout_key) if verdict.accept else []
+        if verdict.accept:
+            lp = verdict.behaviour_logprobs
+            if lp is None or len(lp) != len(samples):
+                raise Invalid(f"accepting needs behaviour_logprobs for all {len(samples)} samples")
+            for i, (s, b) in enumerate(zip(samples, lp, strict=True)):
+                if len(b) != len(s.output_tokens) or not all(math.isfinite(x) for x in b):
+                    raise Invalid(
+                        f"behaviour_logprobs[{i}]: want {len(s.output_tokens)} finite values"
+                    )
+            if verdict.measured_tokens > row.tokens:
+                raise Invalid(f"measured_tokens {verdict.measured_tokens} > {row.tokens} submitted")
+        record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"})
+        conn.execute(
+            db.submissions.update()
+            .where(db.submissions.c.submission_id == row.submission_id)
+            .values(
+                status="accepted" if verdict.accept else "rejected",
+                validated=True,
+                verdict=json.dumps({**record, "validator": validator_key}),
+            )
+        )
+        body = {**record, "validator": validator_key}
+        ctx.ledger.append(conn, "verdict", body, pool_id=pool_id, node_id=row.node_id, ts=now)
+        node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == row.node_id)
+        if verdict.accept:
+            conn.execute(
+                db.nodes.update().where(node_where).values(accepted=db.nodes.c.accepted + 1)
+            )
+            credit(
+                ctx,
+                conn,
+                spec,
+                row.submission_id,
+                row.node_id,
+                verdict.measured_tokens,
+                "validator",
+            )
+            assert verdict.behaviour_logprobs is not None
+            ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
+        else:
+            reason = "; ".join(verdict.reasons) or "rejected by validator"
+            state = node_row(conn, pool_id, row.node_id).state
+            if state != "banned":
+                invalidate_in(
+                    ctx, conn, pool_id, row.node_id, verdict.severity, reason, row.submission_id
+                )
+    credited = verdict.measured_tokens if verdict.accept else 0
+    status = "accepted" if verdict.accept else "rejected"
+    return VerdictReceipt(submission_id=row.submission_id, status=status, credited_tokens=credited)
