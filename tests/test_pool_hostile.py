@@ -13,8 +13,8 @@ from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
-from swarmrl.pool.simulate import CPU_NODE, local_orchestrator, synthetic_samples
 from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "hx"
 

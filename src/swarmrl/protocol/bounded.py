@@ -6,7 +6,7 @@ accepts (so it could never be hashed, signed, stored or served), and PostgreSQL 
 text columns; both are refused at the edge, as a schema error (HTTP 422), instead of failing
 later inside a transaction.
 
-A peer JSON value (:data:`ProofObject`) is an object whose nesting depth, item count, string
+A peer JSON value (inside :data:`PeerProof`) is an object whose nesting depth, item count, string
 lengths and integers are bounded and whose numbers are finite, so that it can always be
 serialised again (canonical JSON, a Parquet cell, a reply) with no recursion limit, NaN or
 encoding error in the way. The limits are constants here because the wire format, not a
@@ -25,7 +25,7 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator
 
 MAX_JSON_DEPTH = 16
 MAX_JSON_ITEMS = 200_000
@@ -90,5 +90,21 @@ def _check_string(value: str) -> None:
     check_text(value)
 
 
-ProofObject = Annotated[dict[str, Any], AfterValidator(check_json)]
-"""A JSON object from a peer, bounded as the module docstring says."""
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
+
+
+def check_proof(value: Any) -> Any:
+    """A sample's proof as a peer sends it: None, hex bytes, or a bounded JSON object."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if _HEX.fullmatch(value) is None:
+            raise ValueError("proof string must be hex bytes (an even number of hex digits)")
+        return value
+    if isinstance(value, dict):
+        return check_json(value)
+    raise ValueError("proof must be a JSON object, a hex string or null")
+
+
+PeerProof = Annotated[dict[str, Any] | str | None, BeforeValidator(check_proof)]
+"""A proof from a peer: None, hex bytes or a JSON object bounded as the module docstring says."""

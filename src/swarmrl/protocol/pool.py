@@ -13,18 +13,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from swarmrl.protocol.bounded import PeerText, ProofObject
+from swarmrl.protocol.bounded import PeerProof, PeerText
 
 POOL_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 HEX64 = r"^[0-9a-f]{64}$"
 NODE_ID = r"^[0-9a-f]{32}$"
-RECORD_ID = r"^[0-9a-f]{32}$"  # lease and submission ids: 128 random bits, hex
-HEX_PROOF = r"^(?:[0-9a-fA-F]{2})*$"
 ShortText = Annotated[PeerText, StringConstraints(max_length=64)]
 LabelKey = Annotated[PeerText, StringConstraints(min_length=1, max_length=64)]
 LabelValue = Annotated[PeerText, StringConstraints(max_length=256)]
 LogLine = Annotated[PeerText, StringConstraints(max_length=4096)]
 Reason = Annotated[PeerText, StringConstraints(max_length=2000)]
+RecordId = Annotated[PeerText, StringConstraints(min_length=1, max_length=64)]  # lease, submission
 NodeState = Literal["healthy", "unhealthy", "dead", "ejected", "banned"]
 FinishReason = Literal["eos", "length", "stop"]
 Severity = Literal["hard", "soft"]
@@ -211,7 +210,7 @@ class Sample(Message):
     logprobs: list[float] = Field(max_length=1_000_000, description="worker's, nats per token")
     finish_reason: FinishReason
     policy_version: int = Field(ge=0, lt=2**31, description="version that generated the tokens")
-    proof: ProofObject | Annotated[str, Field(pattern=HEX_PROOF)] | None = Field(
+    proof: PeerProof = Field(
         None,
         description="opaque proof bundle: a bounded JSON object (swarmrl.protocol.bounded) or "
         "hex bytes; None = no proof",
@@ -219,7 +218,7 @@ class Sample(Message):
 
 
 class Submission(Message):
-    lease_id: str = Field(pattern=RECORD_ID, description="the lease this answers")
+    lease_id: RecordId = Field(description="the lease this answers")
     samples: list[Sample] = Field(max_length=100_000, description="[n_tasks × G] completions")
 
 
@@ -266,7 +265,7 @@ class Verdict(Message):
     "hard", "reasons": ["proof chunk 2: 41/128 exponents match"], "measured_tokens": 0}``.
     """
 
-    submission_id: str = Field(pattern=RECORD_ID)
+    submission_id: RecordId
     accept: bool
     severity: Severity = Field("hard", description="for rejections: hard bans, soft drops one unit")
     reasons: list[Reason] = Field(default_factory=list, max_length=64)
@@ -309,9 +308,7 @@ class BatchReply(Message):
 class InvalidateRequest(Message):
     severity: Severity
     reason: Annotated[PeerText, StringConstraints(max_length=1000)]
-    submission_id: str | None = Field(
-        None, pattern=RECORD_ID, description="soft: the unit to drop"
-    )
+    submission_id: RecordId | None = Field(None, description="soft: the unit to drop")
 
 
 class NodeLogs(Message):
