@@ -180,8 +180,8 @@ def test_cli_publish_serve_and_fetch(tmp_path, capsys):
                 str(tmp_path / "key.json"),
                 "--store",
                 str(tmp_path / "store"),
-                "--shard-size",
-                "65536",
+                "--set",
+                "shardcast.shard_size_bytes=65536",
             ],
         )
         == 0

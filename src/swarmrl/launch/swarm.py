@@ -29,6 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import tomli_w
 
 from swarmrl.config import SwarmConfig, save_config
 from swarmrl.errors import WaitTimeout
@@ -123,7 +126,7 @@ def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None)
     save_config(config, run_dir)
     plan = SwarmPlan(config, run_dir, config_file or run_dir / "config.toml")
     if config_file is None:
-        plan.config_file.write_text(_to_toml(config))
+        write_config_toml(config, plan.config_file)
     swarm = config.swarm
     plan.workers = [f"worker-{i}" for i in range(swarm.workers + len(swarm.cheaters))]
     plan.cheats = {plan.workers[swarm.workers + i]: c for i, c in enumerate(swarm.cheaters)}
@@ -152,23 +155,17 @@ def _new_key(path: Path) -> KeyPair:
     return pair
 
 
-def _to_toml(config: SwarmConfig) -> str:
+def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
+    """TOML has no null: a key left out reads back as its default, which is what None means."""
+    return {
+        k: _drop_none(v) if isinstance(v, dict) else v for k, v in data.items() if v is not None
+    }
+
+
+def write_config_toml(config: SwarmConfig, path: Path) -> Path:
     """The resolved config as TOML, so every role reads exactly the same settings."""
-    lines: list[str] = []
-
-    def emit(prefix: str, data: dict) -> None:
-        scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
-        tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-        if scalars and prefix:
-            lines.append(f"[{prefix}]")
-        for key, value in scalars.items():
-            if value is not None:
-                lines.append(f"{key} = {json.dumps(value)}")
-        for key, value in tables.items():
-            emit(f"{prefix}.{key}" if prefix else key, value)
-
-    emit("", config.model_dump(mode="json"))
-    return "\n".join(lines) + "\n"
+    path.write_text(tomli_w.dumps(_drop_none(config.model_dump(mode="json"))))
+    return path
 
 
 # --- starting roles --------------------------------------------------------------------------
@@ -184,12 +181,12 @@ def _common(plan: SwarmPlan, name: str) -> list[str]:
 
 def start_orchestrator(sup: Supervisor, plan: SwarmPlan) -> None:
     args = [
+        str(plan.config_file),
         "--key", str(plan.key("orchestrator")),
         "--run-dir", str(plan.run_dir / "orchestrator"),
         "--host", HOST,
         "--port", str(plan.orchestrator_port),
         "--pool", str(plan.run_dir / "pool.json"),
-        "--set", f"heartbeat_interval_s={plan.config.pool.heartbeat_interval_s}",
     ]  # fmt: skip
     sup.start_role("orchestrator", "orchestrator", args)
     sup.wait_http(
@@ -232,6 +229,8 @@ def start_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
 def start_relay(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
     trainer_key = load_keypair(plan.key("trainer")).public_key_hex
     args = [
+        str(plan.config_file),
+        "--name", name,
         "--upstream", plan.origin_url,
         "--publisher-key", trainer_key,
         "--store", str(plan.run_dir / name),

@@ -199,8 +199,14 @@ def build_app(ctx: Context) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness and the orchestrator's public key (which signs the ledger)."""
-        return {"ok": True, "orchestrator_key": ctx.key.public_key_hex, "version": __version__}
+        """Liveness, the orchestrator's public key (which signs the ledger) and the ``[pool]``
+        settings it applies (storage locations left out: they may carry credentials)."""
+        return {
+            "ok": True,
+            "orchestrator_key": ctx.key.public_key_hex,
+            "version": __version__,
+            "config": ctx.config.model_dump(mode="json", exclude={"db_url", "store_url"}),
+        }
 
     @app.get("/pools", response_model=list[PoolInfo])
     async def pools() -> list[PoolInfo]:

@@ -22,7 +22,8 @@ from typing import TypeVar
 
 import httpx
 
-from swarmrl.config import SwarmConfig, load_config
+from swarmrl.config import SwarmConfig
+from swarmrl.config.args import add_config_args, config_from_args, config_line
 from swarmrl.errors import InfraError, WaitTimeout
 from swarmrl.protocol.swarm import RoleName, RoleStatus
 
@@ -35,8 +36,7 @@ TRANSIENT: tuple[type[BaseException], ...] = (httpx.TransportError, InfraError)
 
 def add_role_args(parser: argparse.ArgumentParser, *, needs_key: bool = True) -> None:
     """Options every role takes: config, overrides, identity, name, status directory."""
-    parser.add_argument("config", nargs="?", help="TOML config (default: the embedded one)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_config_args(parser)
     if needs_key:
         parser.add_argument("--key", required=True, help="ed25519 key file of this role")
     parser.add_argument("--name", default=None, help="name shown in logs and the display")
@@ -56,15 +56,19 @@ def add_peer_args(parser: argparse.ArgumentParser) -> None:
 
 
 def load_role_config(args: argparse.Namespace) -> SwarmConfig:
-    from swarmrl.config import EMBEDDED_DEFAULT
+    """``CONFIG`` (default: the embedded one), then each ``--set section.key=value``."""
+    return config_from_args(args)
 
-    return load_config([args.config or EMBEDDED_DEFAULT], args.overrides)
+
+def log_config(log: logging.Logger, config: SwarmConfig) -> None:
+    """One log line with the resolved config this process runs with (credentials masked)."""
+    log.info("resolved config %s", config_line(config))
 
 
-def setup_logging(name: str) -> logging.Logger:
+def setup_logging(name: str, level: str = "INFO") -> logging.Logger:
     """Log lines ``HH:MM:SS name: message`` on stderr (the supervisor captures them)."""
     logging.basicConfig(
-        level=logging.INFO,
+        level=level.upper(),
         format=f"%(asctime)s {name}: %(message)s",
         datefmt="%H:%M:%S",
         force=True,

@@ -1,6 +1,12 @@
 """The ``swarmrl shardcast`` verb: publish, fetch and serve-origin (the relay is a role).
 
-Knows nothing about training; parses arguments and calls the library.
+    swarmrl shardcast publish CKPT_DIR [CONFIG] --key KEY --store DIR [--version V]
+    swarmrl shardcast fetch [CONFIG] --source URL … --out DIR --publisher-key KEY
+    swarmrl shardcast serve-origin [CONFIG] --store DIR [--host H] [--port P]
+
+Each sub-command reads the ``[shardcast]`` section of ``CONFIG`` (default: the embedded config)
+and ``--set shardcast.key=value`` overrides, as every role does. Knows nothing about training;
+parses arguments and calls the library.
 """
 
 from __future__ import annotations
@@ -10,25 +16,17 @@ import json
 import logging
 from collections.abc import Sequence
 
-from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.identity.keys import parse_public_keys
 
 
-def shardcast_config(args: argparse.Namespace) -> ShardcastConfig:
-    overrides = {}
-    for name in ("shard_size_bytes", "keep_versions", "keyframe_interval", "parallel_downloads"):
-        value = getattr(args, name, None)
-        if value is not None:
-            overrides[name] = value
-    return ShardcastConfig(**overrides)
-
-
-def add_shardcast_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--keep-versions", dest="keep_versions", type=int, help="versions to keep")
+def _common_args(parser: argparse.ArgumentParser) -> None:
+    """``[CONFIG] [--set shardcast.key=value …]`` and the log level, on every sub-command."""
+    add_config_args(parser)
     parser.add_argument("--log-level", default="INFO", help="logging level (INFO, DEBUG, …)")
 
 
-def _shardcast(argv: Sequence[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swarmrl shardcast", description="publish and fetch signed weight versions"
     )
@@ -39,9 +37,7 @@ def _shardcast(argv: Sequence[str]) -> int:
     pub.add_argument("--store", required=True, help="store directory an origin serves")
     pub.add_argument("--version", type=int, help="version number (default: latest + 1)")
     pub.add_argument("--step", type=int, help="trainer step (default: the version)")
-    pub.add_argument("--shard-size", dest="shard_size_bytes", type=int, help="shard size in bytes")
-    pub.add_argument("--keyframe-interval", dest="keyframe_interval", type=int)
-    add_shardcast_args(pub)
+    _common_args(pub)
     fetch = sub.add_parser("fetch", help="fetch a version into a directory")
     fetch.add_argument(
         "--source",
@@ -58,18 +54,21 @@ def _shardcast(argv: Sequence[str]) -> int:
     fetch.add_argument(
         "--allow-rollback", action="store_true", help="accept a version older than the one held"
     )
-    fetch.add_argument("--parallel", dest="parallel_downloads", type=int)
-    add_shardcast_args(fetch)
+    _common_args(fetch)
     origin = sub.add_parser("serve-origin", help="serve a store directory over HTTP")
     origin.add_argument("--store", required=True)
     origin.add_argument("--host", default="127.0.0.1")
     origin.add_argument("--port", type=int, default=8470)
-    add_shardcast_args(origin)
-    args = parser.parse_args(list(argv))
+    _common_args(origin)
+    return parser
+
+
+def _shardcast(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg = shardcast_config(args)
+    cfg = config_from_args(args).shardcast
 
     if args.command == "publish":
         from swarmrl.identity import load_keypair

@@ -2,7 +2,8 @@
 
 Routes::
 
-    GET /health                         {"status": "ok", "role": …, "latest": N}
+    GET /health                         {"status": "ok", "role": …, "latest": N,
+                                         "config": the [shardcast] settings applied}
     GET /metrics                        Prometheus text format
     GET /versions                       VersionList
     GET /versions/wait?after=N&timeout=S   long-poll: answers as soon as a version > N is
@@ -184,7 +185,8 @@ def build_app(
     catalog.max_clients = cfg.max_clients
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "role": role, "latest": catalog.latest()})
+        body = {"status": "ok", "role": role, "latest": catalog.latest()}
+        return JSONResponse({**body, "config": cfg.model_dump(mode="json")})
 
     async def metrics(request: Request) -> Response:
         lines = []

@@ -1,10 +1,13 @@
 """``swarmrl orchestrator``: run the pool service (pools, nodes, leases, submissions, ledger).
 
-    swarmrl orchestrator --key orch.json [--db URL] [--store DIR|URL] [--run-dir DIR]
-                         [--host 127.0.0.1] [--port 8600] [--pool spec.json …] [--set k=v …]
+    swarmrl orchestrator [CONFIG] --key orch.json [--db URL] [--store DIR|URL]
+                         [--run-dir DIR] [--host 127.0.0.1] [--port 8600] [--pool spec.json …]
+                         [--set pool.key=value …]
 
-Process wiring only; the service is :mod:`swarmrl.pool`. Imports neither torch nor
-transformers.
+Applies the ``[pool]`` section of ``CONFIG`` (default: the embedded config) plus ``--set``
+overrides; ``--db`` and ``--store``, when given, replace ``pool.db_url`` and
+``pool.store_url``. Its ``/health`` answers with the settings it applies. Process wiring only;
+the service is :mod:`swarmrl.pool`. Imports neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -13,36 +16,47 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pydantic import ValidationError
-
-from swarmrl.config.load import parse_override
+from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.config.pool import PoolConfig
-from swarmrl.errors import ConfigError
 from swarmrl.identity.keys import load_keypair
 from swarmrl.pool.cli import read_spec
+from swarmrl.rolekit.toolkit import log_config, setup_logging
 
 
-def main(verb: str, argv: Sequence[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swarmrl orchestrator", description="run the pool service"
     )
+    add_config_args(parser)
     parser.add_argument("--key", required=True, help="orchestrator key file (signs the ledger)")
-    parser.add_argument("--db", default="", help="SQLAlchemy URL (default: SQLite in --run-dir)")
-    parser.add_argument("--store", default="", help="rollout dir or fsspec URL (default: run dir)")
+    parser.add_argument(
+        "--db", default="", help="SQLAlchemy URL (default: pool.db_url, else SQLite in --run-dir)"
+    )
+    parser.add_argument(
+        "--store",
+        default="",
+        help="rollout dir or fsspec URL (default: pool.store_url, else the run dir)",
+    )
     parser.add_argument("--run-dir", default="runs/orchestrator", help="default db/store home")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8600, help="0 = any free port")
     parser.add_argument("--port-file", default=None, help="write the bound port here")
     parser.add_argument("--pool", action="append", default=[], help="pool spec JSON to host")
-    parser.add_argument("--set", action="append", default=[], help="pool config key=value")
-    args = parser.parse_args(list(argv))
-    overrides: dict[str, object] = {}
-    for item in args.set:
-        overrides.update(parse_override(item))
-    try:
-        config = PoolConfig(**{**overrides, "db_url": args.db, "store_url": args.store})
-    except ValidationError as exc:
-        raise ConfigError(f"pool config: {exc.errors()[0]['msg']}") from exc
+    parser.add_argument("--name", default="orchestrator", help="name shown in logs")
+    return parser
+
+
+def pool_config(args: argparse.Namespace) -> PoolConfig:
+    """The ``[pool]`` section this process applies: CONFIG, ``--set``, then ``--db``/``--store``."""
+    config = config_from_args(args)
+    log_config(setup_logging(args.name), config)
+    flags = {"db_url": args.db, "store_url": args.store}
+    return config.pool.model_copy(update={k: v for k, v in flags.items() if v})
+
+
+def main(verb: str, argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    config = pool_config(args)
     from swarmrl.pool import service
     from swarmrl.pool.rejections import Conflict
     from swarmrl.pool.server import make_context, serve_forever

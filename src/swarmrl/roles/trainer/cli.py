@@ -49,6 +49,7 @@ from swarmrl.rolekit.toolkit import (
     StatusReporter,
     add_role_args,
     load_role_config,
+    log_config,
     retry,
     setup_logging,
 )
@@ -281,6 +282,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     config = load_role_config(args)
     name = args.name or "trainer"
     log = setup_logging(name)
+    log_config(log, config)
     keypair = load_keypair(args.key)
     torch.set_num_threads(config.run.threads)
     status = StatusReporter("trainer", name, args.status_dir, config.swarm.status_interval_s)

@@ -29,6 +29,7 @@ from swarmrl.rolekit.toolkit import (
     add_peer_args,
     add_role_args,
     load_role_config,
+    log_config,
     retry,
     setup_logging,
 )
@@ -153,6 +154,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     keypair = load_keypair(args.key)
     name = args.name or f"validator-{keypair.node_id[:8]}"
     log = setup_logging(name)
+    log_config(log, config)
     set_threads(config.swarm.role_threads)
     status = StatusReporter(
         "validator", name, args.status_dir, config.swarm.status_interval_s, keypair.node_id

@@ -23,6 +23,7 @@ from swarmrl.rolekit.toolkit import (
     add_peer_args,
     add_role_args,
     load_role_config,
+    log_config,
     setup_logging,
 )
 
@@ -42,6 +43,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     keypair = load_keypair(args.key)
     name = args.name or f"worker-{keypair.node_id[:8]}"
     log = setup_logging(name)
+    log_config(log, config)
     from swarmrl.identity.keys import parse_public_key
     from swarmrl.protocol.pool import Invite
     from swarmrl.rolekit.policy import set_threads

@@ -1,0 +1,57 @@
+"""The config part of every verb's command line: ``[CONFIG] [--set section.key=value …]``.
+
+Every role verb and the ``shardcast`` tool take the same two things: an optional TOML file
+(default: the embedded config) and dotted overrides with the same keys as the TOML. Flags about
+the process itself (host, port, key file, peer URLs, directories) stay flags of the verb.
+
+Knows argparse and the config tree only; imports no torch and no HTTP code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from swarmrl.config.load import EMBEDDED_DEFAULT, load_config
+from swarmrl.config.root import SwarmConfig
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The optional positional ``config`` and the repeatable ``--set`` (dest ``overrides``)."""
+    parser.add_argument(
+        "config", nargs="?", default=None, help="TOML config (default: the embedded one)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key, same dotted keys as the TOML (repeatable)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> SwarmConfig:
+    """Embedded default or ``args.config``, then each ``--set``; unknown keys fail in one line."""
+    return load_config([args.config or EMBEDDED_DEFAULT], args.overrides)
+
+
+# may carry credentials (a PostgreSQL password, object-store keys): shown as set or not only
+_HIDDEN = {"pool": ("db_url", "store_url")}
+
+
+def public_section(config: SwarmConfig, name: str) -> dict[str, Any]:
+    """One section as JSON-ready values, with the keys that may hold credentials masked."""
+    data = getattr(config, name).model_dump(mode="json")
+    for key in _HIDDEN.get(name, ()):
+        data[key] = "<set>" if data[key] else ""
+    return data
+
+
+def config_line(config: SwarmConfig, sections: Iterable[str] | None = None) -> str:
+    """The resolved config (or some of its sections) as one line of JSON, for a role's log."""
+    names = list(sections) if sections is not None else list(SwarmConfig.model_fields)
+    data = {name: public_section(config, name) for name in names}
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,96 @@
+"""One run TOML reaches every role process: each applies the sections it reads.
+
+The launcher hands every role the run's resolved config file; the orchestrator and the relays
+answer with their settings on ``/health``, the other roles log the resolved config they run
+with. A value left at its default would not tell a dropped setting from an applied one, so each
+section a role reads gets a non-default value here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import tomli_w
+
+from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
+from swarmrl.config.load import read_toml
+from swarmrl.launch.swarm import prepare, start_all
+from swarmrl.rolekit.supervisor import Supervisor, wait_until
+
+pytestmark = pytest.mark.slow
+
+# non-default in every section a role reads; the rest keeps the swarm tiny and quick to start
+RUN = {
+    "pool": {"heartbeat_interval_s": 2.5, "unhealthy_after_s": 11.0, "max_log_line_chars": 777},
+    "shardcast": {"keep_versions": 3, "long_poll_timeout_s": 7.0, "parallel_downloads": 5},
+    "toploc": {"chunk_size": 16, "logprob_tolerance": 0.02},
+    "swarm": {
+        "workers": 1,
+        "peer_timeout_s": 17.0,
+        "retry_s": 0.7,
+        "shutdown_grace_s": 5.0,
+    },
+    "env": {"digits": 1},
+    "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+    "sft": {"steps": 2, "batch_size": 16},
+    "rl": {"steps": 1, "prompts_per_step": 2, "group_size": 2},
+    "eval": {"n": 4, "control": False},
+}
+DEFAULTS = SwarmConfig()
+
+
+def _run_toml(tmp_path: Path) -> Path:
+    data = read_toml(EMBEDDED_DEFAULT)
+    for section, values in RUN.items():
+        data.setdefault(section, {}).update(values)
+    data["run"]["cache_dir"] = str(tmp_path / "cache")
+    path = tmp_path / "run.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def _logged_config(log: Path) -> dict | None:
+    """The resolved config a role logged at start, or None while it has not yet."""
+    if not log.is_file():
+        return None
+    for line in log.read_text(errors="replace").splitlines():
+        if "resolved config " in line:
+            return json.loads(line.split("resolved config ", 1)[1])
+    return None
+
+
+def _assert_applied(section: str, applied: dict, who: str) -> None:
+    for key, value in RUN[section].items():
+        assert getattr(getattr(DEFAULTS, section), key) != value, f"{section}.{key} is a default"
+        assert applied[key] == value, f"{who} applies {section}.{key}={applied[key]!r}"
+
+
+def test_every_role_applies_the_run_toml(tmp_path):
+    config = load_config([_run_toml(tmp_path)])
+    run_dir = tmp_path / "run"
+    plan = prepare(config, run_dir)
+    with Supervisor(run_dir, 5) as sup:
+        start_all(sup, plan)
+        orchestrator = httpx.get(f"{plan.orchestrator_url}/health", timeout=5).json()
+        _assert_applied("pool", orchestrator["config"], "orchestrator /health")
+        for name, url in [("origin", plan.origin_url)] + [
+            (r, plan.relay_url(r)) for r in plan.relays
+        ]:
+            health = httpx.get(f"{url}/health", timeout=5).json()
+            _assert_applied("shardcast", health["config"], f"{name} /health")
+        logged: dict[str, dict] = {}
+        for name in sup.roles:
+            log = sup.log_dir / f"{name}.log"
+            wait_until(
+                lambda log=log: _logged_config(log) is not None,
+                f"{name} to log its resolved config",
+                60,
+            )
+            logged[name] = _logged_config(log)
+    assert set(logged) == {"orchestrator", "trainer", "relay-0", "validator-0", "worker-0"}
+    for name, resolved in logged.items():
+        for section in ("pool", "shardcast", "toploc", "swarm"):
+            _assert_applied(section, resolved[section], f"{name}'s log")
