@@ -28,6 +28,8 @@ CFG = ShardcastConfig(
     shard_size_bytes=SHARD, parallel_downloads=4, request_timeout_s=10, long_poll_timeout_s=2
 )
 KEY = KeyPair.from_seed(b"\x07" * 32)
+# a server over a store damaged on purpose must not repair it at start: it is the liar here
+LYING = CFG.model_copy(update={"recheck_on_start": False})
 
 
 @pytest.fixture
@@ -66,7 +68,7 @@ def _flip_bytes(version_dir: Path) -> None:
 
 
 def test_corrupting_relay_is_penalised_reported_and_bypassed(tmp_path, origin):
-    bad = serve_store(_damaged_copy(tmp_path, "bad", _flip_bytes), CFG)
+    bad = serve_store(_damaged_copy(tmp_path, "bad", _flip_bytes), LYING)
     try:
         client = WeightClient([bad.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
         path = client.fetch("latest")
@@ -88,7 +90,7 @@ def test_truncated_responses_are_resumed_elsewhere(tmp_path, origin):
         path = version_dir / "model.safetensors"
         os.truncate(path, path.stat().st_size // 2 + 1000)  # mid-shard cut: short bodies
 
-    short = serve_store(_damaged_copy(tmp_path, "short", truncate), CFG)
+    short = serve_store(_damaged_copy(tmp_path, "short", truncate), LYING)
     try:
         client = WeightClient([short.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
         path = client.fetch(1)
@@ -112,7 +114,7 @@ def test_forged_and_unsigned_manifests_are_refused(tmp_path, origin):
         mpath = store.manifest_path(version_dir)
         mpath.write_text(mpath.read_text().replace('"signature":"', '"signature":"00', 1))
 
-    tampered = serve_store(_damaged_copy(tmp_path, "tampered", strip_signature), CFG)
+    tampered = serve_store(_damaged_copy(tmp_path, "tampered", strip_signature), LYING)
     try:
         for server, message in ((forged, "unknown publisher"), (tampered, "signature")):
             client = WeightClient([server.url], KEY.public_key_hex, tmp_path / "o", CFG)
@@ -131,7 +133,7 @@ def test_replayed_older_manifest_and_rollback_are_refused(tmp_path, origin):
     replay_store = tmp_path / "replay"
     shutil.copytree(tmp_path / "origin", replay_store)
     shutil.copytree(store.ready_dir(replay_store, 1), store.ready_dir(replay_store, 2))
-    replay = serve_store(replay_store, CFG)
+    replay = serve_store(replay_store, LYING)
     try:
         client = WeightClient([replay.url], KEY.public_key_hex, tmp_path / "out", CFG)
         with pytest.raises(ReplayedRequest, match="asked for manifest v2, got a validly signed v1"):
@@ -165,7 +167,7 @@ def test_a_relay_advertising_a_version_it_cannot_back_is_skipped(tmp_path, origi
     liar_store = tmp_path / "liar"
     shutil.copytree(tmp_path / "origin", liar_store)
     shutil.copytree(store.ready_dir(liar_store, 1), store.ready_dir(liar_store, 99))
-    liar = serve_store(liar_store, CFG)
+    liar = serve_store(liar_store, LYING)
     try:
         client = WeightClient([liar.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
         assert client.advertised_versions() == [99, 1]
@@ -283,3 +285,110 @@ def test_relay_killed_mid_transfer(tmp_path, origin):
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def test_every_file_is_synced_before_its_version_is_renamed_ready(tmp_path, origin, monkeypatch):
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", _fd_path(fd)))
+        return real_fsync(fd)
+
+    def rename(src, dst, *args, **kwargs):
+        events.append(("rename", str(src)))
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    client = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+    path = client.fetch(1)
+    promoted = [i for i, (kind, p) in enumerate(events) if kind == "rename" and ".partial-" in p]
+    assert len(promoted) == 1
+    partial = events[promoted[0]][1]
+    synced = {p for kind, p in events[: promoted[0]] if kind == "fsync"}
+    files = [f for f in path.rglob("*") if f.is_file()]
+    assert files and all(str(f).replace(str(path), partial) in synced for f in files)
+    assert partial in synced  # and the directory holding their names
+
+
+def _flip_first_shard(version_dir: Path) -> None:
+    weights = version_dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[200] ^= 0x10
+    weights.write_bytes(bytes(data))
+
+
+def test_a_damaged_held_version_is_removed_at_start_and_fetched_again(tmp_path, origin):
+    out = tmp_path / "out"
+    WeightClient([origin.url], KEY.public_key_hex, out, CFG).fetch(1)
+    _flip_first_shard(store.ready_dir(out, 1))
+    restarted = WeightClient([origin.url], KEY.public_key_hex, out, CFG)
+    assert restarted.held_version() is None  # the damaged copy is gone, not loaded
+    path = restarted.fetch("latest")
+    assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+    # a manifest edited on disk (signature no longer valid) is caught the same way
+    mpath = store.manifest_path(path)
+    mpath.write_text(mpath.read_text().replace('"step":1', '"step":7', 1))
+    assert WeightClient([origin.url], KEY.public_key_hex, out, CFG).held_version() is None
+
+
+def test_a_relay_restarted_on_a_damaged_store_refetches_instead_of_serving_it(tmp_path, origin):
+    from swarmrl.shardcast.catalog import Catalog
+    from swarmrl.shardcast.relay import Follower
+    from swarmrl.shardcast.server import build_app, serve_in_thread
+
+    def start_relay():
+        catalog = Catalog(tmp_path / "relay", CFG.keep_versions)
+        follower = Follower([origin.url], [KEY.public_key_hex], catalog, CFG)
+        server = serve_in_thread(build_app(catalog, CFG, role="relay"))
+        follower.start()
+        return catalog, follower, server
+
+    def until_ready(catalog):
+        deadline = time.monotonic() + 15
+        while catalog.latest(complete_only=True) != 1:
+            assert time.monotonic() < deadline, "the relay did not (re)replicate v1"
+            time.sleep(0.05)
+
+    catalog, follower, server = start_relay()
+    until_ready(catalog)
+    follower.stop(timeout_s=1)
+    server.stop()
+    _flip_first_shard(store.ready_dir(tmp_path / "relay", 1))
+    catalog, follower, server = start_relay()
+    try:
+        until_ready(catalog)
+        alone = WeightClient([server.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        path = alone.fetch(1)
+        assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+        assert catalog.counters.get("stored_versions_damaged_total") == 1
+    finally:
+        follower.stop(timeout_s=1)
+        server.stop()
+
+
+@pytest.mark.parametrize("failing", ["model.safetensors", "manifest.tmp"])
+def test_publishing_onto_a_full_disk_is_one_line_and_leaves_no_temporary_files(
+    tmp_path, failing, monkeypatch
+):
+    real_fsync = os.fsync
+
+    def fsync(fd):  # where a full disk shows up on many filesystems: the data cannot be kept
+        if _fd_path(fd).endswith(failing):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    ck = write_checkpoint(tmp_path / "ck", random_weights(4096, seed=3))
+    store_dir = tmp_path / "store"
+    Publisher(store_dir, KEY, CFG).publish(ck, 1)
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(InfraError, match="publishing v2 .* No space left on device") as info:
+        Publisher(store_dir, KEY, CFG).publish(ck, 2)
+    assert "\n" not in str(info.value)
+    leftovers = [p.name for p in store_dir.rglob("*") if ".tmp" in p.name or ".partial-" in p.name]
+    assert leftovers == [] and store.ready_versions(store_dir) == [1]

@@ -25,6 +25,8 @@ KEY = KeyPair.from_seed(b"\x05" * 32)
 CFG = ShardcastConfig(
     shard_size_bytes=32 * 1024, long_poll_timeout_s=20, request_timeout_s=30, shard_wait_s=0.5
 )
+# a server over a store damaged on purpose must not repair it at start: it is the liar here
+LYING = CFG.model_copy(update={"recheck_on_start": False})
 
 
 def _wait(predicate, timeout_s: float, what: str):
@@ -223,7 +225,8 @@ def test_relay_refuses_forged_upstreams_and_routes_around_corrupt_ones(tmp_path)
     for offset in range(64, len(data), CFG.shard_size_bytes):
         data[offset] ^= 0x80
     weights.write_bytes(bytes(data))
-    origin, forged, bad = (serve_store(tmp_path / n, CFG) for n in ("origin", "forged", "bad"))
+    origin, forged = (serve_store(tmp_path / n, CFG) for n in ("origin", "forged"))
+    bad = serve_store(tmp_path / "bad", LYING)
     fooled = _Relay(tmp_path / "r_forged", [forged.url])
     careful = _Relay(tmp_path / "r_mixed", [bad.url, origin.url])
     try:
@@ -282,7 +285,7 @@ def test_a_lying_upstream_does_not_stop_a_relay(tmp_path):
     shutil.copytree(
         store.ready_dir(tmp_path / "liar", 1), store.ready_dir(tmp_path / "liar", 1_000_000)
     )
-    origin, liar = serve_store(tmp_path / "origin", CFG), serve_store(tmp_path / "liar", CFG)
+    origin, liar = serve_store(tmp_path / "origin", CFG), serve_store(tmp_path / "liar", LYING)
     relay = _Relay(tmp_path / "relay", [liar.url, origin.url])
     try:
         assert httpx.get(f"{liar.url}/versions").json()["latest"] == 1_000_000

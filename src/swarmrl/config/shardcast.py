@@ -77,3 +77,9 @@ class ShardcastConfig(Section):
         description="How long a server keeps an idle connection open after a response, seconds "
         "(clients reuse a connection only when it has been idle for less).",
     )
+    recheck_on_start: bool = Field(
+        default=True,
+        description="Relays, clients and origins re-read every stored version at start and "
+        "remove any whose files no longer match the signed manifest (costs one read of the "
+        "stored bytes).",
+    )

@@ -30,6 +30,7 @@ from swarmrl.protocol.shardcast import Manifest, VersionList
 from swarmrl.shardcast import store
 from swarmrl.shardcast.assemble import Assembly, AssemblyReport, FileWriter
 from swarmrl.shardcast.manifest import parse_manifest, verify_manifest
+from swarmrl.shardcast.recheck import recheck_store
 from swarmrl.shardcast.transport import Connections, CorruptReport, SourcePool
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class WeightClient:
         self.conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.client_id})
         self.writer = writer or FileWriter()
         self.last_report: AssemblyReport | None = None
+        if self.config.recheck_on_start:  # a damaged held version is fetched again, not loaded
+            recheck_store(self.out_root, self.trusted)
 
     @property
     def reports(self) -> list[CorruptReport]:

@@ -4,13 +4,15 @@
 a partial directory while hashing them shard by shard, encodes delta blobs against the
 parent version (the newest ready one in the store) unless this version is a keyframe, signs
 the manifest, and renames the directory into place: the manifest and every shard appear at
-once. Old versions beyond ``keep_versions`` are then pruned.
+once. Old versions beyond ``keep_versions`` are then pruned. A failed write (full disk) raises
+``DiskWriteError`` and leaves neither the partial directory nor a temporary file behind.
 
 Knows nothing about HTTP or who fetches the versions.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -23,8 +25,12 @@ from swarmrl.protocol.shardcast import DeltaEntry, FileEntry, Manifest, ShardEnt
 from swarmrl.shardcast import delta as delta_codec
 from swarmrl.shardcast import store
 from swarmrl.shardcast.manifest import digest_bytes, new_hasher, root_digest, sign_manifest
+from swarmrl.shardcast.transport import DiskWriteError
 
 log = logging.getLogger(__name__)
+
+# the disk cannot keep what is written: full, over quota, read-only, failing, file too large
+WRITE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
 
 
 def _copy_and_shard(
@@ -132,6 +138,13 @@ class Publisher:
             )
             store.write_manifest(partial, manifest)
             store.promote(partial, self.store_dir, version)
+        except OSError as exc:
+            store.discard(partial)  # nothing half-written stays behind
+            if exc.errno in WRITE_FAULTS:
+                raise DiskWriteError(
+                    f"publishing v{version} into {self.store_dir} failed: {exc}"
+                ) from exc
+            raise
         except BaseException:
             store.discard(partial)
             raise

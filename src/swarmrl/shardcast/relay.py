@@ -38,6 +38,7 @@ from swarmrl.shardcast.client import (
     install_version,
     parse_version_list,
 )
+from swarmrl.shardcast.recheck import recheck_store
 from swarmrl.shardcast.transport import Connections, SourcePool
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,9 @@ class Follower:
     def start(self) -> None:
         for name in store.discard_stale_partials(self.catalog.root):
             log.info("removed leftover %s", name)
+        if self.config.recheck_on_start:  # damaged versions are fetched again, never served
+            damaged = recheck_store(self.catalog.root, self.trusted)
+            self.catalog.count("stored_versions_damaged_total", len(damaged))
         self.catalog.refresh()
         for url in self.pool.urls:
             self._threads.append(

@@ -48,6 +48,7 @@ from swarmrl.errors import WaitTimeout
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.shardcast import store
 from swarmrl.shardcast.catalog import Catalog, ServedVersion
+from swarmrl.shardcast.recheck import recheck_store
 
 SEND_CHUNK = 1 << 20
 
@@ -432,6 +433,8 @@ def serve_origin(
     long-polling relays and clients at once.
     """
     cfg = config or ShardcastConfig()
+    if cfg.recheck_on_start:  # digests only: the publisher's key is not known here
+        recheck_store(Path(store_dir))
     catalog = Catalog(store_dir, cfg.keep_versions)
     catalog.refresh()
     return serve_in_thread(build_app(catalog, cfg, role=role, watch_disk=True), host, port)

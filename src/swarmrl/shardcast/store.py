@@ -10,7 +10,9 @@
       .partial-v00000013-1a2b3c/      a version still being written; never read as ready
 
 A version becomes ready only by renaming its complete, verified partial directory to
-``vNNNNNNNN`` (one atomic ``rename``), so a reader sees all of it or none of it.
+``vNNNNNNNN`` (one atomic ``rename``), so a reader sees all of it or none of it. Every file
+and directory of the partial is fsynced before that rename, and the store directory after
+it, so a power cut never leaves a ready name over unwritten data.
 
 Knows nothing about HTTP, signatures or how the bytes arrived.
 """
@@ -64,15 +66,40 @@ def load_manifest(version_dir: Path) -> Manifest:
 
 
 def write_manifest(version_dir: Path, manifest: Manifest) -> None:
-    """Write the manifest via a temporary file and ``rename`` (never half a manifest)."""
+    """Write the manifest via a temporary file and ``rename`` (never half a manifest, and no
+    temporary file left behind when the write fails)."""
     target = manifest_path(version_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(manifest.model_dump_json().encode())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(manifest.model_dump_json().encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sync_dir(path: Path) -> None:
+    """fsync a directory, so the names in it (creations, renames) survive a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(path: Path) -> None:
+    """fsync every regular file under ``path``, then every directory, deepest first."""
+    for dirpath, _, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        sync_dir(Path(dirpath))
 
 
 def new_partial(root: Path, version: int) -> Path:
@@ -89,7 +116,9 @@ def promote(partial: Path, root: Path, version: int) -> Path:
     target = ready_dir(root, version)
     if target.exists():
         raise FileExistsError(f"version {version} is already ready at {target}")
+    sync_tree(partial)  # data before name: the rename must never outlive unwritten bytes
     os.rename(partial, target)
+    sync_dir(root)
     return target
 
 
