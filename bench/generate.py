@@ -30,8 +30,9 @@ from transformers import (
 )
 
 from swarmrl.config.model import TinyModelConfig
-from swarmrl.inference import SamplingParams, TorchEngine
+from swarmrl.inference import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model
+from swarmrl.protocol import SamplingParams
 
 ALPHABET = "0123456789+-*=() abcdefghijklmnopqrstuvwxyz\n"
 WHO = ("transformers", "engine")

@@ -33,7 +33,8 @@ import httpx
 from swarmrl.errors import PeerUnavailable
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import AsyncPoolClient, RequestRefused
-from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
 
 POOL = "bench"

@@ -35,9 +35,9 @@ from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import ReverseEnv
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.tokenizer import build_char_tokenizer
+from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
 from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks

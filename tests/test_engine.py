@@ -15,9 +15,10 @@ from transformers import (
 )
 
 from swarmrl.config.model import TinyModelConfig
-from swarmrl.inference import SamplingParams, TorchEngine
+from swarmrl.inference import TorchEngine
 from swarmrl.inference.backbone import HFBackbone
 from swarmrl.model import build_char_tokenizer, create_tiny_model
+from swarmrl.protocol import SamplingParams
 
 TOKENIZER = build_char_tokenizer("0123456789+-*= ")
 PROMPTS = [[1, 5, 6, 18, 7], [1, 9], [1, 4, 4, 4, 4, 4, 4, 4, 5, 17], [1, 13, 12]]

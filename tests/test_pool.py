@@ -11,11 +11,11 @@ from swarmrl.identity.requests import request_message
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
 from swarmrl.pool.scheduling import draw_tasks
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import (
     Heartbeat,
     InvalidateRequest,
     PoolSpec,
-    SamplingParams,
     Submission,
     Verdict,
 )

@@ -23,7 +23,8 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 pytestmark = pytest.mark.slow

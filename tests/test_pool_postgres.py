@@ -9,7 +9,8 @@ from swarmrl.identity import KeyPair
 from swarmrl.ledger.verify import verify_export
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
-from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import PoolSpec, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 

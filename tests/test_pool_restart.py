@@ -15,7 +15,8 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.ledger.verify import verify_export
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
-from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
 
 pytestmark = pytest.mark.slow

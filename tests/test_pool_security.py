@@ -14,12 +14,12 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.pool.invites import make_invite
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import (
     Heartbeat,
     JoinRequest,
     PoolSpec,
     Requirements,
-    SamplingParams,
     Submission,
 )
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples

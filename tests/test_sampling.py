@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarmrl.inference.sampling import gumbel_block, gumbel_noise, mask_logits, sample_tokens
-from swarmrl.inference.types import SamplingParams
+from swarmrl.protocol import SamplingParams
 
 M32 = 0xFFFFFFFF
 
@@ -164,3 +164,23 @@ def test_seed_rule_is_the_documented_sha256_text():
         derive_seed("a:b")
     with pytest.raises(TypeError):
         derive_seed(True)
+
+
+def test_one_sampling_type_from_config_to_wire_to_engine() -> None:
+    """The config section, a pool's work unit, a proof bundle and the engine share one type."""
+    from swarmrl.config import load_config
+    from swarmrl.protocol import PoolSpec
+    from swarmrl.protocol.proofs import ProofBundle
+
+    section = load_config([], ["rl.sampling.top_k=7", "rl.sampling.max_new_tokens=9"]).rl.sampling
+    params = SamplingParams.model_validate(section.model_dump())
+    assert (params.top_k, params.max_new_tokens, params.stop_token_ids) == (7, 9, ())
+    assert PoolSpec.model_fields["sampling"].annotation is SamplingParams
+    assert ProofBundle.model_fields["sampling"].annotation is SamplingParams
+    wire = SamplingParams.model_validate_json('{"max_new_tokens": 4, "stop_token_ids": [5]}')
+    assert wire == SamplingParams(max_new_tokens=4, stop_token_ids=(5,))
+    for bad in ('{"top_k": 1, "extra": 1}', '{"temperature": NaN}', '{"stop_token_ids": [-1]}'):
+        with pytest.raises(ValueError):
+            SamplingParams.model_validate_json(bad)
+    with pytest.raises(ValueError):
+        params.temperature = 0.5  # frozen: a work unit's parameters cannot drift after checks

@@ -12,7 +12,8 @@ from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model
-from swarmrl.protocol.pool import PendingSubmission, SamplingParams, WorkUnit
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import PendingSubmission, WorkUnit
 from swarmrl.protocol.seeds import sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge

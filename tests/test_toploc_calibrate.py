@@ -13,10 +13,10 @@ from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.io import load_policy, save_policy
 from swarmrl.model.tokenizer import build_char_tokenizer
+from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
 from swarmrl.toploc import thresholds
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds

@@ -12,9 +12,9 @@ from swarmrl.config.toploc import ToplocConfig
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.sampling import gumbel_noise
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.tokenizer import build_char_tokenizer
+from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.bundle import seal
 from swarmrl.toploc.calibrate import generate_without_cache, measure, recommend
@@ -267,3 +267,45 @@ def test_per_row_steps_give_the_engine_noise():
     together = gumbel_noise(seeds, torch.tensor([0, 7, 3]), 50)
     one_by_one = [gumbel_noise(seeds[i : i + 1], s, 50)[0] for i, s in enumerate([0, 7, 3])]
     assert torch.equal(together, torch.stack(one_by_one))
+
+
+def test_binding_digest_of_a_fixed_bundle_is_pinned() -> None:
+    """The signed canonical form: these bytes are what every worker and validator hash, so a
+    change to the sampling type (tuple vs list, field order, defaults) must not move them."""
+    from swarmrl.protocol.proofs import ProofBundle, SampleClaim
+    from swarmrl.toploc.bundle import binding_digest
+
+    wire = {
+        "policy_version": 3,
+        "model_digest": "9f" * 32,
+        "sampling": {
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 5,
+            "max_new_tokens": 12,
+            "stop_token_ids": [2, 7],
+        },
+        "seed": 12345,
+        "chunk_size": 32,
+        "topk": 128,
+        "chunks": ["AAEC"],
+        "worker_key": "ab" * 32,
+        "digest": "0" * 64,
+        "signature": "0" * 128,
+    }
+    claim = SampleClaim(
+        prompt_tokens=[1, 7, 9],
+        output_tokens=[4, 4, 2],
+        logprobs=[-0.1, -2.3, -0.5],
+        finish_reason="eos",
+        reward=None,
+    )
+    pinned = "6bc9bd221bfa32ec859b539fdbe5ca3b7d465969979c1fc7179e4334168d0cc3"
+    bundle = ProofBundle.model_validate(wire)
+    assert binding_digest(bundle, claim) == pinned
+    # built in process (tuple of stop ids) or parsed from the wire (JSON list): same digest
+    rebuilt = bundle.model_copy(update={"sampling": SamplingParams(**wire["sampling"])})
+    assert binding_digest(rebuilt, claim) == pinned
+    assert binding_digest(ProofBundle.model_validate_json(bundle.model_dump_json()), claim) == (
+        pinned
+    )

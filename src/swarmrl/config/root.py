@@ -11,7 +11,7 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.config.rl import EvalConfig, RLConfig, SFTConfig
 from swarmrl.config.run import RunConfig
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.config.swarm import SwarmConfig as SwarmSectionConfig
+from swarmrl.config.swarm import SwarmSection
 from swarmrl.config.toploc import ToplocConfig
 
 
@@ -27,4 +27,4 @@ class SwarmConfig(Section):
     toploc: ToplocConfig = Field(default_factory=ToplocConfig)
     shardcast: ShardcastConfig = Field(default_factory=ShardcastConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
-    swarm: SwarmSectionConfig = Field(default_factory=SwarmSectionConfig)
+    swarm: SwarmSection = Field(default_factory=SwarmSection)

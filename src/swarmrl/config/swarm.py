@@ -15,8 +15,9 @@ from swarmrl.config.base import Section
 CHEAT_PATTERN = re.compile(r"^(corrupt_weights_after):(\d+)$")
 
 
-class SwarmConfig(Section):
-    """Settings of ``swarmrl run`` / ``swarmrl demo`` and of each role's waits."""
+class SwarmSection(Section):
+    """The ``[swarm]`` section: settings of ``swarmrl run`` / ``swarmrl demo`` and of each role's
+    waits (the root of the tree is ``swarmrl.config.SwarmConfig``)."""
 
     workers: int = Field(2, ge=1, description="honest inference workers started by `swarmrl run`")
     relays: int = Field(1, ge=0, description="weight relays between the origin and the workers")

@@ -2,12 +2,11 @@
 
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.sampling import gumbel_noise, sample_tokens
-from swarmrl.inference.types import Generation, Prefill, SamplingParams
+from swarmrl.inference.types import Generation, Prefill
 
 __all__ = [
     "Generation",
     "Prefill",
-    "SamplingParams",
     "TorchEngine",
     "gumbel_noise",
     "sample_tokens",

@@ -23,7 +23,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from swarmrl.inference import llama
 from swarmrl.inference.backbone import Backbone, HFBackbone
 from swarmrl.inference.sampling import gumbel_block, sample_tokens
-from swarmrl.inference.types import Generation, Prefill, SamplingParams, check_token_ids
+from swarmrl.inference.types import Generation, Prefill, check_token_ids
+from swarmrl.protocol import SamplingParams
 
 # Gumbel noise is drawn for several decode steps at once while [B, steps, vocab] stays below
 # this many elements (fewer small operations per step; one step at a time for huge vocabularies).

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from swarmrl.inference.types import SamplingParams
+from swarmrl.protocol import SamplingParams
 
 _M32 = 0xFFFFFFFF
 _MUL1 = 0x21F0AAAD  # both multipliers < 2^31, so x * c < 2^63 for x < 2^32

@@ -1,55 +1,21 @@
-"""Plain data types of the inference engine: sampling parameters and results.
+"""Plain data types of the inference engine's results.
 
-``SamplingParams`` is what a work unit asks for; ``Generation`` is one sampled completion with
-everything a worker reports and a validator replays (tokens, per-token log-probs, final-norm
-hidden states); ``Prefill`` is the validator's view of a fixed prompt + completion.
+``Generation`` is one sampled completion with everything a worker reports and a validator
+replays (tokens, per-token log-probs, final-norm hidden states); ``Prefill`` is the validator's
+view of a fixed prompt + completion. The engine is asked with the one sampling-parameter type,
+``swarmrl.protocol.SamplingParams``, exactly as a work unit carries it.
 
-Knows nothing about models, devices or the wire format (see ``swarmrl.protocol``).
+Knows nothing about models, devices or how results travel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
-FinishReason = Literal["eos", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to turn logits into tokens (seeded Gumbel-max, see ``swarmrl.inference.sampling``).
-
-    temperature: softmax temperature; 0 means greedy (argmax, log-probs taken at T = 1).
-    top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p`` (1 = all).
-    top_k: keep the ``top_k`` most likely tokens (0 = all); applied before ``top_p``.
-    max_new_tokens: decode at most this many tokens.
-    stop_token_ids: extra token ids that end a sequence, besides the engine's EOS id.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 16
-    stop_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-
-    @property
-    def greedy(self) -> bool:
-        """True when tokens are the argmax (temperature 0)."""
-        return self.temperature == 0.0
+from swarmrl.protocol.sampling import FinishReason
 
 
 @dataclass

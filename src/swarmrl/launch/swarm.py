@@ -37,7 +37,7 @@ from swarmrl.config import SwarmConfig, save_config
 from swarmrl.errors import WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.protocol.pool import PoolSpec, SamplingParams
+from swarmrl.protocol import PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.rolekit.supervisor import Supervisor, free_port
 
@@ -90,7 +90,6 @@ def pool_spec(config: SwarmConfig, owner: KeyPair, validators: list[KeyPair]) ->
     from swarmrl.envs import build_env
 
     env = build_env(config.env)
-    s = config.rl.sampling
     return PoolSpec(
         pool_id=POOL_ID,
         owner_key=owner.public_key_hex,
@@ -98,9 +97,7 @@ def pool_spec(config: SwarmConfig, owner: KeyPair, validators: list[KeyPair]) ->
         validators=[v.public_key_hex for v in validators],
         task_count=env.split_size("train"),
         samples_per_task=config.rl.group_size,
-        sampling=SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
-        ),
+        sampling=SamplingParams.model_validate(config.rl.sampling.model_dump()),
         seed=config.run.seed,
         async_level=config.rl.async_level,
         validated_fraction=1.0,

@@ -1,6 +1,7 @@
 """swarmrl.protocol: typed messages that cross a process boundary (see docs/architecture.md).
 
-One module per conversation: ``pool`` (orchestrator API), ``proofs``, ``shardcast``, ``swarm``.
+One module per conversation: ``pool`` (orchestrator API), ``proofs``, ``shardcast``, ``swarm``;
+``sampling`` holds the sampling parameters and finish reason all of them share.
 """
 
 from swarmrl.protocol.pool import (
@@ -17,7 +18,6 @@ from swarmrl.protocol.pool import (
     PoolSpec,
     Requirements,
     Sample,
-    SamplingParams,
     Submission,
     SubmissionReceipt,
     TrainableSubmission,
@@ -25,9 +25,11 @@ from swarmrl.protocol.pool import (
     VerdictReceipt,
     WorkUnit,
 )
+from swarmrl.protocol.sampling import FinishReason, SamplingParams
 
 __all__ = [
     "BatchReply",
+    "FinishReason",
     "BatchRequest",
     "Heartbeat",
     "HeartbeatReply",

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from swarmrl.protocol.bounded import PeerProof, PeerText
+from swarmrl.protocol.sampling import FinishReason, SamplingParams
 
 POOL_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 HEX64 = r"^[0-9a-f]{64}$"
@@ -25,7 +26,6 @@ LogLine = Annotated[PeerText, StringConstraints(max_length=4096)]
 Reason = Annotated[PeerText, StringConstraints(max_length=2000)]
 RecordId = Annotated[PeerText, StringConstraints(min_length=1, max_length=64)]  # lease, submission
 NodeState = Literal["healthy", "unhealthy", "dead", "ejected", "banned"]
-FinishReason = Literal["eos", "length", "stop"]
 Severity = Literal["hard", "soft"]
 
 
@@ -45,18 +45,6 @@ class Requirements(Message):
     min_memory_gb: float = Field(0.0, ge=0, description="minimum device memory, GiB")
     accelerators: list[ShortText] = Field(
         default_factory=list, max_length=16, description="accepted accelerators; empty = any"
-    )
-
-
-class SamplingParams(Message):
-    """How a work unit's completions are sampled (seeded Gumbel-max)."""
-
-    temperature: float = Field(1.0, ge=0, le=100, description="softmax temperature; 0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass kept")
-    top_k: int = Field(0, ge=0, le=1_000_000, description="keep the k most likely; 0 = all")
-    max_new_tokens: int = Field(64, gt=0, le=1_000_000, description="decode at most this many")
-    stop_token_ids: list[int] = Field(
-        default_factory=list, max_length=64, description="stop ids besides the model's EOS"
     )
 
 

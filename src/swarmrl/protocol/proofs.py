@@ -24,6 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarmrl.protocol.sampling import FinishReason, SamplingParams
+
 HEX64 = r"^[0-9a-f]{64}$"
 HEX128 = r"^[0-9a-f]{128}$"
 BASE64 = r"^[A-Za-z0-9+/]*={0,2}$"
@@ -51,22 +53,6 @@ class ProofMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class SamplingSpec(ProofMessage):
-    """The sampling rule a sample was drawn with (``swarmrl.inference.sampling``).
-
-    Example: ``{"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 16,
-    "stop_token_ids": []}``.
-    """
-
-    temperature: float = Field(1.0, ge=0, le=100, description="softmax temperature; 0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass kept; 1 = all tokens")
-    top_k: int = Field(0, ge=0, le=10_000_000, description="keep the k most likely; 0 = all")
-    max_new_tokens: int = Field(16, gt=0, le=MAX_TOKENS, description="decode limit, tokens")
-    stop_token_ids: list[int] = Field(
-        default_factory=list, max_length=64, description="stop ids besides the model's EOS"
-    )
-
-
 class Assignment(ProofMessage):
     """What the trusted side assigned for one sample; the validator checks claims against it.
 
@@ -77,7 +63,7 @@ class Assignment(ProofMessage):
     policy_version: int = Field(ge=0, lt=2**31, description="version the sample must use")
     model_digest: str = Field(pattern=HEX64, description="root digest of that version's weights")
     prompt_tokens: list[int] = Field(max_length=MAX_TOKENS, description="[P] assigned prompt")
-    sampling: SamplingSpec
+    sampling: SamplingParams
     seed: int = Field(ge=0, lt=2**63, description="sampling seed of this sample")
     worker_key: str = Field(pattern=HEX64, description="ed25519 public key of the leaseholder")
 
@@ -94,7 +80,7 @@ class SampleClaim(ProofMessage):
     prompt_tokens: list[int] = Field(max_length=MAX_TOKENS)
     output_tokens: list[int] = Field(max_length=MAX_TOKENS)
     logprobs: list[float] = Field(max_length=MAX_TOKENS, description="nats, one per output token")
-    finish_reason: Literal["eos", "length", "stop"] = Field(
+    finish_reason: FinishReason = Field(
         description="eos/stop: the last output token is a stop token; length: hit the limit"
     )
     reward: float | None = Field(None, description="worker-reported reward; None = not reported")
@@ -118,7 +104,7 @@ class ProofBundle(ProofMessage):
     scheme: Literal["swarmrl-toploc-1"] = Field(SCHEME, description="bundle format version")
     policy_version: int = Field(ge=0, lt=2**31, description="version the worker generated with")
     model_digest: str = Field(pattern=HEX64, description="root digest of that version's weights")
-    sampling: SamplingSpec
+    sampling: SamplingParams
     seed: int = Field(ge=0, lt=2**63, description="sampling seed used")
     chunk_size: int = Field(gt=0, le=1_000_000, description="decode positions per chunk")
     topk: int = Field(gt=0, le=4096, description="entries committed per chunk")

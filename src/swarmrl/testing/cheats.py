@@ -24,16 +24,17 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.sampling import mask_logits
-from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.inference.types import Generation
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.proofs import Assignment, ProofBundle, SampleClaim
-from swarmrl.toploc.bundle import build_bundles, claim_of, sampling_spec, seal
+from swarmrl.toploc.bundle import build_bundles, claim_of, seal
 
 Submission = tuple[ProofBundle, SampleClaim]
 
@@ -55,7 +56,7 @@ class Worker:
             policy_version=self.policy_version,
             model_digest=self.model_digest,
             prompt_tokens=list(prompt),
-            sampling=sampling_spec(self.params),
+            sampling=self.params,
             seed=seed,
             worker_key=self.keypair.public_key_hex,
         )
@@ -145,7 +146,7 @@ def other_sampling(
     """Sample with another temperature and/or seed; claim the assigned ones."""
     params = worker.params
     if temperature is not None:
-        params = replace(params, temperature=temperature)
+        params = params.model_copy(update={"temperature": temperature})
     gens = worker.engine.generate(
         prompts, params, [s + seed_offset for s in seeds], return_hidden=True
     )

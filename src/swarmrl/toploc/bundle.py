@@ -15,31 +15,10 @@ import hashlib
 from collections.abc import Sequence
 
 from swarmrl.identity import KeyPair, canonical_json
-from swarmrl.inference.types import Generation, SamplingParams
-from swarmrl.protocol.proofs import SCHEME, ProofBundle, SampleClaim, SamplingSpec
+from swarmrl.inference.types import Generation
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.proofs import SCHEME, ProofBundle, SampleClaim
 from swarmrl.toploc.encoding import build_chunk_proofs
-
-
-def sampling_spec(params: SamplingParams) -> SamplingSpec:
-    """The wire form of engine sampling parameters."""
-    return SamplingSpec(
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        max_new_tokens=params.max_new_tokens,
-        stop_token_ids=list(params.stop_token_ids),
-    )
-
-
-def sampling_params(spec: SamplingSpec) -> SamplingParams:
-    """Engine sampling parameters from their wire form."""
-    return SamplingParams(
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        top_k=spec.top_k,
-        max_new_tokens=spec.max_new_tokens,
-        stop_token_ids=tuple(spec.stop_token_ids),
-    )
 
 
 def binding_digest(bundle: ProofBundle, claim: SampleClaim) -> str:
@@ -52,7 +31,7 @@ def binding_digest(bundle: ProofBundle, claim: SampleClaim) -> str:
         "output_tokens": claim.output_tokens,
         "logprobs": claim.logprobs,
         "finish_reason": claim.finish_reason,
-        "sampling": bundle.sampling.model_dump(),
+        "sampling": bundle.sampling.model_dump(mode="json"),  # lists, as on the wire
         "seed": bundle.seed,
         "chunk_size": bundle.chunk_size,
         "topk": bundle.topk,
@@ -105,13 +84,12 @@ def build_bundles(
         chunk_size,
         topk,
     )
-    spec = sampling_spec(params)
     bundles = []
     for generation, chunks in zip(generations, proofs, strict=True):
         draft = ProofBundle(
             policy_version=policy_version,
             model_digest=model_digest,
-            sampling=spec,
+            sampling=params,
             seed=generation.seed,
             chunk_size=chunk_size,
             topk=topk,
@@ -129,7 +107,5 @@ __all__ = [
     "binding_digest",
     "build_bundles",
     "claim_of",
-    "sampling_params",
-    "sampling_spec",
     "seal",
 ]

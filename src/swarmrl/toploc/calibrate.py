@@ -33,7 +33,8 @@ import torch
 
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.inference.sampling import sample_tokens
-from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.inference.types import Generation
+from swarmrl.protocol import SamplingParams
 from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks
 from swarmrl.toploc.hidden import compare_chunks
 from swarmrl.toploc.prefill import prefill_many

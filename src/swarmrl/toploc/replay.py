@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.inference.sampling import gumbel_noise, mask_logits
-from swarmrl.inference.types import SamplingParams
+from swarmrl.protocol import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import UserError
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model.io import DType, load_policy
+from swarmrl.protocol import SamplingParams
 from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
 
 FORMAT = 1  # bump when the calibration recipe changes, so cached documents are not reused

@@ -48,7 +48,7 @@ from swarmrl.protocol.proofs import (
     RejectionCode,
     SampleClaim,
 )
-from swarmrl.toploc.bundle import binding_digest, sampling_params
+from swarmrl.toploc.bundle import binding_digest
 from swarmrl.toploc.encoding import chunk_count, decode_chunks
 from swarmrl.toploc.hidden import ChunkAgreement, compare_chunks
 from swarmrl.toploc.prefill import prefill_many
@@ -313,7 +313,7 @@ class Verifier:
                 f"mean {first.mant_err_mean:.3g} median {first.mant_err_median:.3g}",
             )
 
-        params = sampling_params(bundle.sampling)
+        params = bundle.sampling  # the assignment's, checked equal above
         replay = replay_sampling(
             case.prefill.logits,
             claim.output_tokens,

@@ -16,8 +16,8 @@ from transformers import PreTrainedTokenizerBase
 from swarmrl.config.rl import SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model.prompts import decode_completion, encode_prompt
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.trainer.rollout import sampling_params
 

@@ -19,22 +19,17 @@ from transformers import PreTrainedTokenizerBase
 from swarmrl.config.rl import RLConfig, SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model.prompts import decode_completion, encode_prompt
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.rl import fill_with_informative
 from swarmrl.trainer.batch import Completion, Group
 
 
 def sampling_params(sampling: SamplingConfig, tokenizer: PreTrainedTokenizerBase) -> SamplingParams:
+    """The section's parameters, with the tokenizer's EOS id as the stop token."""
     stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
-    return SamplingParams(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        max_new_tokens=sampling.max_new_tokens,
-        stop_token_ids=stops,
-    )
+    return SamplingParams.model_validate({**sampling.model_dump(), "stop_token_ids": stops})
 
 
 @dataclass

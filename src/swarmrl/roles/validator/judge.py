@@ -26,7 +26,7 @@ from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.pool import PendingSubmission, Verdict
-from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, SamplingSpec
+from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim
 from swarmrl.protocol.seeds import sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.verify import Verifier
@@ -88,12 +88,6 @@ def judge(
     by_version: dict[int, list[int]] = {}
     for i, sample in enumerate(pending.samples):
         by_version.setdefault(sample.policy_version, []).append(i)
-    spec = SamplingSpec(
-        temperature=work.sampling.temperature,
-        top_p=work.sampling.top_p,
-        top_k=work.sampling.top_k,
-        max_new_tokens=work.sampling.max_new_tokens,
-    )
     verdicts: dict[int, ProofVerdict] = {}
     for version, indices in by_version.items():
         loaded = version_of(version)
@@ -106,7 +100,7 @@ def judge(
                 policy_version=version,
                 model_digest=loaded.root_digest,
                 prompt_tokens=encode_prompt(tokenizer, tasks[i].prompt),
-                sampling=spec,
+                sampling=work.sampling,
                 seed=sample_seed(work.seed, i),
                 worker_key=pending.node_key,
             )

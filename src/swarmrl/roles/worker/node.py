@@ -29,8 +29,9 @@ from swarmrl.config.swarm import cheat_after
 from swarmrl.envs import build_env
 from swarmrl.errors import InfraError, PeerError, WaitTimeout
 from swarmrl.identity import KeyPair
-from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.inference.types import Generation
 from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
 from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for

@@ -21,8 +21,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment
-from swarmrl.inference.types import Generation, SamplingParams
+from swarmrl.inference.types import Generation
 from swarmrl.model.prompts import encode_prompt
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Sample, WorkUnit
 from swarmrl.protocol.seeds import sample_seed
 
@@ -39,14 +40,6 @@ def unit_prompts(
         tokens = encode_prompt(tokenizer, env.task("train", task_index).prompt)
         out.extend((task_index, tokens) for _ in range(work.samples_per_task))
     return out
-
-
-def engine_params(work: WorkUnit) -> SamplingParams:
-    """The engine's sampling parameters for a unit (EOS ends a sample; no extra stop tokens)."""
-    s = work.sampling
-    return SamplingParams(
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
-    )
 
 
 class Generator(Protocol):
@@ -73,7 +66,7 @@ def generate_unit(
     """All ``len(task_indices) × G`` samples of ``work`` generated with ``policy_version``."""
     prompts = unit_prompts(env, tokenizer, work)
     seeds = [sample_seed(work.seed, i) for i in range(len(prompts))]
-    params = engine_params(work)
+    params = work.sampling  # the validator replays with exactly these
     generations = engine.generate(
         [p for _, p in prompts], params, seeds, return_hidden=prove is not None
     )
