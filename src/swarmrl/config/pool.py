@@ -17,7 +17,12 @@ class PoolConfig(Section):
 
     db_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in the run directory")
     store_url: str = Field("", description="rollout store dir or fsspec URL; empty = run dir")
-    request_window_s: float = Field(60.0, gt=0, description="accepted clock skew of requests")
+    request_window_s: float = Field(
+        60.0, gt=0, description="oldest accepted signed request, s (its nonce is kept this long)"
+    )
+    request_future_skew_s: float = Field(
+        5.0, ge=0, description="accepted clock skew of a signed request ahead of ours, s"
+    )
     max_body_bytes: int = Field(8 << 20, gt=0, description="largest request body, bytes")
     max_proof_bytes: int = Field(256 << 10, gt=0, description="largest proof bundle, bytes")
     max_log_line_chars: int = Field(1000, gt=0, description="longer log lines are cut")

@@ -6,16 +6,17 @@ A request is signed over one canonical message::
 
 and carries four headers: ``X-Swarm-Key`` (ed25519 public key, 64 hex), ``X-Swarm-Timestamp``
 (Unix milliseconds, decimal), ``X-Swarm-Nonce`` (16–64 lowercase hex) and ``X-Swarm-Signature``
-(128 hex). The server accepts a request only if the signature verifies, the timestamp lies within
-``window_s`` of its own clock, the body is at most ``max_body_bytes``, and the (key, nonce) pair
-was never seen before. A nonce is remembered until its timestamp leaves the window, after which
-the window check alone refuses a replay, so the nonce store stays bounded. A server may also
-refuse everything signed before an instant (``not_before_s``, e.g. its own start): then an
-in-memory nonce store is enough across restarts, because no request signed before the restart
-is accepted after it.
+(128 hex). The server accepts a request only if the signature verifies, the timestamp is at most
+``window_s`` old and at most ``max_future_s`` ahead of its own clock (a few seconds of skew: a
+request dated further ahead could be held back and replayed later), the body is at most
+``max_body_bytes``, and the (key, nonce) pair was never seen before. A nonce is remembered until
+its timestamp leaves the window, after which the window check alone refuses a replay, so the
+nonce store stays bounded. A server that restarts must keep its nonces across the restart (the
+orchestrator keeps them in its database, ``swarmrl.pool.nonces``), or a request captured before
+the restart replays after it.
 
 Knows nothing about HTTP frameworks, pools or databases: the nonce store is a small protocol
-with an in-memory implementation here (what the orchestrator uses, with ``not_before_s``).
+with an in-memory implementation here.
 """
 
 from __future__ import annotations
@@ -133,12 +134,13 @@ class RequestVerifier:
         *,
         window_s: float,
         max_body_bytes: int,
-        not_before_s: float = 0.0,
+        max_future_s: float | None = None,
     ) -> None:
+        """``max_future_s``: accepted clock skew ahead of ours; None = ``window_s``."""
         self.nonce_store = nonce_store
         self.window_s = window_s
+        self.max_future_s = window_s if max_future_s is None else min(max_future_s, window_s)
         self.max_body_bytes = max_body_bytes
-        self.not_before_s = not_before_s
 
     def verify(
         self,
@@ -173,14 +175,11 @@ class RequestVerifier:
         message = request_message(method, path, body_digest, timestamp_ms, nonce)
         verify_signature(key_hex, message, signature)
         now = time.time() if now_s is None else now_s
-        skew_s = now - timestamp_ms / 1000.0
-        if abs(skew_s) > self.window_s:
+        age_s = now - timestamp_ms / 1000.0
+        if age_s > self.window_s or -age_s > self.max_future_s:
             raise ReplayedRequest(
-                f"timestamp is {skew_s:+.1f} s from server time; the window is ±{self.window_s:g} s"
-            )
-        if timestamp_ms / 1000.0 < self.not_before_s:
-            raise ReplayedRequest(
-                "request was signed before this server started; sign it again with a fresh nonce"
+                f"timestamp is {-age_s:+.1f} s from server time; the window is "
+                f"−{self.window_s:g} s … +{self.max_future_s:g} s"
             )
         expires_at = timestamp_ms / 1000.0 + self.window_s
         if not self.nonce_store.claim(key_hex, nonce, expires_at):

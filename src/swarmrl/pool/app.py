@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse, Response
 from swarmrl import __version__
 from swarmrl.errors import BadSignature, PeerError, ReplayedRequest
 from swarmrl.identity.requests import (
-    MemoryNonceStore,
     OversizedRequest,
     RequestVerifier,
     SignedRequest,
@@ -34,6 +33,7 @@ from swarmrl.identity.requests import (
 from swarmrl.ledger.export import read_entries
 from swarmrl.pool import batches, judging, penalties, service, work
 from swarmrl.pool.db import WalCheckpointer
+from swarmrl.pool.nonces import DatabaseNonceStore
 from swarmrl.pool.rejections import Rejected, Unauthorized
 from swarmrl.pool.service import Context
 from swarmrl.protocol.pool import (
@@ -123,13 +123,12 @@ def _status_of(exc: PeerError) -> int:
 
 def build_app(ctx: Context) -> FastAPI:
     """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper."""
-    # Nonces live in memory: the verifier refuses anything signed before this process started,
-    # so a replay of a pre-restart request fails on its timestamp instead.
+    # nonces live in the database, so a request captured before a restart is refused after it
     verifier = RequestVerifier(
-        MemoryNonceStore(),
+        DatabaseNonceStore(ctx.engine, ctx.clock),
         window_s=ctx.config.request_window_s,
+        max_future_s=ctx.config.request_future_skew_s,
         max_body_bytes=ctx.config.max_body_bytes,
-        not_before_s=ctx.started_at,
     )
 
     async def on_db(fn: Callable[..., T], *args: Any) -> T:

@@ -1,9 +1,9 @@
 """The orchestrator's database: tables and engine creation.
 
 SQLite by default (one file, WAL journal) or PostgreSQL by URL, through SQLAlchemy Core. All
-state that must survive a restart lives here: pools, nodes, invites used, leases,
-submissions, credits and the ledger (``swarmrl.ledger.chain``). Rollout bytes live in the rollout
-store, not here. Knows nothing about HTTP or the protocol's rules.
+state that must survive a restart lives here: pools, nodes, invites used, leases, submissions,
+credits, request nonces and the ledger (``swarmrl.ledger.chain``). Rollout bytes live in the
+rollout store, not here. Knows nothing about HTTP or the protocol's rules.
 """
 
 from __future__ import annotations
@@ -107,6 +107,16 @@ credits = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("unlock_at", sa.Float, nullable=False),
     sa.Column("dropped", sa.Boolean, nullable=False, default=False),
+)
+
+# (key, nonce) pairs of signed requests, kept until their timestamp leaves the request window, so
+# a request captured before a restart cannot be replayed after it (swarmrl.pool.nonces)
+nonces = sa.Table(
+    "nonces",
+    metadata,
+    sa.Column("public_key", sa.String(64), primary_key=True),
+    sa.Column("nonce", sa.String(64), primary_key=True),
+    sa.Column("expires_at", sa.Float, nullable=False, index=True),
 )
 
 

@@ -1,0 +1,50 @@
+"""The orchestrator's nonce store: signed-request nonces kept in the pool database.
+
+Each (key, nonce) pair is stored until its timestamp leaves the request window, so a request
+captured before a restart is refused after it, exactly as it would have been before. Expired
+pairs are deleted at most every ``purge_every_s``. Runs on the orchestrator's event-loop thread
+like every other database operation (``swarmrl.pool.app``). Knows nothing about signatures
+(``swarmrl.identity.requests``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from swarmrl.pool import db
+
+
+class DatabaseNonceStore:
+    """A :class:`swarmrl.identity.requests.NonceStore` over the ``nonces`` table."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        clock: Callable[[], float] = time.time,
+        purge_every_s: float = 10.0,
+    ) -> None:
+        self.engine, self.clock, self.purge_every_s = engine, clock, purge_every_s
+        self._next_purge_s = 0.0
+
+    def claim(self, public_key_hex: str, nonce: str, expires_at_s: float) -> bool:
+        now = self.clock()
+        t = db.nonces
+        key = sa.and_(t.c.public_key == public_key_hex, t.c.nonce == nonce)
+        with self.engine.begin() as conn:
+            if now >= self._next_purge_s:
+                conn.execute(t.delete().where(t.c.expires_at <= now))
+                self._next_purge_s = now + self.purge_every_s
+            seen = conn.execute(sa.select(t.c.expires_at).where(key)).scalar_one_or_none()
+            if seen is not None and seen > now:
+                return False
+            if seen is None:
+                conn.execute(
+                    t.insert(),
+                    dict(public_key=public_key_hex, nonce=nonce, expires_at=expires_at_s),
+                )
+            else:
+                conn.execute(t.update().where(key).values(expires_at=expires_at_s))
+        return True
