@@ -28,15 +28,12 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -44,8 +41,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import WaitTimeout
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
+from swarmrl.serving import ThreadServer
 from swarmrl.shardcast import store
 from swarmrl.shardcast.catalog import Catalog, ServedVersion
 from swarmrl.shardcast.recheck import recheck_store
@@ -351,56 +348,35 @@ def build_app(
     return app
 
 
-@dataclass
-class RunningServer:
-    """A uvicorn server running in a background thread of this process."""
+class RunningServer(ThreadServer):
+    """The shardcast app served from a background thread; stopping it first answers the
+    long-polls and shard waits its catalog holds."""
 
-    server: uvicorn.Server
-    thread: threading.Thread
-    url: str
-    catalog: Catalog | None = None
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.catalog: Catalog | None = getattr(app.state, "catalog", None)
+        limits = getattr(app.state, "limits", None) or HttpLimits()
+        super().__init__(
+            app,
+            host,
+            port,
+            name="shardcast",
+            timeout_graceful_shutdown=1,
+            **uvicorn_options(limits),
+        )
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.catalog is not None:
             self.catalog.close()  # long-polls and shard waits answer now
-        self.server.should_exit = True
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            self.server.force_exit = True
-            self.thread.join(timeout_s)
+        super().stop(timeout_s)
 
 
 def serve_in_thread(
     app: Starlette, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 15.0
 ) -> RunningServer:
     """Start ``app`` on ``host:port`` (0 = ephemeral) and wait until it accepts connections."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    bound = sock.getsockname()[1]
-    limits = getattr(app.state, "limits", None) or HttpLimits()
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-        access_log=False,
-        **uvicorn_options(limits),
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"shardcast-{bound}"
-    )
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise WaitTimeout(
-                f"shardcast server on {host}:{bound} did not start within {timeout_s}s"
-            )
-        time.sleep(0.02)
-    catalog = getattr(app.state, "catalog", None)
-    return RunningServer(server, thread, f"http://{host}:{bound}", catalog)
+    running = RunningServer(app, host, port)
+    running.start(timeout_s)
+    return running
 
 
 def serve_until_signal(
@@ -412,7 +388,7 @@ def serve_until_signal(
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    while not done.wait(1.0) and running.thread.is_alive():
+    while not done.wait(1.0) and running.alive():
         pass
     if on_stop is not None:
         on_stop()
