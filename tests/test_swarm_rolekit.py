@@ -1,6 +1,8 @@
 """Roles retry lost peers with bounded, logged waits and report status to files."""
 
 import logging
+import threading
+import time
 
 import httpx
 import pytest
@@ -24,7 +26,23 @@ def test_retry_recovers_after_transient_failures(caplog):
     with caplog.at_level(logging.INFO):
         assert retry(flaky, "lease work", LOG, give_up_s=10, pause_s=0.01) == "ok"
     assert len(attempts) == 3
-    assert "lease work failed" in caplog.text and "succeeded again" in caplog.text
+    assert caplog.text.count("lease work failed") == 1  # once per failure streak
+    assert "succeeded again after 2 failed attempts" in caplog.text
+
+
+def test_retry_and_wait_end_when_the_role_stops():
+    stop = threading.Event()
+    threading.Timer(0.1, stop.set).start()
+
+    def gone() -> None:
+        raise httpx.ConnectError("connection refused")
+
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout, match="submit unit: stopped while retrying"):
+        retry(gone, "submit unit", LOG, give_up_s=30, pause_s=5, stop=stop)
+    with pytest.raises(WaitTimeout, match="stopped while waiting for v2"):
+        wait_for(lambda: None, "v2", LOG, timeout_s=30, pause_s=5, stop=stop)
+    assert time.monotonic() - started < 5
 
 
 def test_retry_gives_up_naming_what_it_tried():
@@ -50,6 +68,13 @@ def test_retry_lets_other_errors_through_at_once():
 def test_wait_for_times_out_with_what():
     with pytest.raises(WaitTimeout, match="version 3 on the relay"):
         wait_for(lambda: None, "version 3 on the relay", LOG, timeout_s=0.1, pause_s=0.02)
+
+
+def test_wait_for_returns_the_first_value_and_passes_errors_through():
+    values = iter([None, None, 7])
+    assert wait_for(lambda: next(values), "seven", LOG, timeout_s=5, pause_s=0.01) == 7
+    with pytest.raises(KeyError):
+        wait_for(lambda: {}["x"], "x", LOG, timeout_s=5, pause_s=0.01)
 
 
 def test_status_reporter_writes_counters(tmp_path):

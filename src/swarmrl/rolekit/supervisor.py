@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+import tenacity
 
 from swarmrl.errors import InfraError, WaitTimeout
 
@@ -85,13 +86,15 @@ def wait_until(
     probe: Callable[[], bool], what: str, timeout_s: float, interval_s: float = 0.2
 ) -> None:
     """Poll ``probe`` until it returns True; raise :class:`WaitTimeout` naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if probe():
-            return
-        if time.monotonic() >= deadline:
-            raise WaitTimeout(f"gave up after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_result(lambda ok: not ok),
+        stop=tenacity.stop_after_delay(timeout_s),
+        wait=tenacity.wait_fixed(interval_s),
+    )
+    try:
+        retrying(probe)
+    except tenacity.RetryError:
+        raise WaitTimeout(f"gave up after {timeout_s:.0f} s waiting for {what}") from None
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

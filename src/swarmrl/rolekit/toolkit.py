@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+import tenacity
 
 from swarmrl.config import SwarmConfig
 from swarmrl.config.args import add_config_args, config_from_args, config_line
@@ -78,6 +79,22 @@ def setup_logging(name: str, level: str = "INFO") -> logging.Logger:
     return logging.getLogger(f"swarmrl.{name}")
 
 
+class _Stopped(Exception):
+    """Raised out of a pause when the role's stop event is set."""
+
+
+def _pause(stop: threading.Event | None) -> Callable[[float], None]:
+    """tenacity's sleep: a plain sleep, or a wait on ``stop`` that ends the loop when set."""
+
+    def pause(seconds: float) -> None:
+        if stop is None:
+            time.sleep(seconds)
+        elif stop.wait(seconds):
+            raise _Stopped
+
+    return pause
+
+
 def retry(
     call: Callable[[], T],
     what: str,
@@ -89,37 +106,42 @@ def retry(
 ) -> T:
     """Run ``call`` until it succeeds, retrying transient failures for up to ``give_up_s``.
 
-    Each failure is logged once with what was being attempted; recovery is logged too. Raises
-    :class:`WaitTimeout` naming ``what`` when the peer stays away, and lets every other error
-    (a rejection, a bug) through at once.
+    Each failure streak is logged once with what was being attempted; recovery is logged too.
+    Raises :class:`WaitTimeout` naming ``what`` when the peer stays away (or ``stop`` is set),
+    and lets every other error (a rejection, a bug) through at once.
     """
-    deadline = time.monotonic() + give_up_s
     failures = 0
-    while True:
-        try:
-            result = call()
-        except TRANSIENT as exc:
-            failures += 1
-            if failures == 1:
-                log.warning(
-                    "%s failed (%s: %s); retrying for up to %.0f s",
-                    what,
-                    type(exc).__name__,
-                    exc,
-                    give_up_s,
-                )
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(
-                    f"{what}: peer unreachable for {give_up_s:.0f} s ({exc})"
-                ) from exc
-            if stop is not None and stop.wait(pause_s):
-                raise WaitTimeout(f"{what}: stopped while retrying") from exc
-            if stop is None:
-                time.sleep(pause_s)
-            continue
-        if failures:
-            log.info("%s succeeded again after %d failed attempts", what, failures)
-        return result
+
+    def failed(state: tenacity.RetryCallState) -> None:
+        nonlocal failures
+        failures += 1
+        if failures == 1:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "%s failed (%s: %s); retrying for up to %.0f s",
+                what,
+                type(exc).__name__,
+                exc,
+                give_up_s,
+            )
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(TRANSIENT),
+        stop=tenacity.stop_after_delay(give_up_s),
+        wait=tenacity.wait_fixed(pause_s),
+        sleep=_pause(stop),
+        after=failed,
+    )
+    try:
+        result = retrying(call)
+    except tenacity.RetryError as err:
+        exc = err.last_attempt.exception()
+        raise WaitTimeout(f"{what}: peer unreachable for {give_up_s:.0f} s ({exc})") from exc
+    except _Stopped:
+        raise WaitTimeout(f"{what}: stopped while retrying") from None
+    if failures:
+        log.info("%s succeeded again after %d failed attempts", what, failures)
+    return result
 
 
 class StatusReporter:
@@ -204,22 +226,28 @@ def wait_for(
 ) -> T:
     """Poll ``probe`` until it returns something other than None; log what is awaited.
 
-    Logs once at the start and again every 30 s; raises :class:`WaitTimeout` naming ``what``.
+    Logs once after the first miss and again every 30 s; raises :class:`WaitTimeout` naming
+    ``what`` when ``timeout_s`` passes (or ``stop`` is set).
     """
-    start = time.monotonic()
-    next_note = start
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        now = time.monotonic()
-        if now - start >= timeout_s:
-            raise WaitTimeout(f"gave up after {timeout_s:.0f} s waiting for {what}")
-        if now >= next_note:
-            log.info("waiting for %s (%.0f s so far, limit %.0f s)", what, now - start, timeout_s)
-            next_note = now + 30.0
-        if stop is not None:
-            if stop.wait(pause_s):
-                raise WaitTimeout(f"stopped while waiting for {what}")
-        else:
-            time.sleep(pause_s)
+    next_note = 0.0
+
+    def missed(state: tenacity.RetryCallState) -> None:
+        nonlocal next_note
+        waited = state.seconds_since_start or 0.0
+        if waited >= next_note:
+            log.info("waiting for %s (%.0f s so far, limit %.0f s)", what, waited, timeout_s)
+            next_note = waited + 30.0
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_result(lambda value: value is None),
+        stop=tenacity.stop_after_delay(timeout_s),
+        wait=tenacity.wait_fixed(pause_s),
+        sleep=_pause(stop),
+        after=missed,
+    )
+    try:
+        return retrying(probe)
+    except tenacity.RetryError:
+        raise WaitTimeout(f"gave up after {timeout_s:.0f} s waiting for {what}") from None
+    except _Stopped:
+        raise WaitTimeout(f"stopped while waiting for {what}") from None
