@@ -1,6 +1,5 @@
 """The pool and ledger on a real PostgreSQL server (the ``pg_url`` fixture of conftest.py)."""
 
-
 import pytest
 
 from swarmrl.cli import main as swarmrl_main

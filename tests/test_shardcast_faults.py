@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import BadSignature, CorruptData, InfraError, PeerUnavailable, ReplayedRequest
+from swarmrl.errors import (
+    BadSignature,
+    CorruptData,
+    InfraError,
+    PeerUnavailable,
+    ReplayedRequest,
+    WaitTimeout,
+)
 from swarmrl.identity import KeyPair
 from swarmrl.shardcast import Publisher, WeightClient, store
 from swarmrl.shardcast.assemble import FileWriter
@@ -392,3 +399,55 @@ def test_publishing_onto_a_full_disk_is_one_line_and_leaves_no_temporary_files(
     assert "\n" not in str(info.value)
     leftovers = [p.name for p in store_dir.rglob("*") if ".tmp" in p.name or ".partial-" in p.name]
     assert leftovers == [] and store.ready_versions(store_dir) == [1]
+
+
+def test_a_worker_next_to_a_lying_source_backs_off_instead_of_spinning(tmp_path, origin):
+    """The worker's weight loop (fetch the latest, wait for a newer one) beside a source that
+    announces v1000000 and can only back it with the replayed v1 manifest."""
+    liar_store = tmp_path / "liar"
+    shutil.copytree(tmp_path / "origin", liar_store)
+    shutil.copytree(store.ready_dir(liar_store, 1), store.ready_dir(liar_store, 1_000_000))
+    liar = serve_store(liar_store, LYING)
+    client = WeightClient([liar.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+    try:
+        loops, started = 0, time.monotonic()
+        while time.monotonic() - started < 4.0:
+            loops += 1
+            assert client.fetch("latest").name == "v00000001"
+            try:
+                client.wait_for_newer(timeout_s=max(0.1, 4.0 - (time.monotonic() - started)))
+            except WaitTimeout:
+                pass
+        assert loops <= 6, f"{loops} fetch-and-wait loops in 4 s"
+        # the pause ends when a real version is announced: v2 at the origin arrives at once
+        ck2 = write_checkpoint(tmp_path / "ck2", random_weights(128 * 1024, seed=2))
+        Publisher(tmp_path / "origin", KEY, CFG).publish(ck2, 2)
+        assert client.wait_for_newer(timeout_s=5) in (2, 1_000_000)
+        deadline = time.monotonic() + 5
+        while client.fetch("latest").name != "v00000002":
+            assert time.monotonic() < deadline
+            client.wait_for_newer(timeout_s=1)
+    finally:
+        liar.stop()
+
+
+def test_connections_closed_by_an_idle_server_are_not_failures(tmp_path):
+    """The server drops kept-alive connections after 0.3 s idle; the client does not know."""
+    ck = write_checkpoint(tmp_path / "ck", random_weights(64 * 1024, seed=4))
+    Publisher(tmp_path / "store", KEY, CFG).publish(ck, 1)
+    server = serve_store(tmp_path / "store", CFG.model_copy(update={"keep_alive_s": 0.3}))
+    trusting = CFG.model_copy(update={"keep_alive_s": 60.0})  # believes idle sockets live
+    try:
+        for config in (trusting, CFG):
+            client = WeightClient([server.url], KEY.public_key_hex, tmp_path / "out", config)
+            assert client.advertised_versions() == [1]
+            time.sleep(0.8)  # the server has closed the idle connection meanwhile
+            assert client.advertised_versions() == [1]
+            path = client.fetch(1)
+            assert (path / "model.safetensors").read_bytes() == (
+                ck / "model.safetensors"
+            ).read_bytes()
+            assert client.pool.stats[server.url].failures == 0
+            shutil.rmtree(tmp_path / "out")
+    finally:
+        server.stop()

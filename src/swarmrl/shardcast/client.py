@@ -9,6 +9,11 @@ partial directory (see ``assemble``), and renames it into place only once every 
 verified. Any failure removes the partial directory and raises: a ``PeerError`` when peers
 sent bad data, an ``InfraError`` when the network or the disk failed.
 
+A source that announces a version nobody can back with a validly signed manifest (a lying or
+broken relay) is distrusted: ``wait_for_newer`` ignores its announcements for a pause that
+doubles with each such announcement (``UNBACKED_PAUSE_S``), so a worker following it does not
+spin through fetch-and-wait loops; the pause ends as soon as it announces something real.
+
 Knows nothing about torch or how the worker loads the weights.
 """
 
@@ -36,6 +41,7 @@ from swarmrl.shardcast.transport import Connections, CorruptReport, SourcePool
 log = logging.getLogger(__name__)
 
 MANIFEST_LIMIT = 64 << 20
+UNBACKED_PAUSE_S = (0.5, 30.0)  # first and longest pause on a source after an unbacked notice
 HELD_HEADER = "X-Shardcast-Held-Version"
 CLIENT_HEADER = "X-Shardcast-Client"
 
@@ -113,11 +119,36 @@ class WeightClient:
         self.out_root.mkdir(parents=True, exist_ok=True)
         self.pool = SourcePool(list(sources))
         self.client_id = client_id or uuid.uuid4().hex[:12]
-        self.conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.client_id})
+        self.conns = self._connections()
         self.writer = writer or FileWriter()
         self.last_report: AssemblyReport | None = None
+        self._advertised: dict[str, int] = {}  # the latest each source listed last time
+        self._strikes: dict[str, int] = {}  # unbacked announcements in a row, per source
+        self._lock = threading.Lock()
         if self.config.recheck_on_start:  # a damaged held version is fetched again, not loaded
             recheck_store(self.out_root, self.trusted)
+
+    def _connections(self) -> Connections:
+        # reuse a kept-alive connection only well inside the servers' keep-alive
+        return Connections(
+            self.config.request_timeout_s,
+            {CLIENT_HEADER: self.client_id},
+            max_idle_s=0.8 * self.config.keep_alive_s,
+        )
+
+    def _judge_sources(self, version: int, backed: bool) -> None:
+        """Record whether the sources that announced ``version`` could back it."""
+        with self._lock:
+            for url, latest in self._advertised.items():
+                if latest == version:
+                    self._strikes[url] = 0 if backed else self._strikes.get(url, 0) + 1
+
+    def _pause_for(self, url: str) -> float:
+        """How long ``wait_for_newer`` ignores ``url`` (0 unless its notices went unbacked)."""
+        with self._lock:
+            strikes = self._strikes.get(url, 0)
+        first, longest = UNBACKED_PAUSE_S
+        return 0.0 if strikes == 0 else min(longest, first * 2 ** (strikes - 1))
 
     @property
     def reports(self) -> list[CorruptReport]:
@@ -149,6 +180,8 @@ class WeightClient:
                 continue
             if latest is not None:
                 found.add(latest)
+                with self._lock:
+                    self._advertised[url] = latest
         if not found:
             raise PeerUnavailable(
                 f"no source lists any version ({'; '.join(problems) or 'all empty'})"
@@ -196,8 +229,10 @@ class WeightClient:
                     timeout_s=self.config.request_timeout_s,
                 )
             except (PeerError, PeerUnavailable) as exc:  # advertised, but nobody backs it
+                self._judge_sources(target, backed=False)
                 first_error = first_error or exc
                 continue
+            self._judge_sources(target, backed=True)
             deadline = time.monotonic() + (timeout_s or self.config.fetch_timeout_s)
             path, self.last_report = install_version(
                 manifest, self.out_root, self.pool, self.conns, self.writer, self.config, deadline
@@ -219,9 +254,13 @@ class WeightClient:
         stop = threading.Event()
         deadline = time.monotonic() + timeout_s
 
-        conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.client_id})
+        conns = self._connections()
 
         def watch(url: str) -> None:
+            # a source whose last notices nobody could back is heard again only after a pause
+            pause = min(self._pause_for(url), max(0.0, deadline - time.monotonic()))
+            if pause and stop.wait(pause):
+                return
             while not stop.is_set() and time.monotonic() < deadline:
                 hold = max(0.1, min(self.config.long_poll_timeout_s, deadline - time.monotonic()))
                 try:

@@ -64,7 +64,10 @@ class Follower:
         self.trusted = [k.lower() for k in trusted_publishers]
         self.pool = SourcePool(list(upstreams))
         self.node_id = f"relay-{uuid.uuid4().hex[:8]}"
-        self.conns = Connections(self.config.request_timeout_s, {CLIENT_HEADER: self.node_id})
+        idle = 0.8 * self.config.keep_alive_s  # reuse connections well inside keep-alive
+        self.conns = Connections(
+            self.config.request_timeout_s, {CLIENT_HEADER: self.node_id}, max_idle_s=idle
+        )
         self.writer = writer or FileWriter()
         self.errors: deque[str] = deque(maxlen=ERRORS_KEPT)  # newest replication failures
         self._reported = 0
@@ -75,7 +78,7 @@ class Follower:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watch_conns = Connections(
-            self.config.request_timeout_s, {CLIENT_HEADER: self.node_id}
+            self.config.request_timeout_s, {CLIENT_HEADER: self.node_id}, max_idle_s=idle
         )
 
     def start(self) -> None:

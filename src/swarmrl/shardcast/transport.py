@@ -34,6 +34,10 @@ PRIOR_BPS = 100e6  # assumed throughput of a source never measured
 EWMA = 0.3
 
 
+# what a GET on a connection the server has closed meanwhile fails with, before any answer
+STALE_CONNECTION = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
 class FetchAborted(Exception):
     """Another part of the same fetch failed; this download stops quietly."""
 
@@ -121,40 +125,52 @@ class SourcePool:
 
 
 class Connections:
-    """One keep-alive ``http.client`` connection per (thread, source)."""
+    """One keep-alive ``http.client`` connection per (thread, source).
 
-    def __init__(self, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+    A connection idle for ``max_idle_s`` or more is closed rather than reused (servers drop
+    idle connections after their keep-alive), and a GET that fails on a reused connection
+    before any answer (the server closed it meanwhile) is sent once more on a fresh one: a GET
+    is idempotent, and a stale socket is no fault of the source.
+    """
+
+    def __init__(
+        self, timeout_s: float, headers: dict[str, str] | None = None, max_idle_s: float = 4.0
+    ) -> None:
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
+        self.max_idle_s = max_idle_s
         self._local = threading.local()
         self._all: list[http.client.HTTPConnection] = []
         self._all_lock = threading.Lock()
 
-    def _conn(self, url: str) -> http.client.HTTPConnection:
-        cache: dict[str, http.client.HTTPConnection] = self._local.__dict__.setdefault("c", {})
-        conn = cache.get(url)
-        if conn is None:
-            parts = urlsplit(url)
-            cls = (
-                http.client.HTTPSConnection
-                if parts.scheme == "https"
-                else http.client.HTTPConnection
-            )
-            conn = cls(parts.hostname or "127.0.0.1", parts.port, timeout=self.timeout_s)
-            cache[url] = conn
-            with self._all_lock:
-                self._all = [c for c in self._all if c.sock is not None] + [conn]
-        return conn
+    def _cache(self) -> dict[str, tuple[http.client.HTTPConnection, float]]:
+        return self._local.__dict__.setdefault("c", {})
+
+    def _conn(self, url: str) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection to ``url`` and whether it is an open one being reused."""
+        cache = self._cache()
+        cached = cache.get(url)
+        if cached is not None and time.monotonic() - cached[1] >= self.max_idle_s:
+            self.drop(url)  # the server may have closed it already: do not find out mid-request
+            cached = None
+        if cached is not None:
+            return cached[0], cached[0].sock is not None
+        parts = urlsplit(url)
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = cls(parts.hostname or "127.0.0.1", parts.port, timeout=self.timeout_s)
+        cache[url] = (conn, time.monotonic())
+        with self._all_lock:
+            self._all = [c for c in self._all if c.sock is not None] + [conn]
+        return conn, False
 
     def drop(self, url: str) -> None:
-        cache = self._local.__dict__.get("c", {})
-        conn = cache.pop(url, None)
-        if conn is not None:
-            conn.close()
+        cached = self._cache().pop(url, None)
+        if cached is not None:
+            cached[0].close()
 
     def close_all(self) -> None:
         """Close this thread's connections."""
-        for url in list(self._local.__dict__.get("c", {})):
+        for url in list(self._cache()):
             self.drop(url)
 
     def abort(self) -> None:
@@ -177,17 +193,35 @@ class Connections:
         timeout_s: float | None = None,
     ) -> http.client.HTTPResponse:
         """Send a GET and return the response (body unread). Network errors propagate."""
-        conn = self._conn(url)
+        conn, reused = self._conn(url)
+        try:
+            return self._send(conn, url, path, headers, timeout_s)
+        except STALE_CONNECTION:
+            if not reused:
+                raise
+        conn, _ = self._conn(url)  # closed by the server while idle: once more, on a new one
+        return self._send(conn, url, path, headers, timeout_s)
+
+    def _send(
+        self,
+        conn: http.client.HTTPConnection,
+        url: str,
+        path: str,
+        headers: dict[str, str] | None,
+        timeout_s: float | None,
+    ) -> http.client.HTTPResponse:
         conn.timeout = timeout_s or self.timeout_s
         if conn.sock is not None:
             conn.sock.settimeout(conn.timeout)
         base = urlsplit(url).path.rstrip("/")
         try:
             conn.request("GET", base + path, headers={**self.headers, **(headers or {})})
-            return conn.getresponse()
+            response = conn.getresponse()
         except (OSError, http.client.HTTPException):
             self.drop(url)
             raise
+        self._cache()[url] = (conn, time.monotonic())
+        return response
 
     def get_bytes(
         self, url: str, path: str, limit: int, timeout_s: float | None = None
