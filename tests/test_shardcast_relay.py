@@ -308,3 +308,28 @@ def test_a_lying_upstream_does_not_stop_a_relay(tmp_path):
         relay.stop()
         liar.stop()
         origin.stop()
+
+
+def test_metrics_are_prometheus_text_with_one_registry_per_server(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pub = Publisher(tmp_path / "a", KEY, CFG)
+    pub.publish(write_checkpoint(tmp_path / "ck", random_weights(5000)), 1)
+    (tmp_path / "b").mkdir()
+    a, b = serve_store(tmp_path / "a", CFG), serve_store(tmp_path / "b", CFG)
+    try:
+        httpx.get(f"{a.url}/v/1/manifest").raise_for_status()
+
+        def scrape(url: str) -> dict[str, float]:
+            text = httpx.get(f"{url}/metrics").text
+            families = text_string_to_metric_families(text)
+            return {s.name: s.value for f in families for s in f.samples}
+
+        seen_a, seen_b = scrape(a.url), scrape(b.url)
+        assert seen_a["shardcast_latest_version"] == 1
+        assert seen_a["shardcast_manifests_served_total"] == 1
+        assert seen_b["shardcast_latest_version"] == -1  # its own registry, its own catalog
+        assert "shardcast_manifests_served_total" not in seen_b
+    finally:
+        a.stop()
+        b.stop()

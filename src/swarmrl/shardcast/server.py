@@ -4,7 +4,7 @@ Routes::
 
     GET /health                         {"status": "ok", "role": …, "latest": N,
                                          "config": the [shardcast] settings applied}
-    GET /metrics                        Prometheus text format
+    GET /metrics                        Prometheus text format (``shardcast.metrics``)
     GET /versions                       VersionList
     GET /versions/wait?after=N&timeout=S   long-poll: answers as soon as a version > N is
                                         known, or after S seconds with the current list
@@ -36,7 +36,7 @@ from pathlib import Path
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -45,6 +45,7 @@ from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.serving import ThreadServer
 from swarmrl.shardcast import store
 from swarmrl.shardcast.catalog import Catalog, ServedVersion
+from swarmrl.shardcast.metrics import registry_for, render
 from swarmrl.shardcast.recheck import recheck_store
 
 SEND_CHUNK = 1 << 20
@@ -186,21 +187,11 @@ def build_app(
         body = {"status": "ok", "role": role, "latest": catalog.latest()}
         return JSONResponse({**body, "config": cfg.model_dump(mode="json")})
 
+    registry = registry_for(catalog)
+
     async def metrics(request: Request) -> Response:
-        lines = []
-        for name, value in sorted(catalog.counters.items()):
-            lines += [f"# TYPE shardcast_{name} counter", f"shardcast_{name} {value:g}"]
-        listing = catalog.version_list()
-        gauges = {
-            "latest_version": listing.latest if listing.latest is not None else -1,
-            "versions_complete": sum(v.complete for v in listing.versions),
-            "versions_arriving": sum(not v.complete for v in listing.versions),
-            "clients_reported": len(catalog.clients),
-            "clients_behind": catalog.clients_behind(),
-        }
-        for name, value in gauges.items():
-            lines += [f"# TYPE shardcast_{name} gauge", f"shardcast_{name} {value}"]
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+        body, content_type = render(registry)
+        return Response(body, media_type=content_type)
 
     async def versions(request: Request) -> Response:
         refused = _client_report(request, catalog)
