@@ -1,8 +1,9 @@
 """Load test of the orchestrator: N simulated nodes on loopback, heartbeating, leasing, submitting.
 
 The orchestrator runs as its own process (``swarmrl orchestrator``, SQLite, one uvicorn worker);
-the nodes are asyncio tasks spread over ``--procs`` client processes (one HTTP connection pool
-each). Each node joins an
+the nodes are asyncio tasks spread over ``--procs`` client processes. Each process shares one
+HTTP connection pool (``--connections``) between its nodes' ``PoolClient``s, whose calls run in
+a thread pool of the same size (``asyncio.to_thread``). Each node joins an
 open pool, then heartbeats every ``--beat-s`` seconds (first beat at a random phase) and runs a
 work loop: lease a unit, "generate" for ``--unit-s`` seconds (sleep; no model runs), submit
 synthetic samples, repeat. Reported: requests per second and client-side p50/p99/max latency per
@@ -26,18 +27,22 @@ import resource
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
 from swarmrl.errors import PeerUnavailable
 from swarmrl.identity import KeyPair
-from swarmrl.pool.client import AsyncPoolClient, RequestRefused
+from swarmrl.pool.client import PoolClient, RequestRefused
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
 
 POOL = "bench"
+T = TypeVar("T")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -55,11 +60,12 @@ class Recorder:
         self.lat: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
 
-    async def timed(self, kind: str, coro):  # type: ignore[no-untyped-def]
+    async def timed(self, kind: str, call: Callable[..., T], *args: Any) -> T | None:
+        """``call(*args)`` in a worker thread, timed; refusals counted, not raised."""
         wall, start = time.time(), time.perf_counter()
         counted = self.t0 <= wall < self.t1
         try:
-            return await coro
+            return await asyncio.to_thread(call, *args)
         except (RequestRefused, PeerUnavailable) as exc:
             if counted:
                 key = f"{kind}: {type(exc).__name__} {getattr(exc, 'status', '')}"
@@ -71,7 +77,7 @@ class Recorder:
 
 
 async def node_life(
-    client: AsyncPoolClient, rec: Recorder, args: argparse.Namespace, stop: asyncio.Event
+    client: PoolClient, rec: Recorder, args: argparse.Namespace, stop: asyncio.Event
 ) -> None:
     rng = random.Random(client.keypair.node_id)
 
@@ -84,22 +90,20 @@ async def node_life(
                 tokens_per_s=100.0,
                 log_tail=[f"step ok at {time.time():.0f}"],
             )
-            await rec.timed("heartbeat", client.heartbeat(POOL, beat))
+            await rec.timed("heartbeat", client.heartbeat, POOL, beat)
             await asyncio.sleep(args.beat_s)
 
     async def work() -> None:
         await asyncio.sleep(rng.random() * args.unit_s)
         while not stop.is_set():
-            reply = await rec.timed("lease", client.lease(POOL))
+            reply = await rec.timed("lease", client.lease, POOL)
             if reply is None or reply.work is None:
                 await asyncio.sleep(args.beat_s)
                 continue
             await asyncio.sleep(args.unit_s)
             samples = synthetic_samples(reply.work, 0, rng=rng)
-            await rec.timed(
-                "submit",
-                client.submit(POOL, Submission(lease_id=reply.work.lease_id, samples=samples)),
-            )
+            submission = Submission(lease_id=reply.work.lease_id, samples=samples)
+            await rec.timed("submit", client.submit, POOL, submission)
 
     await asyncio.gather(beats(), work())
 
@@ -110,16 +114,17 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     limits = httpx.Limits(
         max_connections=args.connections, max_keepalive_connections=args.connections
     )
-    async with httpx.AsyncClient(limits=limits) as http:
+    # one thread per connection: threads never outnumber the connections they would wait for
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(args.connections))
+    with httpx.Client(limits=limits) as http:
         clients = [
-            AsyncPoolClient(url, KeyPair.generate(), timeout_s=60, http=http)
-            for _ in range(n_nodes)
+            PoolClient(url, KeyPair.generate(), timeout_s=60, http=http) for _ in range(n_nodes)
         ]
         gate = asyncio.Semaphore(16)
 
-        async def join(c: AsyncPoolClient) -> None:
+        async def join(c: PoolClient) -> None:
             async with gate:
-                await c.join(POOL, CPU_NODE)
+                await asyncio.to_thread(c.join, POOL, CPU_NODE)
 
         await asyncio.gather(*(join(c) for c in clients))
         stop = asyncio.Event()
@@ -185,8 +190,6 @@ def cpu_seconds(pid: int) -> float:
 
 def request_costs(url: str, pid: int, n: int = 50) -> dict[str, float]:
     """Server CPU milliseconds per request of each kind, sent one at a time (no queueing)."""
-    from swarmrl.pool.client import PoolClient
-
     clients = [PoolClient(url, KeyPair.generate()) for _ in range(n)]
     for c in clients:
         c.join(POOL, CPU_NODE)

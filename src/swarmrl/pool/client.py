@@ -1,7 +1,8 @@
 """Clients of the orchestrator API for nodes, validators and the trainer.
 
-``PoolClient(url, keypair)`` is synchronous, ``AsyncPoolClient(url, keypair)`` the same calls
-as coroutines. Every request is signed (``swarmrl.identity.requests``) and bounded by
+``PoolClient(url, keypair)`` is synchronous and thread-safe; many clients (identities) may share
+one connection pool, and asyncio code runs its calls in threads (``asyncio.to_thread``, as
+``bench/pool.py`` does). Every request is signed (``swarmrl.identity.requests``) and bounded by
 ``timeout_s``. A refusal (4xx) raises :class:`RequestRefused` with the server's reason; no answer
 in time or a 5xx raises :class:`swarmrl.errors.PeerUnavailable` naming the call.
 Knows the wire types, nothing about how the orchestrator decides.
@@ -92,12 +93,22 @@ class _Base:
 class PoolClient(_Base):
     """Synchronous client; see the module docstring."""
 
-    def __init__(self, url: str, keypair: KeyPair, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        keypair: KeyPair,
+        timeout_s: float = 30.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        """Pass ``http`` to share one connection pool between many clients (and threads: an
+        ``httpx.Client`` is thread-safe); it is then not closed by :meth:`close`."""
         super().__init__(url, keypair, timeout_s)
-        self._http = httpx.Client(timeout=timeout_s)
+        self._owns_http = http is None
+        self._http = http or httpx.Client(timeout=timeout_s)
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     def __enter__(self) -> PoolClient:
         return self
@@ -109,7 +120,9 @@ class PoolClient(_Base):
         url, body, headers = self._prepare(method, path, payload)
         call = f"{method} {path}"
         try:
-            response = self._http.request(method, url, content=body, headers=headers)
+            response = self._http.request(
+                method, url, content=body, headers=headers, timeout=self.timeout_s
+            )
         except httpx.TimeoutException as exc:
             raise PeerUnavailable(
                 f"{call}: no answer from {self.url} in {self.timeout_s} s"
@@ -178,106 +191,3 @@ class PoolClient(_Base):
 
     def metrics(self, pool_id: str) -> PoolMetrics:
         return self._call("GET", f"/pools/{pool_id}/metrics", None, PoolMetrics)
-
-
-class AsyncPoolClient(_Base):
-    """The calls of :class:`PoolClient` as coroutines.
-
-    Pass ``http`` to share one connection pool between many clients (it is then not closed by
-    :meth:`aclose`); its own timeout is replaced by ``timeout_s`` per request.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        keypair: KeyPair,
-        timeout_s: float = 30.0,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(url, keypair, timeout_s)
-        self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=timeout_s)
-
-    async def aclose(self) -> None:
-        if self._owns_http:
-            await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncPoolClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def _call(self, method: str, path: str, payload: BaseModel | None, adapter: Any) -> Any:
-        url, body, headers = self._prepare(method, path, payload)
-        call = f"{method} {path}"
-        try:
-            response = await self._http.request(
-                method, url, content=body, headers=headers, timeout=self.timeout_s
-            )
-        except httpx.TimeoutException as exc:
-            raise PeerUnavailable(
-                f"{call}: no answer from {self.url} in {self.timeout_s} s"
-            ) from exc
-        except httpx.TransportError as exc:
-            raise PeerUnavailable(f"{call}: cannot reach {self.url}: {exc}") from exc
-        return self._parse(call, response, adapter)
-
-    async def health(self) -> dict[str, Any]:
-        return await self._call("GET", "/health", None, None)
-
-    async def pools(self) -> list[PoolInfo]:
-        return await self._call("GET", "/pools", None, _POOLS)
-
-    async def pool(self, pool_id: str) -> PoolInfo:
-        return await self._call("GET", f"/pools/{pool_id}", None, PoolInfo)
-
-    async def ledger_head(self, limit: int = 20) -> list[dict[str, Any]]:
-        return await self._call("GET", f"/ledger/head?limit={limit}", None, None)
-
-    async def create_pool(self, spec: PoolSpec) -> PoolInfo:
-        return await self._call("POST", "/pools", spec, PoolInfo)
-
-    async def join(
-        self, pool_id: str, metadata: NodeMetadata, invite: Invite | None = None
-    ) -> NodeView:
-        req = JoinRequest(metadata=metadata, invite=invite)
-        return await self._call("POST", f"/pools/{pool_id}/join", req, NodeView)
-
-    async def heartbeat(self, pool_id: str, beat: Heartbeat) -> HeartbeatReply:
-        return await self._call("POST", f"/pools/{pool_id}/heartbeat", beat, HeartbeatReply)
-
-    async def lease(self, pool_id: str) -> LeaseReply:
-        return await self._call("POST", f"/pools/{pool_id}/lease", None, LeaseReply)
-
-    async def submit(self, pool_id: str, submission: Submission) -> SubmissionReceipt:
-        path = f"/pools/{pool_id}/submissions"
-        return await self._call("POST", path, submission, SubmissionReceipt)
-
-    async def claim(self, pool_id: str, limit: int = 8) -> list[PendingSubmission]:
-        path, req = f"/pools/{pool_id}/validation/claim", ClaimRequest(limit=limit)
-        return (await self._call("POST", path, req, ClaimReply)).submissions
-
-    async def verdict(self, pool_id: str, verdict: Verdict) -> VerdictReceipt:
-        return await self._call("POST", f"/pools/{pool_id}/verdicts", verdict, VerdictReceipt)
-
-    async def set_version(self, pool_id: str, version: int) -> int:
-        req = VersionUpdate(version=version)
-        return (await self._call("POST", f"/pools/{pool_id}/version", req, VersionUpdate)).version
-
-    async def batch(self, pool_id: str, step: int, limit: int = 64) -> BatchReply:
-        req = BatchRequest(step=step, limit=limit)
-        return await self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply)
-
-    async def nodes(self, pool_id: str) -> list[NodeView]:
-        return await self._call("GET", f"/pools/{pool_id}/nodes", None, _NODES)
-
-    async def node_logs(self, pool_id: str, node_id: str) -> NodeLogs:
-        return await self._call("GET", f"/pools/{pool_id}/nodes/{node_id}/logs", None, NodeLogs)
-
-    async def invalidate(self, pool_id: str, node_id: str, req: InvalidateRequest) -> NodeView:
-        path = f"/pools/{pool_id}/nodes/{node_id}/invalidate"
-        return await self._call("POST", path, req, NodeView)
-
-    async def metrics(self, pool_id: str) -> PoolMetrics:
-        return await self._call("GET", f"/pools/{pool_id}/metrics", None, PoolMetrics)
