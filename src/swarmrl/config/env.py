@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -23,14 +23,80 @@ class LengthBudgetConfig(Section):
     )
 
 
+class ReasoningGymTask(Section):
+    """One ``reasoning_gym`` generator and its share of the problems."""
+
+    name: str = Field(description="reasoning_gym dataset name, e.g. 'leg_counting'")
+    weight: float = Field(1.0, gt=0, description="relative share of the problems")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the generator's config"
+    )
+
+
+class SandboxConfig(Section):
+    """Where and how completions' code runs (trusted side only: validator and trainer)."""
+
+    mode: Literal["auto", "bwrap", "rlimit"] = Field(
+        "auto",
+        description="bwrap: bubblewrap namespaces + rlimits; rlimit: rlimits only (no network "
+        "or file isolation); auto: bwrap when it starts here, else rlimit",
+    )
+    cpu_s: int = Field(2, ge=1, description="CPU-time limit per run, seconds")
+    wall_s: float = Field(5.0, gt=0, description="wall-clock limit per run, seconds")
+    memory_mb: int = Field(512, ge=32, description="address-space limit per process, MiB")
+    processes: int = Field(16, ge=1, description="processes/threads the program may add")
+    output_bytes: int = Field(65536, ge=1, description="stdout+stderr kept; more is a failure")
+    file_mb: int = Field(16, ge=1, description="largest file the program may write, MiB")
+
+
 class EnvConfig(Section):
     """Which task, and how its problems are drawn."""
 
-    name: Literal["arith", "reverse", "math"] = Field("arith", description="built-in task")
+    name: Literal["arith", "reverse", "math", "reasoning_gym", "verifiers", "code", "code_tiny"] = (
+        Field("arith", description="built-in task")
+    )
     digits: int = Field(3, ge=1, le=9, description="arith: digits per operand")
     reverse_len: int = Field(6, ge=1, description="reverse: characters per string")
-    dataset: str | None = Field(None, description="math: local JSONL or Parquet file")
+    dataset: str | None = Field(
+        None,
+        description="math/code: a local directory, a .jsonl/.json/.parquet file, or a Hugging "
+        "Face hub id (needs network)",
+    )
+    dataset_split: str = Field("train", description="math/code: split of the dataset to read")
+    dataset_config: str | None = Field(None, description="math/code: hub dataset config name")
+    problem_column: str = Field("problem", description="math/code: column holding the problem")
+    answer_column: str = Field("answer", description="math: column holding the reference answer")
+    answer_format: Literal["auto", "plain", "gsm8k", "boxed"] = Field(
+        "auto",
+        description="math: how the reference answer is written: gsm8k = after '####', boxed = "
+        "last \\boxed{}, plain = as is, auto = whichever of these matches",
+    )
+    tests_column: str = Field(
+        "tests",
+        description="code: column holding the tests ({'inputs','outputs'} stdin/stdout cases, "
+        "or assert statements)",
+    )
+    tasks: list[ReasoningGymTask] = Field(
+        default_factory=list, description="reasoning_gym: generators and their weights"
+    )
+    size: int = Field(10000, ge=2, description="reasoning_gym: problems generated")
+    seed: int = Field(0, description="reasoning_gym: generator seed")
+    verifiers_env: str | None = Field(
+        None, description="verifiers: environment id given to verifiers.load_environment"
+    )
+    verifiers_args: dict[str, Any] = Field(
+        default_factory=dict, description="verifiers: keyword arguments of load_environment"
+    )
+    system_prompt: str | None = Field(
+        None, description="system prompt a tokenizer's chat template puts before each prompt"
+    )
+    train_subset: str | None = Field(
+        None,
+        description="JSONL written by `swarmrl filter`: train only on its problem ids "
+        "(held-out split unchanged)",
+    )
     heldout_fraction: float = Field(
         0.1, gt=0, lt=1, description="share of the problem space reserved for held-out eval"
     )
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     length_budget: LengthBudgetConfig = Field(default_factory=LengthBudgetConfig)

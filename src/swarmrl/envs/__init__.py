@@ -1,5 +1,11 @@
-"""swarmrl.envs: verifiable environments (``arith``, ``reverse``, ``math``) and the length-budget
-wrapper, all behind the :class:`Environment` interface; :func:`build_env` picks one from config.
+"""swarmrl.envs: verifiable environments behind the :class:`Environment` interface, and
+:func:`build_env`, which picks one from config.
+
+Built in: ``arith``, ``reverse``, ``code_tiny`` (no dependencies); ``math`` and ``code``
+(datasets read through Hugging Face ``datasets``); ``reasoning_gym`` and ``verifiers`` (those
+libraries' tasks). The optional libraries install with ``pip install 'swarmrl[tasks]'`` and are
+imported only by the environment that needs them. Wrappers: a filtered training subset
+(``env.train_subset``) and the length budget.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from swarmrl.envs.base import SPLITS, Environment, Score, Split, Task
 from swarmrl.envs.budget import LengthBudgetEnv, budget_reward
 from swarmrl.envs.mathtask import MathEnv
 from swarmrl.envs.reverse import ReverseEnv
+from swarmrl.envs.subset import SubsetEnv, read_problem_ids
 from swarmrl.errors import ConfigError
 
 __all__ = [
@@ -21,25 +28,47 @@ __all__ = [
     "ReverseEnv",
     "Score",
     "Split",
+    "SubsetEnv",
     "Task",
     "budget_reward",
     "build_env",
 ]
 
 
-def build_env(config: EnvConfig) -> Environment:
-    """The environment ``config`` names, wrapped with the length budget when enabled."""
-    env: Environment
+def _dataset(config: EnvConfig) -> str:
+    if not config.dataset:
+        raise ConfigError(
+            f"env.name = {config.name!r} needs env.dataset (a file, a directory or a hub id)"
+        )
+    return config.dataset
+
+
+def _base_env(config: EnvConfig) -> Environment:
     if config.name == "arith":
-        env = ArithEnv(config.digits, config.heldout_fraction)
-    elif config.name == "reverse":
-        env = ReverseEnv(config.reverse_len, config.heldout_fraction)
-    elif config.name == "math":
-        if not config.dataset:
-            raise ConfigError("env.name = 'math' needs env.dataset (a .jsonl or .parquet file)")
-        env = MathEnv(config.dataset, config.heldout_fraction)
-    else:  # the config schema already restricts the name
-        raise ConfigError(f"unknown environment {config.name!r}")
+        return ArithEnv(config.digits, config.heldout_fraction)
+    if config.name == "reverse":
+        return ReverseEnv(config.reverse_len, config.heldout_fraction)
+    if config.name == "math":
+        return MathEnv(
+            _dataset(config),
+            config.heldout_fraction,
+            config.problem_column,
+            config.answer_column,
+            config.answer_format,
+            config.dataset_split,
+            config.dataset_config,
+        )
+    # the config schema already restricts the name
+    raise ConfigError(f"unknown environment {config.name!r}")
+
+
+def build_env(config: EnvConfig) -> Environment:
+    """The environment ``config`` names, on its filtered subset and with the length budget
+    when those are configured."""
+    env = _base_env(config)
+    env.system_prompt = config.system_prompt
+    if config.train_subset:
+        env = SubsetEnv(env, read_problem_ids(config.train_subset), config.train_subset)
     budget = config.length_budget
     if budget.enabled:
         env = LengthBudgetEnv(env, budget.targets, budget.alpha, budget.mode)

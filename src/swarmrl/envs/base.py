@@ -16,7 +16,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Split = Literal["train", "heldout"]
 SPLITS: tuple[Split, ...] = ("train", "heldout")
@@ -27,8 +27,10 @@ class Task:
     """One problem of an environment.
 
     ``problem_id`` is the position in the whole problem space (unique across splits), ``index``
-    the position within ``split``. ``prompt`` is the formatted text the policy sees. ``answer`` is the reference answer as the task states it;
-    ``meta`` carries per-task extras a wrapper adds (e.g. a length target).
+    the position within ``split``. ``prompt`` is the formatted text the policy sees (the user
+    turn when the tokenizer has a chat template). ``answer`` is the reference answer as the task
+    states it; ``meta`` carries per-task extras a wrapper adds (e.g. a length target).
+    ``system`` is the system prompt a chat template puts before the prompt (``None``: none).
     """
 
     problem_id: int
@@ -37,6 +39,7 @@ class Task:
     prompt: str
     answer: str
     meta: dict[str, int | float | str] = field(default_factory=dict)
+    system: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Environment(ABC):
 
     name: str = "env"
     alphabet: str | None = None
+    system_prompt: str | None = None  # set from ``env.system_prompt`` by ``build_env``
 
     def __init__(self, heldout_fraction: float = 0.1, split_salt: int = 0) -> None:
         if not 0.0 < heldout_fraction < 1.0:
@@ -97,6 +101,12 @@ class Environment(ABC):
         characteristic mistake (environments without one return the correct answer)."""
         return task.answer
 
+    def record(self, problem_id: int) -> dict[str, Any]:
+        """Problem ``problem_id`` as a data row: the dataset row for dataset-backed
+        environments (so it reads back), else ``{"problem", "answer"}``."""
+        prompt, answer = self.problem(problem_id)
+        return {"problem": prompt, "answer": answer}
+
     # --- the split, shared by every environment ------------------------------------------------
     def split_size(self, split: Split) -> int:
         n = self.space_size()
@@ -116,7 +126,14 @@ class Environment(ABC):
     def task(self, split: Split, index: int) -> Task:
         pid = self.problem_id(split, index)
         prompt, answer = self.problem(pid)
-        return Task(problem_id=pid, split=split, index=index, prompt=prompt, answer=answer)
+        return Task(
+            problem_id=pid,
+            split=split,
+            index=index,
+            prompt=prompt,
+            answer=answer,
+            system=self.system_prompt,
+        )
 
     def task_for_id(self, problem_id: int) -> Task:
         """The task of a problem id, located in whichever split holds it."""

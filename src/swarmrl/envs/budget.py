@@ -16,7 +16,7 @@ Knows nothing about tokens beyond the count it may be given.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from swarmrl.envs.base import Environment, Score, Split, Task
 
@@ -63,6 +63,9 @@ class LengthBudgetEnv(Environment):
     def problem(self, problem_id: int) -> tuple[str, str]:
         return self.inner.problem(problem_id)
 
+    def record(self, problem_id: int) -> dict[str, Any]:
+        return self.inner.record(problem_id)
+
     def problem_id(self, split: Split, index: int) -> int:
         return self.inner.problem_id(split, index)
 
@@ -88,6 +91,7 @@ class LengthBudgetEnv(Environment):
             prompt=self.instruction(target) + inner.prompt,
             answer=inner.answer,
             meta={**inner.meta, "target_length": target},
+            system=inner.system,
         )
 
     def demonstration(self, task: Task, flawed: bool = False) -> str:

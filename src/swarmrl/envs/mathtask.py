@@ -1,9 +1,13 @@
-"""``math``: problems and reference answers from a local JSONL or Parquet file, checked with
-the ``math-verify`` library.
+"""``math``: problems and reference answers from a dataset, checked with the ``math-verify``
+library.
 
-Each row is an object with a string ``problem`` and an ``answer`` (string or number). The whole
-file is read and checked when the environment is built: a missing file is a
-:class:`MissingPathError`, a row that cannot be used a :class:`DatasetError` naming the file and
+The dataset is a file, a local directory or a hub id read through ``datasets`` (see
+``swarmrl.envs.data``). Each row has a problem column and an answer column (``env.problem_column``,
+``env.answer_column``; ``problem``/``answer`` by default, ``question``/``answer`` for GSM8K,
+``problem``/``solution`` for MATH). The reference answer is taken out of the answer text by
+``env.answer_format``: GSM8K's ``#### 42``, the last ``\\boxed{}``, or the plain text. Every row
+is read and checked when the environment is built: a missing file is a
+:class:`MissingPathError`, a row that cannot be used a :class:`DatasetError` naming the source and
 the row (1-based). The prompt asks for the final answer in ``\\boxed{}``, and only that is
 scored: the reward is 1 when the completion's last ``\\boxed{...}`` holds an answer that
 ``math_verify`` finds equal to the reference, else 0. A bare number elsewhere in the text earns
@@ -14,76 +18,60 @@ Knows nothing about tokens or models; needs a pretrained tokenizer (``alphabet``
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Any
 
 from swarmrl.envs.base import Environment, Score, Task
-from swarmrl.errors import DatasetError, MissingPathError
+from swarmrl.envs.data import AnswerFormat, column_text, last_boxed, load_records, reference_answer
+from swarmrl.errors import DatasetError
+
+__all__ = ["MathEnv", "answers_match", "last_boxed", "read_rows"]
 
 PROMPT_TEMPLATE = "{problem}\nPut the final answer in \\boxed{{}}.\n"
 PARSE_TIMEOUT_S = 5  # math-verify's own alarm-based limit; only usable on the main thread
 
 
-def _check_row(path: Path, row_number: int, row: Any) -> tuple[str, str]:
-    where = f"{path} row {row_number}"
-    if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected an object with 'problem' and 'answer'")
-    problem, answer = row.get("problem"), row.get("answer")
-    if not isinstance(problem, str) or not problem.strip():
-        raise DatasetError(f"{where}: 'problem' must be a non-empty string, got {problem!r}")
-    if isinstance(answer, bool) or not isinstance(answer, str | int | float):
-        raise DatasetError(f"{where}: 'answer' must be a string or number, got {answer!r}")
-    if not str(answer).strip():
-        raise DatasetError(f"{where}: 'answer' is empty")
-    return problem, str(answer)
+def read_rows(
+    source: str | Path,
+    problem_column: str = "problem",
+    answer_column: str = "answer",
+    answer_format: AnswerFormat = "auto",
+    split: str = "train",
+    config_name: str | None = None,
+) -> list[tuple[str, str]]:
+    """``(problem, reference answer)`` of every row of ``source`` (see ``swarmrl.envs.data``)."""
+    return checked_rows(
+        source, load_records(source, split, config_name), problem_column, answer_column, answer_format
+    )
 
 
-def read_rows(path: str | Path) -> list[tuple[str, str]]:
-    """``(problem, answer)`` rows of a ``.jsonl``/``.json`` lines or ``.parquet`` file."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise MissingPathError(f"dataset file not found: {path}")
+def checked_rows(
+    source: str | Path,
+    records: list[dict[str, Any]],
+    problem_column: str,
+    answer_column: str,
+    answer_format: AnswerFormat,
+) -> list[tuple[str, str]]:
+    """``(problem, reference answer)`` of every record, or an error naming the first bad row."""
     rows: list[tuple[str, str]] = []
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            records = pq.read_table(path).to_pylist()
-        except Exception as exc:  # pyarrow raises several types for unreadable files
-            raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from exc
-        for i, record in enumerate(records, start=1):
-            rows.append(_check_row(path, i, record))
-    else:
-        for i, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path} row {i}: not valid JSON ({exc.msg})") from exc
-            rows.append(_check_row(path, i, record))
+    for i in range(len(records)):
+        problem = column_text(source, records, i, problem_column, "env.problem_column", False)
+        answer_text = column_text(source, records, i, answer_column, "env.answer_column")
+        answer = reference_answer(answer_text, answer_format)
+        if answer is None:
+            raise DatasetError(
+                f"{source} row {i + 1}: no {answer_format} answer in '{answer_column}' "
+                f"({answer_text[:60]!r}); set env.answer_format"
+            )
+        rows.append((problem, answer))
     if len(rows) < 2:
-        raise DatasetError(f"{path}: needs at least 2 rows (train and held-out), has {len(rows)}")
+        raise DatasetError(f"{source}: needs at least 2 rows (train and held-out), has {len(rows)}")
     return rows
 
 
 def _timeout() -> int | None:
     return PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-
-
-def last_boxed(text: str) -> str | None:
-    """The contents of the last balanced ``\\boxed{...}`` in ``text``, or None."""
-    start = text.rfind("\\boxed{")
-    while start != -1:
-        depth = 0
-        for i in range(start + len("\\boxed"), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start + len("\\boxed{") : i]
-        start = text.rfind("\\boxed{", 0, start)  # unbalanced: try an earlier one
-    return None
 
 
 def answers_match(reference: str, completion: str) -> bool:
@@ -108,10 +96,26 @@ class MathEnv(Environment):
     name = "math"
     alphabet = None
 
-    def __init__(self, dataset: str | Path, heldout_fraction: float = 0.1) -> None:
+    def __init__(
+        self,
+        dataset: str | Path,
+        heldout_fraction: float = 0.1,
+        problem_column: str = "problem",
+        answer_column: str = "answer",
+        answer_format: AnswerFormat = "auto",
+        split: str = "train",
+        config_name: str | None = None,
+    ) -> None:
         super().__init__(heldout_fraction)
         self.path = Path(dataset)
-        self.rows = read_rows(dataset)
+        self.records = load_records(dataset, split, config_name)
+        self.rows = checked_rows(
+            dataset, self.records, problem_column, answer_column, answer_format
+        )
+
+    def record(self, problem_id: int) -> dict[str, Any]:
+        """Problem ``problem_id``'s dataset row, as read (same columns, so it reads back)."""
+        return self.records[problem_id]
 
     def space_size(self) -> int:
         return len(self.rows)

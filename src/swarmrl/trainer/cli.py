@@ -6,8 +6,10 @@
                                                      keep training tasks with pass rate in [lo, hi]
 
 Without ``--model``, ``eval`` uses ``model.path`` or the warm start of the config. ``filter``
-writes JSONL rows ``{"problem", "answer", "pass_rate"}`` that ``env.name = "math"`` can read
-back as a dataset. Knows nothing about RL steps.
+works on every environment and writes one JSONL row per kept training task: the task's dataset
+row for dataset-backed environments (``math``, ``code``: the file is a dataset they read as is),
+else ``{"problem", "answer"}``, plus ``problem_id`` and ``pass_rate``. Any environment trains on
+the kept tasks alone with ``env.train_subset = FILE``. Knows nothing about RL steps.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 from swarmrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from swarmrl.envs import Environment, Task
 
 
 def _parser(verb: str) -> argparse.ArgumentParser:
@@ -135,22 +141,24 @@ def filter_main(args: argparse.Namespace) -> int:
         )
     rates = hits / args.samples
     keep = pass_rate_mask(rates, args.lo, args.hi)
-    rows = getattr(env, "rows", None)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         for task, rate, kept in zip(tasks, rates.tolist(), keep.tolist(), strict=True):
             if kept:
-                problem = rows[task.problem_id][0] if rows is not None else task.prompt
-                f.write(
-                    json.dumps({"problem": problem, "answer": task.answer, "pass_rate": rate})
-                    + "\n"
-                )
+                f.write(json.dumps(kept_row(env, task, rate), default=str) + "\n")
     print(
         f"kept {int(keep.sum())} of {len(tasks)} tasks with pass rate in "
         f"[{args.lo}, {args.hi}] -> {out}"
     )
     return 0
+
+
+def kept_row(env: Environment, task: Task, pass_rate: float) -> dict[str, Any]:
+    """The filter's output row of ``task``: the dataset row when the environment reads one
+    (same columns, so the file is a dataset of that environment), else ``problem``/``answer``;
+    plus ``problem_id`` (read back by ``env.train_subset``) and ``pass_rate``."""
+    return {**env.record(task.problem_id), "problem_id": task.problem_id, "pass_rate": pass_rate}
 
 
 def main(verb: str, argv: Sequence[str]) -> int:

@@ -36,7 +36,7 @@ def correctness(
     out: list[bool] = []
     for start in range(0, len(tasks), EVAL_BATCH):
         chunk = tasks[start : start + EVAL_BATCH]
-        prompts = [encode_prompt(tokenizer, t.prompt) for t in chunk]
+        prompts = [encode_prompt(tokenizer, t) for t in chunk]
         gens = engine.generate(prompts, params, seeds[start : start + EVAL_BATCH])
         for task, gen in zip(chunk, gens, strict=True):
             score = env.score(

@@ -59,7 +59,7 @@ class RolloutSampler:
         self, tasks: Sequence[Task], step: int, round_: int, policy_version: int
     ) -> list[Group]:
         g = self.rl.group_size
-        prompts = [encode_prompt(self.tokenizer, t.prompt) for t in tasks]
+        prompts = [encode_prompt(self.tokenizer, t) for t in tasks]
         flat_prompts = [p for p in prompts for _ in range(g)]
         seeds = [
             derive_seed("rollout", self.seed, step, round_, i, j)

@@ -27,7 +27,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment, Task
-from swarmrl.model.prompts import encode_prompt
+from swarmrl.model.prompts import PromptLike, encode_prompt
 
 
 @dataclass
@@ -40,7 +40,9 @@ class SFTData:
 
 
 def encode_examples(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], completions: Sequence[str]
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str | PromptLike],
+    completions: Sequence[str],
 ) -> SFTData:
     """Tokenize ``<bos> prompt completion <eos>`` rows, right-padded."""
     rows, starts = [], []
@@ -66,7 +68,7 @@ def warm_start_examples(
     tasks = env.sample("train", n, seed)
     flawed = set(rng.sample(range(n), round(n * label_noise)))
     completions = [env.demonstration(t, flawed=i in flawed) for i, t in enumerate(tasks)]
-    return encode_examples(tokenizer, [t.prompt for t in tasks], completions)
+    return encode_examples(tokenizer, tasks, completions)
 
 
 def sft_loss(
@@ -133,7 +135,7 @@ def greedy_exact_match(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[Task]
 ) -> float:
     """Share of ``tasks`` whose greedy completion equals the reference (by teacher forcing)."""
-    data = encode_examples(tokenizer, [t.prompt for t in tasks], [t.answer for t in tasks])
+    data = encode_examples(tokenizer, tasks, [t.answer for t in tasks])
     logits = model(input_ids=data.input_ids).logits[:, :-1]  # [N, T-1, V]
     hits = (logits.argmax(-1) == data.input_ids[:, 1:]) | (data.loss_mask == 0)
     return float(hits.all(dim=1).float().mean())

@@ -99,7 +99,7 @@ def judge(
             assignment = Assignment(
                 policy_version=version,
                 model_digest=loaded.root_digest,
-                prompt_tokens=encode_prompt(tokenizer, tasks[i].prompt),
+                prompt_tokens=encode_prompt(tokenizer, tasks[i]),
                 sampling=work.sampling,
                 seed=sample_seed(work.seed, i),
                 worker_key=pending.node_key,

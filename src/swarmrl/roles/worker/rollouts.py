@@ -37,7 +37,7 @@ def unit_prompts(
     """``(task index, prompt tokens)`` for every sample of ``work``, G per task, in order."""
     out: list[tuple[int, list[int]]] = []
     for task_index in work.task_indices:
-        tokens = encode_prompt(tokenizer, env.task("train", task_index).prompt)
+        tokens = encode_prompt(tokenizer, env.task("train", task_index))
         out.extend((task_index, tokens) for _ in range(work.samples_per_task))
     return out
 
