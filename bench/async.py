@@ -4,7 +4,7 @@ One run of each arm on the same config and the same warm start (``model.path`` p
 arm pays for SFT). Per arm: wall-clock per RL step, the trainer's idle fraction (time spent
 waiting for accepted rollouts / RL time), held-out greedy accuracy after the same number of
 steps, and for the swarm vs colocated comparison the wall time at which each first reached the
-lower of the two final accuracies (from the held-out evaluations every ``swarm.eval_every``
+lower of the two final accuracies (from the held-out evaluations every ``eval.every``
 steps; colocated only evaluates before and after).
 
     python bench/async.py --out bench/async.json [--steps 12] [--set key=value ...]
@@ -26,7 +26,7 @@ from swarmrl.config import EMBEDDED_DEFAULT, load_config
 QUICK = [
     "eval.n=200",
     "eval.control=false",
-    "swarm.eval_every=2",
+    "eval.every=2",
     "swarm.ready_timeout_s=300",
 ]
 
@@ -40,43 +40,41 @@ def warm_start(overrides: list[str]) -> str:
     return str(ensure_warm_start(config, build_env(config.env)).path)
 
 
+def arm(name: str, report: dict, idle_fraction: float | None) -> dict:
+    """One arm's figures from a run's report (the same keys in both modes)."""
+    ev = report["eval"]
+    return {
+        "arm": name,
+        "steps": report["steps"],
+        "rl_seconds": report["rl_seconds"],
+        "s_per_step": report["rl_seconds"] / report["steps"],
+        "idle_fraction": idle_fraction,
+        "accuracy_before": ev["before"]["accuracy"],
+        "accuracy_after": ev["after"]["accuracy"],
+        "curve": [(0.0, ev["before"]["accuracy"])]
+        + [(r["wall_time"], r["accuracy"]) for r in ev["during"]]
+        + [(report["rl_seconds"], ev["after"]["accuracy"])],
+    }
+
+
 def swarm_arm(overrides: list[str], async_level: int, work: Path) -> dict:
     from swarmrl.launch.swarm import run_swarm
 
     config = load_config([EMBEDDED_DEFAULT], [*overrides, f"rl.async_level={async_level}"])
     report = run_swarm(config, work / f"swarm-async{async_level}", display=False, timeout_s=3000)
-    rows = report["eval"]["during"]
-    return {
-        "arm": f"swarm async_level={async_level}",
-        "steps": report["steps"],
-        "rl_seconds": report["rl_seconds"],
-        "s_per_step": report["rl_seconds"] / report["steps"],
-        "idle_fraction": report["swarm"]["trainer_idle_fraction"],
-        "accuracy_before": report["eval"]["before"]["accuracy"],
-        "accuracy_after": report["eval"]["after"]["accuracy"],
-        "curve": [(r["wall_time"], r["accuracy"]) for r in rows],
-        "rejected_honest": report["swarm"]["submissions"]["rejected_honest"],
+    swarm = report["swarm"]
+    return arm(f"swarm async_level={async_level}", report, swarm["trainer_idle_fraction"]) | {
+        "rejected_honest": swarm["submissions"]["rejected_honest"]
     }
 
 
 def colocated_arm(overrides: list[str]) -> dict:
+    from swarmrl.launch.report import training_report
     from swarmrl.trainer.colocated import run_colocated
 
     config = load_config([EMBEDDED_DEFAULT], overrides)
-    result = run_colocated(config)
-    return {
-        "arm": "colocated",
-        "steps": result.steps,
-        "rl_seconds": result.rl_seconds,
-        "s_per_step": result.rl_seconds / result.steps,
-        "idle_fraction": None,
-        "accuracy_before": result.evals["before"]["accuracy"],
-        "accuracy_after": result.evals["after"]["accuracy"],
-        "curve": [
-            (0.0, result.evals["before"]["accuracy"]),
-            (result.rl_seconds, result.evals["after"]["accuracy"]),
-        ],
-    }
+    result = run_colocated(config).result
+    return arm("colocated", training_report(config, "colocated", result, 0.0), None)
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:

@@ -49,7 +49,7 @@ TINY = [
     "swarm.give_up_s=90",
     "swarm.batch_timeout_s=120",
     "swarm.shutdown_grace_s=5",
-    "swarm.eval_every=100",
+    "eval.every=100",
 ]
 
 

@@ -13,7 +13,8 @@ from swarmrl.envs import Task
 from swarmrl.model import build_char_tokenizer, create_tiny_model
 from swarmrl.rl import token_logprobs
 from swarmrl.trainer.batch import Completion, Group, collate
-from swarmrl.trainer.colocated import Hooks, run_colocated
+from swarmrl.trainer.colocated import run_colocated
+from swarmrl.trainer.loop import ROW_KEYS, Hooks
 from swarmrl.trainer.step import make_optimizer, policy_step
 
 TASK = Task(problem_id=0, split="train", index=0, prompt="1+1=", answer="2")
@@ -135,23 +136,25 @@ def _small_run_config(tmp_path, *extra):
 
 
 def test_colocated_run_is_reproducible(tmp_path):
-    config = _small_run_config(tmp_path)
+    config = _small_run_config(tmp_path, "eval.every=2")
     runs = []
     for _ in range(2):
         rows = []
-        result = run_colocated(config, Hooks(on_step=rows.append))
+        run = run_colocated(config, Hooks(on_step=rows.append))
+        raw_rows = rows
+        timings = ("rollout_s", "update_s", "tokens_per_s", "wall_time")
         runs.append(
             (
-                [
-                    {k: v for k, v in r.items() if k not in ("tokens_per_s", "wall_time")}
-                    for r in rows
-                ],
-                result.evals,
+                [{k: v for k, v in r.items() if k not in timings} for r in rows],
+                run.result.evals,
             )
         )
     assert runs[0] == runs[1]
     rows = runs[0][0]
     assert [r["step"] for r in rows] == [0, 1, 2]
+    assert tuple(raw_rows[0]) == ROW_KEYS  # the keys a swarm run's rows have too
+    assert [e["step"] for e in run.result.during] == [2]  # eval.every=2 of 3 steps
+    assert all(r["staleness"] == 0.0 for r in rows)  # colocated rollouts are always fresh
     assert [r["policy_version"] for r in rows] == [0, 1, 2]
     assert all(r["grad_norm"] is not None and r["grad_norm"] > 0 for r in rows)
     assert 0.0 < rows[0]["reward_mean"] < 1.0  # partial credit: a real signal to learn from

@@ -64,6 +64,11 @@ class EvalConfig(Section):
 
     n: int = Field(500, gt=0, description="held-out problems")
     samples: int = Field(1, ge=1, description="sampled completions per problem for pass@1")
+    every: int = Field(
+        10,
+        ge=0,
+        description="RL steps between held-out evaluations during training (0 = before/after only)",
+    )
     control: bool = Field(
         True, description="also continue the warm start's SFT for the RL wall time and evaluate"
     )

@@ -72,7 +72,6 @@ class SwarmSection(Section):
     status_interval_s: float = Field(
         1.0, gt=0, description="how often roles write their status file and the display redraws"
     )
-    eval_every: int = Field(10, gt=0, description="trainer steps between held-out evaluations")
     display: bool = Field(True, description="live terminal display during `swarmrl run`")
     role_threads: int = Field(1, ge=1, description="torch threads per role process on one machine")
 

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 
@@ -50,29 +49,11 @@ def _quiet_libraries() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def colocated_report(config: SwarmConfig, result: Any, wall_seconds: float) -> dict[str, Any]:
-    warm = result.warm_start
-    return {
-        "mode": "colocated",
-        "steps": result.steps,
-        "wall_seconds": wall_seconds,
-        "rl_seconds": result.rl_seconds,
-        "warm_start": {
-            "path": str(warm.path),
-            "cached": warm.cached,
-            "seconds": warm.seconds,
-            "steps": warm.steps,
-        },
-        "eval": {"n": result.evals["before"]["n"], **result.evals},
-        "seed": config.run.seed,
-        "env": config.env.name,
-    }
-
-
 def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
-    from swarmrl.launch.report import ProgressView, RunRecorder
+    from swarmrl.launch.report import ProgressView, RunRecorder, record_training
     from swarmrl.model.io import save_policy
-    from swarmrl.trainer.colocated import Hooks, run_colocated
+    from swarmrl.trainer.colocated import run_colocated
+    from swarmrl.trainer.loop import Hooks
 
     _quiet_libraries()
     started = time.perf_counter()
@@ -84,14 +65,12 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
     with view:
         hooks = Hooks(
             on_phase=view.on_phase,
-            on_sft_step=view.on_sft_step,
             on_step=lambda row: (recorder.log_step(row), view.on_step(row)),
             on_eval=view.on_eval,
         )
-        result = run_colocated(config, hooks)
-    save_policy(result.policy, result.tokenizer, recorder.dir / "policy")
-    report = colocated_report(config, result, time.perf_counter() - started)
-    recorder.write_report(report)
+        run = run_colocated(config, hooks, on_sft_step=view.on_sft_step)
+    save_policy(run.policy, run.tokenizer, recorder.dir / "policy")
+    report = record_training(recorder, "colocated", run.result, time.perf_counter() - started)
     ev = report["eval"]
     control = ev.get("control", {}).get("accuracy")
     print(

@@ -3,12 +3,14 @@
 Every run writes ``runs/<name>-<UTC timestamp>/``::
 
     config.json     the resolved config
-    metrics.jsonl   one JSON object per RL step (step, reward_mean, accuracy, loss,
-                    clip_fraction, grad_norm, entropy, kl, tokens_per_s, wall_time, ...)
-    report.json     mode, steps, wall_seconds, warm start, eval.{n, before, after, control}
+    metrics.jsonl   one JSON object per RL step, the training loop's row
+                    (``swarmrl.trainer.loop.ROW_KEYS``: the same keys in every mode)
+    report.json     mode, steps, wall_seconds, rl_seconds, warm start, seed, env,
+                    eval.{n, before, after, control, during}; a swarm run adds its swarm facts
     report.png      reward and accuracy per step, with the held-out evals as marked points
 
-Used by the colocated and the swarm modes alike; knows nothing about how steps are computed.
+The colocated and the swarm modes both turn the loop's ``TrainingResult`` into these files
+with :func:`record_training`; knows nothing about how steps are computed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from swarmrl.config import SwarmConfig, save_config
+from swarmrl.trainer.loop import TrainingResult
 
 
 def new_run_dir(config: SwarmConfig) -> Path:
@@ -62,6 +65,37 @@ class RunRecorder:
         return path
 
 
+def training_report(
+    config: SwarmConfig, mode: str, result: TrainingResult, wall_seconds: float
+) -> dict[str, Any]:
+    """report.json's common part, from the training loop's result (same keys in every mode)."""
+    return {
+        "mode": mode,
+        "steps": result.steps,
+        "wall_seconds": wall_seconds,
+        "rl_seconds": result.rl_seconds,
+        "warm_start": result.warm_start,
+        "eval": {"n": result.evals["before"]["n"], **result.evals, "during": result.during},
+        "seed": config.run.seed,
+        "env": config.env.name,
+    }
+
+
+def record_training(
+    recorder: RunRecorder,
+    mode: str,
+    result: TrainingResult,
+    wall_seconds: float,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write any step rows not yet logged, then report.json (plus ``extra``) and the plot."""
+    for row in result.history[len(recorder.rows) :]:
+        recorder.log_step(row)
+    report = training_report(recorder.config, mode, result, wall_seconds) | (extra or {})
+    recorder.write_report(report)
+    return report
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -91,6 +125,17 @@ def plot_report(rows: list[dict[str, Any]], evals: dict[str, Any], out: Path) ->
         "after": (last, "*", "green", "held-out after RL"),
         "control": (last, "X", "red", "held-out control (SFT continued)"),
     }
+    during = [e for e in evals.get("during", []) if e.get("accuracy") is not None]
+    if during:
+        ax.plot(
+            [e["step"] for e in during],
+            [e["accuracy"] for e in during],
+            marker="d",
+            linestyle="none",
+            color="green",
+            alpha=0.6,
+            label="held-out during RL",
+        )
     for key, (x, marker, colour, label) in points.items():
         result = evals.get(key)
         if isinstance(result, dict) and result.get("accuracy") is not None:

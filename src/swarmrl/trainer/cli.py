@@ -60,7 +60,7 @@ def _policy(config: SwarmConfig):  # type: ignore[no-untyped-def]
     import torch
 
     from swarmrl.envs import build_env
-    from swarmrl.trainer.colocated import resolve_device
+    from swarmrl.trainer.learner import resolve_device
     from swarmrl.trainer.warmstart import ensure_warm_start, load_start_policy
 
     torch.set_num_threads(config.run.threads)

@@ -1,44 +1,39 @@
-"""Colocated rollout generation: tasks → G seeded samples each → scored groups.
+"""The in-process rollout source: tasks → G seeded samples each with a local engine → groups.
 
-Every sample's seed is ``derive_seed("rollout", run_seed, step, round, prompt, sample)``, so a run is
-reproducible and every token can be replayed from its seed. Rewards are computed here, on the
-trusted side, from the decoded completion. With the online filter on, groups whose rewards are
-all equal are dropped and more tasks are drawn, up to ``max_backfill_rounds`` extra rounds.
+Every sample's seed is ``derive_seed("rollout", run_seed, step, round, prompt, sample)`` and
+each round's tasks are drawn with ``derive_seed("tasks", run_seed, step, round)`` (the one
+seeding rule, :mod:`swarmrl.protocol.seeds`), so a run is reproducible and every token can be
+replayed from its seed. Rewards are computed on the trusted side from the decoded completion.
+With the online filter on, groups whose rewards are all equal are dropped and more tasks are
+drawn, up to ``max_backfill_rounds`` extra rounds.
 
-Knows nothing about the optimizer; the engine it is given generates with the current policy,
-so the log-probs it reports are the behaviour log-probs of the ratio.
+:class:`EngineSource` is the colocated mode's :class:`~swarmrl.trainer.source.RolloutSource`:
+it generates with its own engine copy of the policy, so the log-probs it reports are the
+behaviour log-probs of the ratio, and after each step it loads the new weights into that
+engine. Knows nothing about the optimizer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config.rl import RLConfig, SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.model.prompts import decode_completion, encode_prompt
+from swarmrl.model.prompts import encode_prompt
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.rl import fill_with_informative
-from swarmrl.trainer.batch import Completion, Group
+from swarmrl.trainer.batch import Group
+from swarmrl.trainer.source import StepRollouts, scored_completion
 
 
 def sampling_params(sampling: SamplingConfig, tokenizer: PreTrainedTokenizerBase) -> SamplingParams:
     """The section's parameters, with the tokenizer's EOS id as the stop token."""
     stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
     return SamplingParams.model_validate({**sampling.model_dump(), "stop_token_ids": stops})
-
-
-@dataclass
-class RolloutStats:
-    groups_sampled: int
-    groups_kept: int
-    reward_mean: float  # over every sampled completion, kept or not
-    accuracy: float  # share of sampled completions that are correct
-    tokens: int  # output tokens generated
 
 
 class RolloutSampler:
@@ -71,23 +66,21 @@ class RolloutSampler:
         for i, task in enumerate(tasks):
             group = Group(task)
             for gen in generations[i * g : (i + 1) * g]:
-                text = decode_completion(self.tokenizer, gen.output_tokens)
-                score = self.env.score(task, text, num_tokens=len(gen.output_tokens))
                 group.completions.append(
-                    Completion(
-                        prompt_tokens=list(gen.prompt_tokens),
-                        output_tokens=list(gen.output_tokens),
-                        behaviour_logprobs=list(gen.logprobs),
-                        reward=score.reward,
-                        policy_version=policy_version,
-                        correct=bool(score.details.get("correct", score.reward == 1.0)),
-                        text=text,
+                    scored_completion(
+                        self.env,
+                        self.tokenizer,
+                        task,
+                        gen.prompt_tokens,
+                        gen.output_tokens,
+                        gen.logprobs,
+                        policy_version,
                     )
                 )
             groups.append(group)
         return groups
 
-    def batch(self, step: int, policy_version: int) -> tuple[list[Group], RolloutStats]:
+    def batch(self, step: int, policy_version: int) -> StepRollouts:
         """The groups to train on at ``step`` (informative only when the filter is on)."""
         seen: list[Group] = []
 
@@ -102,12 +95,24 @@ class RolloutSampler:
             kept, _ = fill_with_informative(sample, need, self.rl.max_backfill_rounds)
         else:
             kept = sample(need, 0)
-        completions = [c for g in seen for c in g.completions]
-        stats = RolloutStats(
-            groups_sampled=len(seen),
-            groups_kept=len(kept),
-            reward_mean=sum(c.reward for c in completions) / max(len(completions), 1),
-            accuracy=sum(c.correct for c in completions) / max(len(completions), 1),
-            tokens=sum(len(c.output_tokens) for c in completions),
-        )
-        return kept, stats
+        return StepRollouts(groups=kept, seen=seen)
+
+
+class EngineSource:
+    """Rollouts from an in-process engine that follows ``policy`` (module docstring)."""
+
+    def __init__(
+        self,
+        sampler: RolloutSampler,
+        policy: PreTrainedModel,
+    ) -> None:
+        self.sampler, self.policy = sampler, policy
+        self.loaded_version = 0  # the policy version the engine's weights are
+
+    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
+        return self.sampler.batch(step, policy_version)
+
+    def commit(self, step: int, policy_version: int) -> None:
+        if policy_version != self.loaded_version:
+            self.sampler.engine.load_state_dict(self.policy.state_dict())
+            self.loaded_version = policy_version

@@ -400,7 +400,7 @@ def run(
                     "wall_time": time.monotonic() - started,
                 }
                 history.append(row)
-                if (step + 1) % swarm.eval_every == 0 and step + 1 < rl.steps:
+                if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < rl.steps:
                     evaluate_now(step + 1)
                 status.set(
                     step=step + 1,

@@ -1,0 +1,167 @@
+"""The one training loop of every mode, over a rollout source::
+
+    eval before → for each step n:
+        rollouts = source.next_batch(n, v)        (v = policy version = optimizer steps so far)
+        one policy_step on rollouts.groups        (skipped when the batch came back empty)
+        source.commit(n, v')                      (the source hands version v' on)
+        one metrics row; a held-out eval every ``eval.every`` steps
+    → eval after → control (the warm start's SFT continued for the RL time) → eval
+
+The colocated run and the swarm trainer both run :func:`train`; only the source differs
+(:mod:`swarmrl.trainer.source`). Every step's row has the same keys in both modes
+(:data:`ROW_KEYS`); ``rl_seconds`` is the loop's wall time without the held-out evaluations
+made during it, the time the control arm gets.
+
+Knows nothing about files, displays or the network: rows and evals go to :class:`Hooks`, and
+the caller records the returned :class:`TrainingResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from swarmrl.config import SwarmConfig
+    from swarmrl.trainer.learner import Learner
+    from swarmrl.trainer.source import RolloutSource, StepRollouts
+    from swarmrl.trainer.step import StepStats
+
+ROW_KEYS = (
+    "step",  # 0-based step index
+    "policy_version",  # version being trained at this step (optimizer steps before it)
+    "reward_mean",  # mean reward over every completion drawn for the step, kept or not
+    "accuracy",  # share of those completions that are correct
+    "groups_sampled",  # groups drawn for the step (before the online filter)
+    "groups_kept",  # groups trained on
+    "tokens",  # output tokens of the drawn completions
+    "staleness",  # mean over trained completions of policy_version − generating version
+    "loss",  # None when the step had nothing to train on
+    "clip_fraction",
+    "grad_norm",
+    "entropy",
+    "kl",
+    "rollout_s",  # s spent getting the batch: generating it, or waiting for the pool
+    "update_s",  # s of the optimizer step plus handing the new version to the source
+    "tokens_per_s",  # tokens / (rollout_s + update_s)
+    "wall_time",  # s since the first step began
+)
+_STEP_STATS = ("loss", "clip_fraction", "grad_norm", "entropy", "kl")
+
+
+@dataclass
+class Hooks:
+    """What the caller wants to hear about while the loop proceeds (all optional)."""
+
+    on_phase: Callable[[str], None] = lambda phase: None
+    on_step: Callable[[dict[str, Any]], None] = lambda row: None
+    on_eval: Callable[[str, dict[str, Any]], None] = lambda name, result: None
+
+
+@dataclass
+class TrainingResult:
+    """Everything a run's report says about training; the same in every mode."""
+
+    steps: int = 0
+    rl_seconds: float = 0.0
+    warm_start: dict[str, Any] = field(default_factory=dict)  # path, cached, seconds, steps
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # before, after[, control]
+    during: list[dict[str, Any]] = field(default_factory=list)  # {step, wall_time, **eval}
+    history: list[dict[str, Any]] = field(default_factory=list)  # one row per step
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainingResult:
+        return cls(**data)
+
+
+def train(
+    config: SwarmConfig, learner: Learner, source: RolloutSource, hooks: Hooks | None = None
+) -> TrainingResult:
+    """Run ``rl.steps`` steps of ``learner`` on ``source``'s rollouts (module docstring)."""
+    hooks = hooks or Hooks()
+    warm = learner.warm
+    result = TrainingResult(
+        warm_start={
+            "path": str(warm.path),
+            "cached": warm.cached,
+            "seconds": warm.seconds,
+            "steps": warm.steps,
+        }
+    )
+    result.evals["before"] = _evaluate(learner, hooks, "before")
+    hooks.on_phase("rl")
+    start, eval_seconds, every = time.monotonic(), 0.0, config.eval.every
+    for step in range(config.rl.steps):
+        row = train_step(learner, source, step, start)
+        result.history.append(row)
+        hooks.on_step(row)
+        if every and (step + 1) % every == 0 and step + 1 < config.rl.steps:
+            eval_start = time.monotonic()
+            held = _evaluate(learner, hooks, f"after {step + 1} steps")
+            result.during.append({"step": step + 1, "wall_time": row["wall_time"], **held})
+            eval_seconds += time.monotonic() - eval_start
+    result.steps = config.rl.steps
+    result.rl_seconds = time.monotonic() - start - eval_seconds
+    result.evals["after"] = _evaluate(learner, hooks, "after")
+    if config.eval.control and config.model.path is None:
+        hooks.on_phase("control")
+        result.evals["control"] = learner.control(result.rl_seconds)
+        hooks.on_eval("control", result.evals["control"])
+    return result
+
+
+def train_step(learner: Learner, source: RolloutSource, step: int, start: float) -> dict[str, Any]:
+    """One step: take the batch, train on it, commit; returns the step's metrics row."""
+    version = learner.version
+    began = time.monotonic()
+    rollouts = source.next_batch(step, version)  # the one place a step's batch is taken
+    taken = time.monotonic()
+    stats = learner.step(rollouts.groups) if rollouts.groups else None
+    source.commit(step, learner.version)  # ... and the one place it is committed
+    done = time.monotonic()
+    row: dict[str, Any] = {"step": step, "policy_version": version}
+    row |= rollout_metrics(rollouts, version)
+    row |= step_metrics(stats)
+    row |= {
+        "rollout_s": taken - began,
+        "update_s": done - taken,
+        "tokens_per_s": row["tokens"] / (done - began) if done > began else 0.0,
+        "wall_time": done - start,
+    }
+    return row
+
+
+def rollout_metrics(rollouts: StepRollouts, policy_version: int) -> dict[str, Any]:
+    """Reward, accuracy, group counts, tokens and staleness of one step's rollouts."""
+    drawn = [c for g in rollouts.seen or rollouts.groups for c in g.completions]
+    trained = [c for g in rollouts.groups for c in g.completions]
+    n = max(len(drawn), 1)
+    return {
+        "reward_mean": sum(c.reward for c in drawn) / n,
+        "accuracy": sum(c.correct for c in drawn) / n,
+        "groups_sampled": len(rollouts.seen or rollouts.groups),
+        "groups_kept": len(rollouts.groups),
+        "tokens": sum(len(c.output_tokens) for c in drawn),
+        "staleness": (
+            sum(policy_version - c.policy_version for c in trained) / len(trained)
+            if trained
+            else 0.0
+        ),
+    }
+
+
+def step_metrics(stats: StepStats | None) -> dict[str, float | None]:
+    """The optimizer step's numbers (all None when there was nothing to train on)."""
+    return {key: None if stats is None else getattr(stats, key) for key in _STEP_STATS}
+
+
+def _evaluate(learner: Learner, hooks: Hooks, name: str) -> dict[str, Any]:
+    hooks.on_phase(f"eval {name}")
+    result = learner.evaluate()
+    hooks.on_eval(name, result)
+    return result

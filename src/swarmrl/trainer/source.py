@@ -1,0 +1,114 @@
+"""Where a training step's rollouts come from: the rollout-source interface and scoring.
+
+The training loop (:mod:`swarmrl.trainer.loop`) talks to its rollouts through two verbs::
+
+    rollouts = source.next_batch(step, policy_version)   # take step's scored groups
+    ...one optimizer step on rollouts.groups...
+    source.commit(step, policy_version)                  # the step is trained: the policy is
+                                                         # now policy_version (hand it on)
+
+Two implementations: the in-process engine (:class:`swarmrl.trainer.rollout.EngineSource`,
+which loads each new version into its engine) and the pool
+(:class:`swarmrl.roles.trainer.source.PoolSource`, which takes accepted rollouts from the
+orchestrator and publishes each new version through the trainer's origin).
+
+Rewards are always computed here, on the trusted side, from the decoded completion
+(:func:`scored_completion`); a worker's word about its reward is never used.
+
+Knows nothing about the optimizer, engines' internals or the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from swarmrl.envs import Environment, Task
+from swarmrl.model.prompts import decode_completion
+from swarmrl.protocol.pool import TrainableSubmission
+from swarmrl.trainer.batch import Completion, Group
+
+
+@dataclass
+class StepRollouts:
+    """What a source hands the loop for one step."""
+
+    groups: list[Group]  # to train on: informative only when rl.online_filter is on
+    seen: list[Group] = field(default_factory=list)  # every group drawn for the step, kept or not
+
+
+class RolloutSource(Protocol):
+    """A supplier of scored groups for each step, told when each step is trained."""
+
+    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
+        """Step ``step``'s groups; ``policy_version`` is the policy being trained (optimizer
+        steps so far). May wait (bounded) and raise :class:`swarmrl.errors.WaitTimeout`."""
+        ...
+
+    def commit(self, step: int, policy_version: int) -> None:
+        """Step ``step`` is trained (or skipped, when its batch was empty); the policy is now
+        ``policy_version``. Called once per step, after :meth:`next_batch`."""
+        ...
+
+
+def scored_completion(
+    env: Environment,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    prompt_tokens: Sequence[int],
+    output_tokens: Sequence[int],
+    behaviour_logprobs: Sequence[float],
+    policy_version: int,
+) -> Completion:
+    """A completion with its reward recomputed from its text by the environment."""
+    text = decode_completion(tokenizer, output_tokens)
+    score = env.score(task, text, num_tokens=len(output_tokens))
+    return Completion(
+        prompt_tokens=list(prompt_tokens),
+        output_tokens=list(output_tokens),
+        behaviour_logprobs=list(behaviour_logprobs),
+        reward=score.reward,
+        policy_version=policy_version,
+        correct=bool(score.details.get("correct", score.reward == 1.0)),
+        text=text,
+    )
+
+
+def submission_groups(
+    sub: TrainableSubmission, env: Environment, tokenizer: PreTrainedTokenizerBase, group_size: int
+) -> list[Group]:
+    """One accepted pool submission as per-task groups (G completions each), rewards recomputed.
+
+    Behaviour log-probs are the validator's replay of the generating version; a submission that
+    was never validated has none and yields no groups.
+    """
+    if sub.behaviour_logprobs is None:
+        return []
+    groups = []
+    for j, task_index in enumerate(sub.task_indices):
+        group = Group(env.task("train", task_index))
+        rows = slice(j * group_size, (j + 1) * group_size)
+        for sample, behaviour in zip(
+            sub.samples[rows], sub.behaviour_logprobs[rows], strict=True
+        ):  # the orchestrator checked the shapes; a mismatch here is a bug, so it raises
+            group.completions.append(
+                scored_completion(
+                    env,
+                    tokenizer,
+                    group.task,
+                    sample.prompt_tokens,
+                    sample.output_tokens,
+                    behaviour,
+                    sample.policy_version,
+                )
+            )
+        groups.append(group)
+    return groups
+
+
+def group_version(group: Group) -> int:
+    """The oldest policy version among a group's completions."""
+    return min(c.policy_version for c in group.completions)
