@@ -29,6 +29,7 @@ from swarmrl.launch.swarm import (
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.db import make_engine, sqlite_url
 from swarmrl.rolekit.supervisor import Supervisor, wait_until
+from swarmrl.trainer.loop import ROW_KEYS
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +128,9 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     thresholds = json.loads(recorded.read_text())["thresholds"]
     assert thresholds["max_mantissa_mean"] < 10.0 and thresholds["min_exponent_matches"] > 90
     summary = _summary(run_dir)
-    assert [row["step"] for row in summary["history"]] == [0, 1, 2]
+    history = summary["training"]["history"]
+    assert [row["step"] for row in history] == [0, 1, 2]
+    assert all(tuple(row) == ROW_KEYS for row in history)  # the keys of a colocated run
     # nothing the validator rejected or the ban dropped ever reached the trainer
     subs = _submissions(run_dir)
     consumed = summary["consumed_submissions"]
@@ -182,7 +185,7 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
 
     assert done >= {"worker", "relay", "orchestrator"}
     summary = _summary(run_dir)
-    assert [row["step"] for row in summary["history"]] == list(range(10))
+    assert [row["step"] for row in summary["training"]["history"]] == list(range(10))
     assert facts["ledger"]["verified"] is True
     assert facts["swarm"]["submissions"]["rejected"] == 0
     after = _submissions(run_dir)

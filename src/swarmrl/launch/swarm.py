@@ -343,8 +343,11 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     orchestrator_key = load_keypair(plan.key("orchestrator")).public_key_hex
     verified = verify_export(ledger_file, orchestrator_key)
     statuses = RoleStatus.read_dir(plan.status_dir)
-    summary_file = plan.run_dir / "trainer" / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    summary = trainer_summary(plan)
+    origin = summary.get("origin", {})
+    history = summary.get("training", {}).get("history", [])
+    rl_seconds = summary.get("training", {}).get("rl_seconds")
+    idle_s = sum(row["rollout_s"] for row in history) if history else None
     by_status = metrics.submissions_by_status
     return {
         "swarm": {
@@ -376,15 +379,14 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 ),
             },
             "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
-            "versions_published": summary.get("versions_published"),
-            "trainer_idle_s": summary.get("idle_s"),
-            "trainer_idle_fraction": (
-                summary["idle_s"] / summary["rl_seconds"] if summary.get("rl_seconds") else None
-            ),
+            "versions_published": origin.get("versions_published"),
+            # the trainer's idle time: seconds its steps spent waiting for accepted rollouts
+            "trainer_idle_s": idle_s,
+            "trainer_idle_fraction": idle_s / rl_seconds if idle_s and rl_seconds else None,
         },
         "shardcast": {
-            "bytes_full": summary.get("bytes_full"),
-            "bytes_delta": summary.get("bytes_delta"),
+            "bytes_full": origin.get("bytes_full"),
+            "bytes_delta": origin.get("bytes_delta"),
         },
         "ledger": {
             "entries": entries,
@@ -395,29 +397,23 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     }
 
 
-def write_report(plan: SwarmPlan, facts: dict, wall_seconds: float) -> Path:
-    """report.json, metrics.jsonl and report.png as a colocated run writes them, plus the
-    swarm's own facts (submissions, bans, versions, bytes, ledger)."""
-    from swarmrl.launch.report import RunRecorder
+def trainer_summary(plan: SwarmPlan) -> dict:
+    """What the trainer wrote at its end (``{}`` while it has not): the training loop's result
+    (``training``), what its origin published (``origin``) and the submissions it consumed."""
+    path = plan.run_dir / "trainer" / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
-    summary_file = plan.run_dir / "trainer" / "summary.json"
-    summary = json.loads(summary_file.read_text())
+
+def write_report(plan: SwarmPlan, facts: dict, wall_seconds: float) -> dict:
+    """report.json, metrics.jsonl and report.png from the training loop's result, as a
+    colocated run writes them, plus the swarm's own facts (submissions, bans, versions, bytes,
+    ledger); returns the report."""
+    from swarmrl.launch.report import RunRecorder, record_training
+    from swarmrl.trainer.loop import TrainingResult
+
+    result = TrainingResult.from_dict(trainer_summary(plan)["training"])
     recorder = RunRecorder(plan.config, plan.run_dir)
-    for row in summary["history"]:
-        recorder.log_step(row)
-    evals = summary["evals"]
-    report = {
-        "mode": "swarm",
-        "steps": summary["steps"],
-        "wall_seconds": wall_seconds,
-        "rl_seconds": summary["rl_seconds"],
-        "warm_start": summary["warm_start"],
-        "eval": {"n": evals["before"]["n"], **evals, "during": summary["heldout"]},
-        "seed": plan.config.run.seed,
-        "env": plan.config.env.name,
-        **facts,
-    }
-    return recorder.write_report(report)
+    return record_training(recorder, "swarm", result, wall_seconds, facts)
 
 
 def run_swarm(
@@ -433,8 +429,7 @@ def run_swarm(
         start_all(sup, plan)
         watch(sup, plan, live, timeout_s)
         facts = swarm_facts(plan)
-    path = write_report(plan, facts, time.monotonic() - started)
-    return json.loads(path.read_text())
+    return write_report(plan, facts, time.monotonic() - started)
 
 
 # `swarmrl demo`: the embedded config as a swarm, plus one worker that starts cheating after

@@ -41,7 +41,7 @@ class RoleStatus(BaseModel):
     metrics: dict[str, float] = Field(
         default_factory=dict,
         description=(
-            "role-specific counters and gauges; trainer: step, reward_mean, accuracy, idle_s; "
+            "role-specific counters and gauges; trainer: step, reward_mean, accuracy, idle_fraction; "
             "worker: rollouts, tokens_per_s, submitted; validator: accepted, rejected, "
             "tokens_replayed"
         ),

@@ -1,0 +1,111 @@
+"""The pool as a rollout source: step n's batch from the orchestrator's accepted rollouts.
+
+``next_batch(n, v)`` takes accepted submissions from the orchestrator (``/batches``: versions
+≥ n − async_level, each served once), splits them into per-task groups (G completions each)
+with every reward recomputed by the environment (:func:`swarmrl.trainer.source.
+submission_groups`: the worker's word is never used), keeps the informative groups (the one
+online-filter rule, :func:`swarmrl.rl.is_informative`), and waits, bounded by
+``swarm.batch_timeout_s``, until ``rl.prompts_per_step`` groups are there. Surplus informative
+groups carry over to the next step while still fresh enough. ``commit(n, v')`` hands the new
+version to the role's ``announce`` (publish through the origin, tell the orchestrator).
+
+Why it lives in the trainer role and not in the learning library (``swarmrl.trainer``): it
+needs the pool client (``swarmrl.pool``, a sibling of ``swarmrl.trainer`` on the subsystem
+floor, which the learning library may not import) and the roles' bounded retry
+(``swarmrl.rolekit``, a floor above). What it does with the rollouts — regrouping, rescoring,
+the filter — is the learning library's code, shared with the colocated source.
+
+Knows nothing about the optimizer, proofs or how rollouts were produced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from transformers import PreTrainedTokenizerBase
+
+from swarmrl.config import SwarmConfig
+from swarmrl.envs import Environment
+from swarmrl.errors import WaitTimeout
+from swarmrl.pool.client import PoolClient
+from swarmrl.protocol.pool import TrainableSubmission
+from swarmrl.rl import is_informative
+from swarmrl.rolekit.toolkit import StatusReporter, retry
+from swarmrl.trainer.batch import Group
+from swarmrl.trainer.source import StepRollouts, group_version, submission_groups
+
+NOTE_EVERY_S = 30.0  # how often a long wait for rollouts is logged
+POLL_S = 0.2  # pause between empty answers from /batches
+
+
+class PoolSource:
+    """Step batches from the orchestrator; each new version announced (module docstring)."""
+
+    def __init__(
+        self,
+        pool: PoolClient,
+        pool_id: str,
+        env: Environment,
+        tokenizer: PreTrainedTokenizerBase,
+        config: SwarmConfig,
+        log: logging.Logger,
+        status: StatusReporter,
+        announce: Callable[[int], None],
+    ) -> None:
+        self.pool, self.pool_id, self.env, self.tokenizer = pool, pool_id, env, tokenizer
+        self.config, self.log, self.status, self.announce = config, log, status, announce
+        self.carry: list[Group] = []  # informative groups beyond the last step's need
+        self.consumed: list[str] = []  # ids of every submission taken, in order
+        self.announced = 0  # version 0 is announced by the role before the loop starts
+
+    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
+        """Step ``step``'s groups; raises WaitTimeout when the pool stays starved."""
+        rl, swarm = self.config.rl, self.config.swarm
+        need, oldest = rl.prompts_per_step, step - rl.async_level
+        self.status.set(state=f"waiting for step {step} rollouts")
+        kept = [g for g in self.carry if group_version(g) >= oldest]
+        seen: list[Group] = []
+        start = time.monotonic()
+        next_note = start + NOTE_EVERY_S
+        while len(kept) < need:
+            for sub in self._take(step):
+                groups = submission_groups(sub, self.env, self.tokenizer, rl.group_size)
+                seen += groups
+                kept += [g for g in groups if not rl.online_filter or is_informative(g.rewards)]
+            if len(kept) >= need:
+                break
+            waited = time.monotonic() - start
+            if waited > swarm.batch_timeout_s:
+                raise WaitTimeout(
+                    f"step {step}: {len(kept)}/{need} informative groups after "
+                    f"{waited:.0f} s waiting for accepted rollouts with version ≥ {oldest}"
+                )
+            if time.monotonic() > next_note:
+                note = "step %d: %d/%d groups; waiting for accepted rollouts"
+                self.log.info(note, step, len(kept), need)
+                next_note += NOTE_EVERY_S
+            time.sleep(POLL_S)
+        self.carry = kept[need:]
+        self.status.set(state=f"training step {step}")
+        return StepRollouts(groups=kept[:need], seen=seen)
+
+    def commit(self, step: int, policy_version: int) -> None:
+        """Step ``step`` is trained: publish and announce the new version."""
+        if policy_version != self.announced:
+            self.announce(policy_version)
+            self.announced = policy_version
+
+    def _take(self, step: int) -> list[TrainableSubmission]:
+        """One answer of ``/batches`` for ``step`` (each submission is served once)."""
+        swarm = self.config.swarm
+        reply = retry(
+            lambda: self.pool.batch(self.pool_id, step, 64),
+            f"fetch accepted rollouts for step {step}",
+            self.log,
+            give_up_s=swarm.give_up_s,
+            pause_s=swarm.retry_s,
+        )
+        self.consumed += [sub.submission_id for sub in reply.submissions]
+        return reply.submissions
