@@ -298,3 +298,36 @@ def test_pool_specs_that_could_never_work_are_refused(swarm):
     with pytest.raises(RequestRefused, match="orchestrator key"):
         PoolClient(server.url, owner).create_pool(_spec(owner, validator, pool_id="byowner"))
     assert [p.spec.pool_id for p in admin.pools()] == ["arith"]
+
+
+def test_ledger_entries_page_through_the_whole_ledger_and_refuse_bad_ranges(swarm, tmp_path):
+    import httpx
+
+    from swarmrl.ledger.export import write_entries
+    from swarmrl.ledger.verify import verify_export
+
+    server, orch, owner, _ = swarm
+    for _ in range(3):
+        _joined(server.url, owner)  # one ledger entry each, after the pool's creation
+    with PoolClient(server.url, KeyPair.generate(), timeout_s=10) as anyone:
+        entries = anyone.ledger(page=2)  # three pages: 2 + 2 + 0
+        assert [e["seq"] for e in entries] == list(range(4))
+        assert [e["kind"] for e in entries][0] == "pool_created"
+        assert anyone.ledger_entries(start=3, limit=10) == entries[3:]
+        assert anyone.ledger_entries(start=4) == []
+        assert anyone.ledger_head(limit=1000) == entries
+    # an export written from the API verifies offline against the orchestrator's key
+    assert write_entries(entries, tmp_path / "ledger.jsonl") == 4
+    assert verify_export(tmp_path / "ledger.jsonl", orch.public_key_hex).ok
+    for query in (
+        "start=-1",
+        "start=99999999999999999999999",
+        "start=NaN",
+        "start=%00",
+        "limit=0",
+        "limit=1001",
+        "limit=Infinity",
+        "start=%ED%A0%80",
+    ):
+        reply = httpx.get(f"{server.url}/ledger/entries?{query}", timeout=10)
+        assert reply.status_code == 422, (query, reply.status_code)

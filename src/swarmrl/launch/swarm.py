@@ -37,7 +37,7 @@ from swarmrl.config import SwarmConfig, save_config
 from swarmrl.errors import WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.protocol import PoolSpec, SamplingParams
+from swarmrl.protocol import NodeView, PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.rolekit.supervisor import Supervisor, free_port
 
@@ -317,56 +317,33 @@ def watch(
 
 
 def swarm_facts(plan: SwarmPlan) -> dict:
-    """What the run did as a swarm: submissions, bans, versions, bytes, and the ledger check."""
-    from swarmrl.ledger.export import read_entries, write_export
+    """What the run did as a swarm: submissions, bans, versions, bytes, and the ledger check.
+
+    Everything about the pool comes from the orchestrator's API (metrics, nodes, the whole
+    ledger), never from its database; the ledger export is then verified offline against the
+    orchestrator's key."""
+    from swarmrl.ledger.export import write_entries
     from swarmrl.ledger.verify import verify_export
     from swarmrl.pool.client import PoolClient
-    from swarmrl.pool.db import make_engine, sqlite_url
 
     trainer_key = load_keypair(plan.key("trainer"))
     with PoolClient(plan.orchestrator_url, trainer_key, plan.config.swarm.peer_timeout_s) as pool:
         metrics = pool.metrics(POOL_ID)
         nodes = pool.nodes(POOL_ID)
-    names = {load_keypair(plan.key(w)).node_id: w for w in plan.workers}
+        ledger = pool.ledger()
     ledger_file = plan.run_dir / "ledger.jsonl"
-    engine = make_engine(sqlite_url(plan.run_dir / "orchestrator" / "pool.db"))
-    try:
-        entries = write_export(engine, ledger_file)
-        verdicts = [e for e in read_entries(engine) if e["kind"] == "verdict"]
-    finally:
-        engine.dispose()
-    judged: dict[str, dict[str, int]] = {}
-    for entry in verdicts:
-        counts = judged.setdefault(entry["node_id"], {"accepted": 0, "rejected": 0})
-        counts["accepted" if entry["body"].get("accept") else "rejected"] += 1
-    honest = {n for n, name in names.items() if name not in plan.cheats}
+    entries = write_entries(ledger, ledger_file)
     orchestrator_key = load_keypair(plan.key("orchestrator")).public_key_hex
     verified = verify_export(ledger_file, orchestrator_key)
-    statuses = RoleStatus.read_dir(plan.status_dir)
+    judged = verdict_counts(ledger)
+    names = {load_keypair(plan.key(w)).node_id: w for w in plan.workers}
+    honest = {n for n, name in names.items() if name not in plan.cheats}
+    by_status = metrics.submissions_by_status
     summary = trainer_summary(plan)
     origin = summary.get("origin", {})
-    history = summary.get("training", {}).get("history", [])
-    rl_seconds = summary.get("training", {}).get("rl_seconds")
-    idle_s = sum(row["rollout_s"] for row in history) if history else None
-    by_status = metrics.submissions_by_status
     return {
         "swarm": {
-            "workers": [
-                {
-                    "name": names.get(n.node_id, n.node_id[:8]),
-                    "node_id": n.node_id,
-                    "state": n.state,
-                    "cheat": plan.cheats.get(names.get(n.node_id, ""), ""),
-                    "model_version": n.model_version,
-                    "accepted": judged.get(n.node_id, {}).get("accepted", 0),
-                    "rejected": judged.get(n.node_id, {}).get("rejected", 0),
-                    "measured_tokens_per_s": n.measured_tokens_per_s,
-                    "rollouts": statuses[names[n.node_id]].metrics.get("rollouts", 0)
-                    if names.get(n.node_id) in statuses
-                    else None,
-                }
-                for n in nodes
-            ],
+            "workers": worker_rows(plan, nodes, names, judged),
             "submissions": {
                 # verdicts from the ledger; trained/dropped/pending from the pool's state
                 "accepted": sum(c["accepted"] for c in judged.values()),
@@ -374,15 +351,11 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 "trained": by_status.get("trained", 0),
                 "dropped": by_status.get("dropped", 0),
                 "pending": by_status.get("pending", 0),
-                "rejected_honest": sum(
-                    c["rejected"] for node, c in judged.items() if node in honest
-                ),
+                "rejected_honest": sum(c["rejected"] for n, c in judged.items() if n in honest),
             },
             "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
             "versions_published": origin.get("versions_published"),
-            # the trainer's idle time: seconds its steps spent waiting for accepted rollouts
-            "trainer_idle_s": idle_s,
-            "trainer_idle_fraction": idle_s / rl_seconds if idle_s and rl_seconds else None,
+            **trainer_idle(summary),
         },
         "shardcast": {
             "bytes_full": origin.get("bytes_full"),
@@ -394,6 +367,54 @@ def swarm_facts(plan: SwarmPlan) -> dict:
             "file": str(ledger_file),
             "credited_tokens": metrics.credited_tokens,
         },
+    }
+
+
+def verdict_counts(ledger: list[dict]) -> dict[str, dict[str, int]]:
+    """node id → accepted and rejected verdicts, from the ledger's verdict entries."""
+    judged: dict[str, dict[str, int]] = {}
+    for entry in ledger:
+        if entry["kind"] == "verdict":
+            counts = judged.setdefault(entry["node_id"], {"accepted": 0, "rejected": 0})
+            counts["accepted" if entry["body"].get("accept") else "rejected"] += 1
+    return judged
+
+
+def worker_rows(
+    plan: SwarmPlan,
+    nodes: list[NodeView],
+    names: dict[str, str],
+    judged: dict[str, dict[str, int]],
+) -> list[dict]:
+    """One row per pool node: name, state, cheat, verdicts, throughput, rollouts."""
+    statuses = RoleStatus.read_dir(plan.status_dir)
+    rows = []
+    for n in nodes:
+        name = names.get(n.node_id)
+        rows.append(
+            {
+                "name": name or n.node_id[:8],
+                "node_id": n.node_id,
+                "state": n.state,
+                "cheat": plan.cheats.get(name or "", ""),
+                "model_version": n.model_version,
+                "accepted": judged.get(n.node_id, {}).get("accepted", 0),
+                "rejected": judged.get(n.node_id, {}).get("rejected", 0),
+                "measured_tokens_per_s": n.measured_tokens_per_s,
+                "rollouts": statuses[name].metrics.get("rollouts", 0) if name in statuses else None,
+            }
+        )
+    return rows
+
+
+def trainer_idle(summary: dict) -> dict:
+    """The trainer's idle time: seconds its steps spent waiting for accepted rollouts."""
+    training = summary.get("training", {})
+    history, rl_seconds = training.get("history", []), training.get("rl_seconds")
+    idle_s = sum(row["rollout_s"] for row in history) if history else None
+    return {
+        "trainer_idle_s": idle_s,
+        "trainer_idle_fraction": idle_s / rl_seconds if idle_s and rl_seconds else None,
     }
 
 

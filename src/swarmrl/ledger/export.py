@@ -28,20 +28,33 @@ def read_entries(engine: sa.Engine, last: int | None = None) -> list[dict[str, A
         rows = conn.execute(query).all()
     if last:
         rows = rows[::-1]
-    return [
-        {
-            "seq": r.seq,
-            "ts": r.ts,
-            "kind": r.kind,
-            "pool_id": r.pool_id,
-            "node_id": r.node_id,
-            "body": json.loads(r.body),
-            "prev_hash": r.prev_hash,
-            "entry_hash": r.entry_hash,
-            "signature": r.signature,
-        }
-        for r in rows
-    ]
+    return [_export_form(r) for r in rows]
+
+
+def read_entries_from(engine: sa.Engine, start: int, limit: int) -> list[dict[str, Any]]:
+    """At most ``limit`` entries with ``seq ≥ start``, in sequence order, in export form."""
+    query = (
+        sa.select(ledger_table)
+        .where(ledger_table.c.seq >= start)
+        .order_by(ledger_table.c.seq)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        return [_export_form(r) for r in conn.execute(query).all()]
+
+
+def _export_form(r: sa.Row[Any]) -> dict[str, Any]:
+    return {
+        "seq": r.seq,
+        "ts": r.ts,
+        "kind": r.kind,
+        "pool_id": r.pool_id,
+        "node_id": r.node_id,
+        "body": json.loads(r.body),
+        "prev_hash": r.prev_hash,
+        "entry_hash": r.entry_hash,
+        "signature": r.signature,
+    }
 
 
 def open_ledger_db(url: str) -> sa.Engine:
@@ -60,7 +73,11 @@ def open_ledger_db(url: str) -> sa.Engine:
 
 def write_export(engine: sa.Engine, out: str | Path) -> int:
     """Write every entry to ``out`` (JSON Lines, atomically); returns the entry count."""
-    entries = read_entries(engine)
+    return write_entries(read_entries(engine), out)
+
+
+def write_entries(entries: list[dict[str, Any]], out: str | Path) -> int:
+    """Write ``entries`` (export form, in sequence order) as an export file, atomically."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -30,7 +30,7 @@ from swarmrl.identity.requests import (
     RequestVerifier,
     SignedRequest,
 )
-from swarmrl.ledger.export import read_entries
+from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, judging, penalties, service, work
 from swarmrl.pool.db import WalCheckpointer
 from swarmrl.pool.nonces import DatabaseNonceStore
@@ -68,6 +68,7 @@ NodeId = Annotated[str, Path(pattern=NODE_ID)]
 
 log = logging.getLogger("swarmrl.pool")
 T = TypeVar("T")
+MAX_LEDGER_SEQ = 2**62  # larger `start` values are refused (422) before they reach SQL
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorReply} for code in (400, 401, 403, 404, 409, 410, 413, 422)
 }
@@ -310,5 +311,15 @@ def build_app(ctx: Context) -> FastAPI:
         """The latest ledger entries (public: the ledger is meant to be auditable)."""
 
         return await on_db(read_entries, ctx.engine, limit)
+
+    @app.get("/ledger/entries")
+    async def ledger_entries(
+        start: int = Query(0, ge=0, le=MAX_LEDGER_SEQ),
+        limit: int = Query(500, ge=1, le=1000),
+    ) -> list[dict[str, Any]]:
+        """At most ``limit`` entries with ``seq ≥ start`` in sequence order (public; page
+        through the whole ledger by asking again from the last ``seq`` + 1)."""
+
+        return await on_db(read_entries_from, ctx.engine, start, limit)
 
     return app

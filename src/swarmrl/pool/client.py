@@ -144,6 +144,19 @@ class PoolClient(_Base):
     def ledger_head(self, limit: int = 20) -> list[dict[str, Any]]:
         return self._call("GET", f"/ledger/head?limit={limit}", None, None)
 
+    def ledger_entries(self, start: int = 0, limit: int = 500) -> list[dict[str, Any]]:
+        """At most ``limit`` ledger entries with ``seq ≥ start``, in sequence order."""
+        return self._call("GET", f"/ledger/entries?start={start}&limit={limit}", None, None)
+
+    def ledger(self, page: int = 500) -> list[dict[str, Any]]:
+        """The whole ledger in sequence order, fetched ``page`` entries per request."""
+        entries: list[dict[str, Any]] = []
+        while True:
+            batch = self.ledger_entries(entries[-1]["seq"] + 1 if entries else 0, page)
+            entries += batch
+            if len(batch) < page:
+                return entries
+
     # orchestrator admin
     def create_pool(self, spec: PoolSpec) -> PoolInfo:
         return self._call("POST", "/pools", spec, PoolInfo)
