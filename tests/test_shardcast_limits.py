@@ -21,6 +21,7 @@ CFG = ShardcastConfig(
     long_poll_timeout_s=3,
     max_clients=50,
     header_timeout_s=0.5,
+    keep_alive_s=0.5,
     max_header_bytes=16 * 1024,
 )
 

@@ -16,7 +16,11 @@ from swarmrl.pool.app import build_app
 from swarmrl.pool.db import make_engine, sqlite_url
 from swarmrl.pool.service import Context
 from swarmrl.pool.store import RolloutStore
+from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.serving import ThreadServer
+
+# nodes beat every few seconds over kept-alive connections: keep them open for 30 s
+ORCHESTRATOR_LIMITS = HttpLimits(keep_alive_s=30.0)
 
 
 def make_context(key: KeyPair, run_dir: str | Path, config: PoolConfig | None = None) -> Context:
@@ -32,7 +36,14 @@ def make_context(key: KeyPair, run_dir: str | Path, config: PoolConfig | None = 
 class OrchestratorServer(ThreadServer):
     """The orchestrator served from a background thread; ``url`` is known once constructed."""
 
-    def __init__(self, ctx: Context, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: HttpLimits = ORCHESTRATOR_LIMITS,
+    ) -> None:
+        """``limits``: what a connection may cost before its request head is complete."""
         self.ctx = ctx
         # nodelay: without it small responses wait ~40 ms for a delayed ACK
         super().__init__(
@@ -41,8 +52,8 @@ class OrchestratorServer(ThreadServer):
             port,
             name="orchestrator",
             nodelay=True,
-            timeout_keep_alive=30,
             backlog=4096,
+            **uvicorn_options(limits),
         )
 
     def stop(self, timeout_s: float = 20.0) -> None:

@@ -7,8 +7,9 @@ a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that
 
 * answers ``431 Request Header Fields Too Large`` and closes the connection as soon as more
   than ``max_head_bytes`` arrive without a complete head;
-* closes a connection whose head is not complete ``head_timeout_s`` seconds after it opened or
-  after its previous response ended (an idle keep-alive socket, a slow-loris header);
+* closes a connection whose head is not complete ``head_timeout_s`` seconds after it opened
+  (a silent socket, a slow-loris header), or ``max(head_timeout_s, keep_alive_s)`` after its
+  previous response ended;
 
 and leaves requests whose head has arrived alone (a long-poll may wait as long as it likes).
 It wraps whichever parser uvicorn would pick (httptools when installed, else h11).
@@ -53,12 +54,12 @@ class _HeadGuard:
     loop: asyncio.AbstractEventLoop
     client: tuple[str, int] | None
 
-    def _await_head(self) -> None:
+    def _await_head(self, within_s: float) -> None:
         self._head_bytes = 0
         self._awaiting_head = True
         self._cancel_head_timer()
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
-            self.limits.head_timeout_s, self._head_timed_out
+            within_s, self._head_timed_out
         )
 
     def _head_done(self) -> None:
@@ -101,15 +102,16 @@ class _HeadGuard:
     # -- protocol hooks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]
-        self._await_head()
+        self._await_head(self.limits.head_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def on_response_complete(self) -> None:
-        if not self.transport.is_closing():
-            self._await_head()  # before a pipelined next head may complete in super()
+        if not self.transport.is_closing():  # before a pipelined next head completes in super()
+            limits = self.limits  # an idle kept-alive connection may wait out its keep-alive
+            self._await_head(max(limits.head_timeout_s, limits.keep_alive_s))
         super().on_response_complete()  # type: ignore[misc]
 
 

@@ -75,4 +75,3 @@ class RoleStatus(BaseModel):
                 continue
             out[status.name] = status
         return out
-
