@@ -7,7 +7,9 @@
     │   │                           one line (no traceback) and exits with status 2
     │   ├── ConfigError             unknown key, bad value, unreadable TOML
     │   ├── MissingPathError        a model directory, dataset or key file that is not there
-    │   └── DatasetError            a dataset row that cannot be used (names file and row)
+    │   ├── DatasetError            a dataset row that cannot be used (names file and row)
+    │   └── EngineUnavailable       the configured inference engine is not installed or cannot
+    │                               load this model (names the install command or the reason)
     ├── PeerError                   an untrusted peer sent something wrong: reject it, record it,
     │   │                           penalise the peer; never crash, never silently accept
     │   ├── BadSignature            missing, malformed or forged signature; unknown key
@@ -43,6 +45,10 @@ class MissingPathError(UserError):
 
 class DatasetError(UserError):
     """A dataset row that cannot be used; the message names the file and row."""
+
+
+class EngineUnavailable(UserError):
+    """The configured inference backend is missing or cannot run this model."""
 
 
 class PeerError(SwarmError):

@@ -6,6 +6,7 @@ from pydantic import Field
 
 from swarmrl.config.base import Section
 from swarmrl.config.env import EnvConfig
+from swarmrl.config.inference import InferenceConfig
 from swarmrl.config.model import ModelConfig
 from swarmrl.config.pool import PoolConfig
 from swarmrl.config.rl import EvalConfig, RLConfig, SFTConfig
@@ -24,6 +25,7 @@ class SwarmConfig(Section):
     rl: RLConfig = Field(default_factory=RLConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
     toploc: ToplocConfig = Field(default_factory=ToplocConfig)
     shardcast: ShardcastConfig = Field(default_factory=ShardcastConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)

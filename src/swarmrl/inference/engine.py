@@ -15,11 +15,18 @@ Knows nothing about rewards, proofs or networking: it turns token ids into token
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
+from swarmrl.errors import MissingPathError
 from swarmrl.inference import llama
 from swarmrl.inference.backbone import Backbone, HFBackbone
 from swarmrl.inference.sampling import gumbel_block, sample_tokens
@@ -59,6 +66,17 @@ class TorchEngine:
             llama.LlamaBackbone(model) if llama.supports(model) else HFBackbone(model)
         )
 
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+    ) -> TorchEngine:
+        """An engine over the HF checkpoint directory ``path`` (model and tokenizer files)."""
+        local = Path(path)
+        if not (local / "config.json").is_file():
+            raise MissingPathError(f"model directory not found or has no config.json: {local}")
+        model = AutoModelForCausalLM.from_pretrained(str(local), dtype=getattr(torch, dtype))
+        return cls(model, AutoTokenizer.from_pretrained(str(local)), device)
+
     @property
     def fast_path(self) -> bool:
         """True when the lean Llama/Qwen2 forward is in use."""
@@ -76,6 +94,15 @@ class TorchEngine:
                 f"unexpected {result.unexpected_keys[:5]}"
             )
         self.backbone.reload()
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Copy the weights of the HF checkpoint directory ``path`` in, in place."""
+        dtype = next(self.model.parameters()).dtype
+        fresh = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        self.load_state_dict(fresh.state_dict())
+
+    def close(self) -> None:
+        """Nothing to release: the engine lives in this process."""
 
     @torch.no_grad()
     def generate(
@@ -223,6 +250,7 @@ class TorchEngine:
     def describe(self) -> dict[str, Any]:
         """Short facts for logs: architecture, path, device, dtype."""
         return {
+            "backend": "torch",
             "model_type": self.model.config.model_type,
             "fast_path": self.fast_path,
             "device": str(self.device),

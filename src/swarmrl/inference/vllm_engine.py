@@ -1,0 +1,279 @@
+"""The vLLM engine: vLLM's batching and kernels with the project's seeded sampling and proofs.
+
+``VllmEngine`` implements ``swarmrl.inference.interface.Engine`` over ``vllm.LLM``:
+
+* ``generate`` submits every prompt as a request at vLLM temperature 0; the logits processor
+  ``SeededGumbelLogits`` (``swarmrl.inference.vllm_plugin``) turns each row's logits into
+  ``mask_logits(z) + g(seed, t)``, so vLLM's argmax is the seeded Gumbel-max token of
+  ``swarmrl.inference.sampling``; the log-probs are those the processor recorded (of the
+  declared distribution). Stop tokens: the tokenizer's EOS plus the request's own (the model's
+  generation config is ignored, as in ``TorchEngine``).
+* with ``return_hidden`` the final-norm hidden state of every computed position comes back
+  from a hook inside the engine process, ordered by position. Prefix caching is off, so every
+  prompt position is computed (the prompt chunk of a proof needs all of them).
+* ``prefill`` / ``prefill_many`` run prompt + output[:-1] as requests of one token and return
+  the logits the model computes from the captured hidden states.
+* ``load_checkpoint`` reloads weights in place (``collective_rpc``), re-tying tied LM heads.
+
+vLLM runs its engine core in a spawned process: scripts that create an engine need an
+``if __name__ == "__main__":`` guard. ``close`` stops that process.
+
+Knows nothing about rewards, proofs or networking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarmrl.config.inference import VllmConfig
+from swarmrl.errors import EngineUnavailable, MissingPathError
+from swarmrl.inference.interface import VLLM_INSTALL_HINT, vllm_available
+from swarmrl.inference.types import Generation, Prefill, SamplingParams, check_token_ids
+
+_PLUGIN = "swarmrl.inference.vllm_plugin"
+# Keys of ``vllm.SamplingParams.extra_args`` read inside the engine process (vllm_plugin).
+KEY = "swarmrl_key"  # str: identifies the request's records
+SEED = "swarmrl_seed"  # int sampling seed; absent = the logits are left alone
+RULE = "swarmrl_rule"  # [temperature, top_k, top_p] of the declared distribution
+HIDDEN = "swarmrl_hidden"  # True = keep final-norm hidden states
+_FINISH = {"stop": "eos", "length": "length"}
+
+
+def _environment(config: VllmConfig) -> None:
+    """Process environment vLLM reads at start (only where the caller has not set it)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _unpack(data: bytes, shape: list[int]) -> torch.Tensor:
+    """The float32 tensor ``vllm_plugin._pack`` sent."""
+    return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape)
+
+
+class VllmEngine:
+    """One policy in a running vLLM engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        config: VllmConfig | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> None:
+        if not vllm_available():
+            raise EngineUnavailable(f"vLLM is not installed: {VLLM_INSTALL_HINT}")
+        local = Path(path)
+        if not (local / "config.json").is_file():
+            raise MissingPathError(f"model directory not found or has no config.json: {local}")
+        self.config = config or VllmConfig()
+        self.path = local
+        self.dtype = dtype
+        self.device = torch.device(device)
+        _environment(self.config)
+        from vllm import LLM
+
+        try:
+            self.llm = LLM(
+                model=str(local),
+                dtype=dtype,
+                enforce_eager=self.config.enforce_eager,
+                max_model_len=self.config.max_model_len,
+                max_num_seqs=self.config.max_num_seqs,
+                gpu_memory_utilization=self.config.gpu_memory_utilization,
+                enable_prefix_caching=False,
+                async_scheduling=False,
+                generation_config="vllm",
+                seed=0,
+                logits_processors=[f"{_PLUGIN}:SeededGumbelLogits"],
+                worker_extension_cls=f"{_PLUGIN}.SwarmrlWorkerExtension",
+            )
+        except Exception as exc:  # recovery intended: any load failure becomes one clear line
+            model_type = json.loads((local / "config.json").read_text()).get("model_type")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise EngineUnavailable(
+                f"vLLM cannot load {local} (model_type {model_type!r}): {first}"
+            ) from exc
+        try:
+            self.hidden_size = int(self.llm.collective_rpc("swarmrl_install")[0])
+        except Exception as exc:  # recovery intended: unsupported layout, engine stopped
+            self.close()
+            raise EngineUnavailable(f"vLLM engine for {local}: {exc}") from exc
+        tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = tokenizer
+        self.eos_ids: set[int] = (
+            {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        )
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int],
+        *,
+        return_hidden: bool = False,
+    ) -> list[Generation]:
+        """One completion per prompt; ``seeds[i]`` drives the noise of prompt i."""
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if not prompts:
+            return []
+        rows = [check_token_ids(p, self.vocab_size, f"prompt {i}") for i, p in enumerate(prompts)]
+        if any(not r for r in rows):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(len(r) for r in rows) + params.max_new_tokens
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"prompt + max_new_tokens = {longest} tokens exceeds the engine's "
+                f"max_model_len = {self.max_model_len} (inference.vllm.max_model_len)"
+            )
+        from vllm import SamplingParams as VllmParams
+
+        stops = sorted(self.eos_ids | set(params.stop_token_ids))
+        tag = uuid.uuid4().hex
+        keys = [f"{tag}-{i}" for i in range(len(rows))]
+        rule = [params.temperature, params.top_k, params.top_p]
+        requests = [
+            VllmParams(
+                temperature=0.0,
+                max_tokens=params.max_new_tokens,
+                stop_token_ids=stops,
+                ignore_eos=True,  # EOS is among `stops`; one stop rule for every backend
+                detokenize=False,
+                extra_args={KEY: k, SEED: int(s), RULE: rule, HIDDEN: return_hidden},
+            )
+            for k, s in zip(keys, seeds, strict=True)
+        ]
+        outputs = self._run(rows, requests)
+        records = self._take(keys)
+        results = []
+        for row, seed, out, rec in zip(rows, seeds, outputs, records, strict=True):
+            completion = out.outputs[0]
+            tokens = [int(t) for t in completion.token_ids]
+            if len(rec["logprobs"]) != len(tokens):
+                raise RuntimeError(
+                    f"sampler recorded {len(rec['logprobs'])} log-probs for {len(tokens)} tokens"
+                )
+            hidden = rec["hidden"]
+            if return_hidden:
+                hidden = hidden[: len(row) + len(tokens) - 1]  # the last token never ran
+            results.append(
+                Generation(
+                    prompt_tokens=row,
+                    output_tokens=tokens,
+                    logprobs=rec["logprobs"],
+                    finish_reason=_FINISH.get(completion.finish_reason, "length"),  # type: ignore[arg-type]
+                    seed=int(seed),
+                    hidden_states=hidden if return_hidden else None,
+                )
+            )
+        return results
+
+    def _run(self, rows: list[list[int]], requests: list[Any]) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=r) for r in rows]
+        try:
+            return self.llm.generate(prompts, requests, use_tqdm=False)
+        except BaseException:
+            self.llm.collective_rpc("swarmrl_forget")
+            raise
+
+    def _take(self, keys: list[str], logits_from: list[int] | None = None) -> list[dict[str, Any]]:
+        records = self.llm.collective_rpc("swarmrl_take", args=(keys, logits_from))[0]
+        for rec in records:
+            for name in ("hidden", "logits"):
+                if rec[name] is not None:
+                    rec[name] = _unpack(*rec[name])
+        return records
+
+    # -- replay -----------------------------------------------------------------------------
+
+    def prefill(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> Prefill:
+        """One pass over prompt + output[:-1]: the logits behind each output token."""
+        return self.prefill_many([(prompt_tokens, output_tokens)])[0]
+
+    def prefill_many(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Prefill]:
+        """``prefill`` of many (prompt, output) pairs, batched by vLLM's scheduler."""
+        if not pairs:
+            return []
+        from vllm import SamplingParams as VllmParams
+
+        seqs, starts = [], []
+        for i, (prompt_tokens, output_tokens) in enumerate(pairs):
+            prompt = check_token_ids(prompt_tokens, self.vocab_size, f"prompt {i}")
+            output = check_token_ids(output_tokens, self.vocab_size, f"output {i}")
+            if not prompt or not output:
+                raise ValueError("prefill needs at least one prompt token and one output token")
+            if len(prompt) + len(output) > self.max_model_len:
+                raise ValueError(
+                    f"prompt + output of pair {i} exceeds inference.vllm.max_model_len"
+                )
+            seqs.append(prompt + output[:-1])
+            starts.append(len(prompt) - 1)
+        tag = uuid.uuid4().hex
+        keys = [f"{tag}-{i}" for i in range(len(seqs))]
+        requests = [
+            VllmParams(
+                temperature=0.0, max_tokens=1, detokenize=False, extra_args={KEY: k, HIDDEN: True}
+            )
+            for k in keys
+        ]
+        self._run(seqs, requests)
+        records = self._take(keys, starts)
+        return [
+            Prefill(logits=rec["logits"], hidden_states=rec["hidden"][: len(seq)])
+            for rec, seq in zip(records, seqs, strict=True)
+        ]
+
+    # -- weights and lifecycle --------------------------------------------------------------
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Reload the weights from the HF checkpoint directory ``path``, in place."""
+        local = Path(path)
+        if not (local / "config.json").is_file():
+            raise MissingPathError(f"model directory not found or has no config.json: {local}")
+        self.llm.collective_rpc("swarmrl_reload", args=(str(local),))
+        self.path = local
+
+    def describe(self) -> dict[str, Any]:
+        """Short facts for logs: backend, architecture, device, dtype."""
+        import vllm
+
+        return {
+            "backend": f"vllm {vllm.__version__}",
+            "model_type": self.llm.llm_engine.model_config.hf_config.model_type,
+            "device": str(self.device),
+            "dtype": self.dtype,
+        }
+
+    def close(self) -> None:
+        """Stop vLLM's engine process (idempotent)."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+
+    def __enter__(self) -> VllmEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

