@@ -19,8 +19,8 @@ from swarmrl.errors import EngineUnavailable
 from swarmrl.identity import KeyPair
 from swarmrl.inference import interface
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.types import SamplingParams
 from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
+from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats
 from swarmrl.toploc.verify import Verifier
 

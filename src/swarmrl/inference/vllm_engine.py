@@ -35,7 +35,8 @@ import torch
 from swarmrl.config.inference import VllmConfig
 from swarmrl.errors import EngineUnavailable, MissingPathError
 from swarmrl.inference.interface import VLLM_INSTALL_HINT, vllm_available
-from swarmrl.inference.types import Generation, Prefill, SamplingParams, check_token_ids
+from swarmrl.inference.types import Generation, Prefill, check_token_ids
+from swarmrl.protocol import SamplingParams
 
 _PLUGIN = "swarmrl.inference.vllm_plugin"
 # Keys of ``vllm.SamplingParams.extra_args`` read inside the engine process (vllm_plugin).

@@ -31,8 +31,8 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from swarmrl.inference.sampling import gumbel_noise, mask_logits
-from swarmrl.inference.types import SamplingParams
 from swarmrl.inference.vllm_engine import HIDDEN, KEY, RULE, SEED
+from swarmrl.protocol import SamplingParams
 
 
 @dataclass
