@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.errors import PeerUnavailable, VersionGone
 from swarmrl.identity import KeyPair
 from swarmrl.shardcast import Publisher, WeightClient, store
 from swarmrl.shardcast.catalog import Catalog
@@ -333,3 +334,26 @@ def test_metrics_are_prometheus_text_with_one_registry_per_server(tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_pruned_version_is_gone_not_unavailable(tmp_path):
+    """A version older than everything a source keeps answers 410; a client asking every such
+    source gets VersionGone at once (no retrying for minutes), while a merely unknown newer
+    version stays an ordinary miss."""
+    keep = CFG.model_copy(update={"keep_versions": 2})
+    publisher = Publisher(tmp_path / "origin", KEY, keep)
+    for version in range(4):
+        ckpt = write_checkpoint(tmp_path / f"ckpt{version}", random_weights(4096, seed=version))
+        publisher.publish(ckpt, version)
+    origin = serve_store(tmp_path / "origin", keep)
+    try:
+        assert httpx.get(f"{origin.url}/v/0/manifest").status_code == 410
+        assert httpx.get(f"{origin.url}/v/9/manifest").status_code == 404
+        client = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "client", keep)
+        assert client.fetch(3).name == store.ready_dir(tmp_path / "client", 3).name
+        with pytest.raises(VersionGone, match="v1 has been pruned"):
+            client.fetch(1, allow_rollback=True)
+        with pytest.raises(PeerUnavailable):
+            client.fetch(9)
+    finally:
+        origin.stop()

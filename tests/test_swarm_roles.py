@@ -9,6 +9,7 @@ import torch
 
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.envs import build_env
+from swarmrl.errors import VersionGone
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model
@@ -102,3 +103,16 @@ def test_samples_for_other_tasks_are_rejected(setup):
     result = judge(pending, build_env(config.env), versions, config.toploc)
     assert not result.verdict.accept
     assert "where the lease assigned 5" in result.verdict.reasons[0]
+
+
+def test_a_submission_whose_version_was_pruned_everywhere_is_dropped_softly(setup):
+    """Nobody can replay a pruned version: a soft drop (late), not a hang, a crash or a ban."""
+    pending, _, config = _submit(setup)
+
+    def pruned(version: int) -> LoadedVersion:
+        raise VersionGone(f"v{version} has been pruned by every source that answered")
+
+    result = judge(pending, build_env(config.env), pruned, config.toploc)
+    assert result.verdict is not None and not result.verdict.accept
+    assert result.verdict.severity == "soft"
+    assert "v0 has been pruned" in result.verdict.reasons[0]

@@ -16,6 +16,8 @@
     │   ├── ReplayedRequest         reused nonce or timestamp outside the window
     │   ├── BadProof                proof bundle null, truncated, oversized or inconsistent
     │   └── CorruptData             bytes whose digest does not match what was signed
+    ├── VersionGone                 a weight version every source has pruned: it will not come
+    │                               back, so retrying is pointless (not an InfraError)
     └── InfraError                  our own infrastructure failed: retry, back off, report
         ├── PeerUnavailable         a server we need did not answer in time
         └── WaitTimeout             a bounded wait ran out; the message says what it waited for
@@ -81,3 +83,7 @@ class PeerUnavailable(InfraError):
 
 class WaitTimeout(InfraError):
     """A bounded wait ran out. The message says what was being waited for."""
+
+
+class VersionGone(SwarmError):
+    """A policy version that every answering source has pruned; it will never be served again."""

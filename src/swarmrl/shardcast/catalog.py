@@ -162,6 +162,11 @@ class Catalog:
         with self._lock:
             return self._versions.get(version)
 
+    def oldest(self) -> int | None:
+        """The oldest version held (a request for anything older asks for a pruned one)."""
+        with self._lock:
+            return min(self._versions) if self._versions else None
+
     def latest(self, complete_only: bool = False) -> int | None:
         with self._lock:
             found = [v for v, e in self._versions.items() if e.complete or not complete_only]

@@ -30,7 +30,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import CorruptData, PeerError, PeerUnavailable, ReplayedRequest, WaitTimeout
+from swarmrl.errors import (
+    CorruptData,
+    PeerError,
+    PeerUnavailable,
+    ReplayedRequest,
+    VersionGone,
+    WaitTimeout,
+)
 from swarmrl.protocol.shardcast import Manifest, VersionList
 from swarmrl.shardcast import store
 from swarmrl.shardcast.assemble import Assembly, AssemblyReport, FileWriter
@@ -65,6 +72,7 @@ def fetch_manifest(
 ) -> Manifest:
     """The first valid manifest of ``version`` among the sources (bad ones are reported)."""
     problems: list[str] = []
+    statuses: list[int] = []  # HTTP answers other than 200 (410: pruned, it will not return)
     last_peer_error: PeerError | None = None
     for url in pool.ordered():
         try:
@@ -75,6 +83,7 @@ def fetch_manifest(
             continue
         if status != 200:
             problems.append(f"{url}: HTTP {status}")
+            statuses.append(status)
             continue
         try:
             manifest = verify_manifest(
@@ -92,6 +101,8 @@ def fetch_manifest(
         return manifest
     if last_peer_error is not None:
         raise type(last_peer_error)(f"no valid manifest for v{version}: {'; '.join(problems)}")
+    if statuses and all(status == 410 for status in statuses):
+        raise VersionGone(f"v{version} has been pruned by every source that answered")
     raise PeerUnavailable(f"no source served the manifest of v{version}: {'; '.join(problems)}")
 
 

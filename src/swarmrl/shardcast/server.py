@@ -237,6 +237,10 @@ def build_app(
     async def manifest(request: Request) -> Response:
         entry = _entry(request)
         if entry is None:
+            oldest = catalog.oldest()
+            if oldest is not None and int(request.path_params["version"]) < oldest:
+                # older than anything kept: pruned, and it will not come back
+                return JSONResponse({"error": "version pruned", "oldest": oldest}, status_code=410)
             return JSONResponse({"error": "unknown version"}, status_code=404)
         catalog.count("manifests_served_total")
         return Response(entry.manifest_json, media_type="application/json")

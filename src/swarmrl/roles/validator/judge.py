@@ -10,7 +10,9 @@ reward with the environment.
 A submission is accepted only if every sample is; the validator's replayed log-probs become the
 trusted behaviour log-probs the trainer's importance ratio uses. A rejection is hard (the node
 is banned) unless the validator itself failed ("replay" only), in which case no verdict is
-given and the submission is judged again later.
+given and the submission is judged again later. A submission whose policy version every weight
+source has pruned cannot be replayed by anyone, ever: it is dropped with a soft rejection
+(late, not proven dishonest) instead of being claimed again and again.
 
 Knows nothing about HTTP; the caller fetches versions and posts verdicts.
 """
@@ -24,8 +26,9 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import Environment, Task
+from swarmrl.errors import VersionGone
 from swarmrl.model.prompts import decode_completion, encode_prompt
-from swarmrl.protocol.pool import PendingSubmission, Verdict
+from swarmrl.protocol.pool import PendingSubmission, Severity, Verdict
 from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim
 from swarmrl.protocol.seeds import sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
@@ -43,11 +46,13 @@ class Judgement:
     failure: str = ""
 
 
-def _reject(pending: PendingSubmission, reasons: list[str]) -> Judgement:
+def _reject(
+    pending: PendingSubmission, reasons: list[str], severity: Severity = "hard"
+) -> Judgement:
     verdict = Verdict(
         submission_id=pending.submission_id,
         accept=False,
-        severity="hard",
+        severity=severity,
         reasons=reasons[:MAX_REASONS],
         measured_tokens=0,
     )
@@ -90,7 +95,10 @@ def judge(
         by_version.setdefault(sample.policy_version, []).append(i)
     verdicts: dict[int, ProofVerdict] = {}
     for version, indices in by_version.items():
-        loaded = version_of(version)
+        try:
+            loaded = version_of(version)
+        except VersionGone as exc:
+            return _reject(pending, [f"cannot be replayed: {exc}"], severity="soft")
         tokenizer = loaded.tokenizer
 
         items = []
