@@ -9,7 +9,7 @@ Routes::
     GET /versions/wait?after=N&timeout=S   long-poll: answers as soon as a version > N is
                                         known, or after S seconds with the current list
     GET /clients                        the version each client last reported
-    GET /v/{version}/manifest           the signed manifest (JSON)
+    GET /v/{version}/manifest           the signed manifest (JSON); 410 when pruned
     GET /v/{version}/shard/{index}      shard bytes; single-range ``Range`` supported
     GET /v/{version}/delta/{index}      delta blob bytes; ``Range`` supported
 
