@@ -65,3 +65,30 @@ def test_an_invite_for_a_malformed_node_id_is_a_one_line_error(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("swarmrl pool: error: invite node_id 'zzz'")
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path):
+    """Orchestrator and relay on a port someone else holds: one line, exit 2, no traceback."""
+    import socket
+
+    key = tmp_path / "k.json"
+    assert _swarmrl("keys", "new", "--out", str(key)).returncode == 0
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = str(holder.getsockname()[1])
+        runs = {
+            "orchestrator": _swarmrl(
+                "orchestrator", "--key", str(key), "--port", port, "--run-dir", str(tmp_path / "o")
+            ),
+            "relay": _swarmrl(
+                "relay", "--upstream", "http://127.0.0.1:9", "--publisher-key", str(key),
+                "--store", str(tmp_path / "r"), "--port", port,
+            ),  # fmt: skip
+        }
+    for verb, result in runs.items():
+        assert result.returncode == 2, (verb, result.stderr)
+        assert "Traceback" not in result.stderr, verb
+        assert f"swarmrl {verb}: error: cannot listen on 127.0.0.1:{port}: the port is in use" in (
+            result.stderr.strip().splitlines()[-1]
+        )

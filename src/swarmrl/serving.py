@@ -11,6 +11,7 @@ Knows nothing about routes or the apps it serves.
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -18,7 +19,16 @@ from typing import Any
 
 import uvicorn
 
-from swarmrl.errors import WaitTimeout
+from swarmrl.errors import UserError, WaitTimeout
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> Exception:
+    """What the person starting a server can do about a failed bind, in one line."""
+    if exc.errno == errno.EADDRINUSE:
+        return UserError(f"cannot listen on {host}:{port}: the port is in use (choose another)")
+    if exc.errno in (errno.EADDRNOTAVAIL, errno.EACCES):
+        return UserError(f"cannot listen on {host}:{port}: {exc.strerror}")
+    return exc
 
 
 class ThreadServer:
@@ -40,7 +50,11 @@ class ThreadServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if nodelay:  # accepted sockets inherit it
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.bind((host, port))
+        try:
+            self.sock.bind((host, port))
+        except OSError as exc:
+            self.sock.close()
+            raise _bind_error(host, port, exc) from exc
         self.host, self.port = self.sock.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
         self.name = f"{name}:{self.port}"
