@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from swarmrl.config.load import EMBEDDED_DEFAULT, load_config
+from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.config.root import SwarmConfig
 
 
@@ -99,12 +99,11 @@ def main(verb: str, argv: Sequence[str]) -> int:
     )
     sub = parser.add_subparsers(dest="action", required=True)
     show = sub.add_parser("show", help="print the resolved config, one key per line")
-    show.add_argument("config", nargs="?", help="TOML config (default: the embedded one)")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_config_args(show)
     show.add_argument("--markdown", action="store_true", help="the docs/config.md reference page")
     args = parser.parse_args(list(argv))
     if args.markdown:
         print(show_markdown(), end="")
         return 0
-    print(show_text(load_config([args.config or EMBEDDED_DEFAULT], args.overrides)))
+    print(show_text(config_from_args(args)))
     return 0
