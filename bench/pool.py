@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 
 import httpx
 
-from swarmrl.errors import PeerUnavailable
+from swarmrl.errors import PeerError, PeerUnavailable
 from swarmrl.identity import KeyPair
-from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
@@ -66,9 +66,9 @@ class Recorder:
         counted = self.t0 <= wall < self.t1
         try:
             return await asyncio.to_thread(call, *args)
-        except (RequestRefused, PeerUnavailable) as exc:
+        except (PeerError, PeerUnavailable) as exc:
             if counted:
-                key = f"{kind}: {type(exc).__name__} {getattr(exc, 'status', '')}"
+                key = f"{kind}: {getattr(exc, 'code', type(exc).__name__)}"
                 self.errors[key] = self.errors.get(key, 0) + 1
             return None
         finally:

@@ -105,7 +105,7 @@ def test_bad_proofs_are_refused_and_validation_keeps_running(pool, case):
     server, keys = pool
     response = submit_raw(server, keys["node"], BAD_PROOFS[case])
     assert response.status_code == 422, response.text
-    assert response.json()["error"] == "InvalidRequest"
+    assert response.json()["error"]["code"] == "malformed"
     honest_flow_still_works(server, keys)
 
 

@@ -4,9 +4,10 @@ import pytest
 
 from swarmrl.cli import main as swarmrl_main
 from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import NodeBanned
 from swarmrl.identity import KeyPair
 from swarmrl.ledger.verify import verify_export
-from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import PoolSpec, Submission, Verdict
@@ -60,7 +61,7 @@ def test_pool_cycle_restart_and_ledger_on_postgres(pg_url, tmp_path):
         admin = PoolClient(server.url, owner)
         states = {n.node_id: n.state for n in admin.nodes("pg")}
         assert states == {good.node_id: "healthy", bad.node_id: "banned"}
-        with pytest.raises(RequestRefused, match="banned"):
+        with pytest.raises(NodeBanned):
             PoolClient(server.url, bad).lease("pg")
         batch = admin.batch("pg", step=0)
         assert [s.node_id for s in batch.submissions] == [good.node_id]

@@ -37,7 +37,7 @@ def test_a_request_captured_before_a_restart_is_refused_after_it(db_url, tmp_pat
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
         replay = _send(server.url, path, captured, body)
         assert replay.status_code == 401, replay.text
-        assert "already used" in replay.json()["detail"]
+        assert "already used" in replay.json()["error"]["message"]
         leases = PoolClient(server.url, owner).nodes(POOL)[0].leases_in_flight
         assert leases == 1  # the replay gave the node no lease it never asked for
 
@@ -54,7 +54,7 @@ def test_requests_dated_ahead_beyond_the_skew_are_refused(tmp_path):
         ahead = _send(
             server.url, path, sign_request(node, "POST", path, body, now_s=time.time() + 45), body
         )
-        assert ahead.status_code == 401 and "window" in ahead.json()["detail"], ahead.text
+        assert ahead.status_code == 401 and "window" in ahead.json()["error"]["message"], ahead.text
         near = _send(
             server.url, path, sign_request(node, "POST", path, body, now_s=time.time() + 2), body
         )

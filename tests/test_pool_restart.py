@@ -10,10 +10,11 @@ import httpx
 import pytest
 
 from swarmrl.cli import main as swarmrl_main
+from swarmrl.errors import Conflict
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.ledger.verify import verify_export
-from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission
@@ -82,10 +83,11 @@ def test_restart_restores_everything(tmp_path):
         assert receipt.submission_id in pending
         assert pending[receipt.submission_id].samples == synthetic_samples(done, 0)
         # used invites stay used; requests used before the restart are refused (nonces persist)
-        with pytest.raises(RequestRefused, match="already used"):
+        with pytest.raises(Conflict, match="already used"):
             PoolClient(url, KeyPair.generate()).join("p1", CPU_NODE, invite)
         r = httpx.post(url + path, content=body, headers=replay)
-        assert r.status_code == 401 and "already used" in r.json()["detail"]
+        assert r.status_code == 401 and r.json()["error"]["code"] == "replayed_request"
+        assert "already used" in r.json()["error"]["message"]
         # the lease counter continued: the next draw is lease number 2
         assert client.lease("p1").work.origin_counter == 2
     finally:

@@ -9,11 +9,21 @@ import pytest
 import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import (
+    Conflict,
+    Expired,
+    Invalid,
+    Malformed,
+    NotFound,
+    Rejected,
+    Unauthorized,
+)
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool import db
-from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
+from swarmrl.pool.rejections import BY_CODE, STATUS
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import (
     Heartbeat,
@@ -70,9 +80,9 @@ def raw(url, key, method, path, body=b"", headers=None, **sign_kw):
 
 def expect(response, status, words):
     assert response.status_code == status, response.text
-    detail = response.json()["detail"]
-    text = detail if isinstance(detail, str) else json.dumps(detail)
-    assert words in text, text
+    error = response.json()["error"]
+    assert STATUS[BY_CODE[error["code"]]] == status, error
+    assert words in error["message"], error
 
 
 def test_forged_stale_replayed_and_unsigned_requests(env):
@@ -126,49 +136,47 @@ def test_invites_expired_reused_forged_or_for_another_node(env):
     before = snapshot(server, run)
     n1, n2 = KeyPair.generate(), KeyPair.generate()
     cases = [
-        (None, 403, "invite from its owner is required"),
-        (make_invite(owner, POOL, -1), 410, "expired"),
-        (make_invite(KeyPair.generate(), POOL, 60), 403, "not signed by the pool owner"),
-        (make_invite(owner, "other-pool", 60), 403, "is for pool"),
-        (make_invite(owner, POOL, 60, node_id=n2.node_id), 403, "for another node"),
+        (None, Unauthorized, "invite from its owner is required"),
+        (make_invite(owner, POOL, -1), Expired, "expired"),
+        (make_invite(KeyPair.generate(), POOL, 60), Unauthorized, "not signed by the pool owner"),
+        (make_invite(owner, "other-pool", 60), Unauthorized, "is for pool"),
+        (make_invite(owner, POOL, 60, node_id=n2.node_id), Unauthorized, "for another node"),
     ]
-    for invite, status, words in cases:
-        with pytest.raises(RequestRefused) as err:
+    for invite, kind, words in cases:
+        with pytest.raises(Rejected) as err:
             PoolClient(url, n1).join(POOL, CPU_NODE, invite)
-        assert err.value.status == status and words in err.value.detail
+        assert type(err.value) is kind and words in str(err.value), err.value
     # tampered invite: expiry pushed out after signing
     good = make_invite(owner, POOL, 60)
     forged = good.model_copy(update={"expires_at": good.expires_at + 1e6})
-    with pytest.raises(RequestRefused, match="not signed by the pool owner"):
+    with pytest.raises(Unauthorized, match="not signed by the pool owner"):
         PoolClient(url, n1).join(POOL, CPU_NODE, forged)
     # requirements are checked before the invite is spent
     weak = CPU_NODE.model_copy(update={"memory_gb": 1.0, "engine": "llama.cpp"})
-    with pytest.raises(RequestRefused, match="engine .* not in .*; memory 1 GiB < 4 GiB") as err:
+    with pytest.raises(Unauthorized, match="engine .* not in .*; memory 1 GiB < 4 GiB"):
         PoolClient(url, n1).join(POOL, weak, good)
-    assert err.value.status == 403
     assert snapshot(server, run) == before
     PoolClient(url, n1).join(POOL, CPU_NODE, good)
-    with pytest.raises(RequestRefused, match="already used") as err:
+    with pytest.raises(Conflict, match="already used"):
         PoolClient(url, n2).join(POOL, CPU_NODE, good)
-    assert err.value.status == 409
 
 
 def test_unknown_nodes_and_non_admins_are_refused(env):
     server, owner, node, run = env
     stranger = PoolClient(server.url, KeyPair.generate())
     before = snapshot(server, run)
-    for call, status, words in [
-        (lambda: stranger.lease(POOL), 404, "join first"),
-        (lambda: stranger.heartbeat(POOL, Heartbeat(status="ok")), 404, "join first"),
-        (lambda: stranger.lease("no-such-pool"), 404, "unknown pool"),
-        (lambda: stranger.nodes(POOL), 403, "admin"),
-        (lambda: stranger.set_version(POOL, 5), 403, "admin"),
-        (lambda: stranger.claim(POOL), 403, "not a validator"),
-        (lambda: PoolClient(server.url, node).batch(POOL, 0), 403, "admin"),
+    for call, kind, words in [
+        (lambda: stranger.lease(POOL), NotFound, "join first"),
+        (lambda: stranger.heartbeat(POOL, Heartbeat(status="ok")), NotFound, "join first"),
+        (lambda: stranger.lease("no-such-pool"), NotFound, "unknown pool"),
+        (lambda: stranger.nodes(POOL), Unauthorized, "admin"),
+        (lambda: stranger.set_version(POOL, 5), Unauthorized, "admin"),
+        (lambda: stranger.claim(POOL), Unauthorized, "not a validator"),
+        (lambda: PoolClient(server.url, node).batch(POOL, 0), Unauthorized, "admin"),
     ]:
-        with pytest.raises(RequestRefused) as err:
+        with pytest.raises(Rejected) as err:
             call()
-        assert err.value.status == status and words in err.value.detail, err.value
+        assert type(err.value) is kind and words in str(err.value), err.value
     assert snapshot(server, run) == before
 
 
@@ -182,31 +190,35 @@ def test_submissions_for_another_nodes_lease_or_bad_samples(env):
     good = synthetic_samples(work, 0)
     before = snapshot(server, run)
 
-    def refused(c, samples, status, words, lease_id=work.lease_id):
-        with pytest.raises(RequestRefused) as err:
+    def refused(c, samples, kind, words, lease_id=work.lease_id):
+        with pytest.raises(Rejected) as err:
             c.submit(POOL, Submission(lease_id=lease_id, samples=samples))
-        assert err.value.status == status and words in err.value.detail, err.value.detail
+        assert type(err.value) is kind and words in str(err.value), err.value
 
-    refused(other_client, good, 403, "belongs to another node")
-    refused(client, good, 404, "unknown lease", lease_id="f" * 32)
-    refused(client, good[:-1], 422, "do not match the lease")
-    refused(client, [good[0].model_copy(update={"logprobs": [-1.0]})] + good[1:], 422, "logprobs")
-    refused(client, [good[0].model_copy(update={"logprobs": [0.5] * 4})] + good[1:], 422, "≤ 0")
+    refused(other_client, good, Unauthorized, "belongs to another node")
+    refused(client, good, NotFound, "unknown lease", lease_id="f" * 32)
+    refused(client, good[:-1], Invalid, "do not match the lease")
+    refused(
+        client, [good[0].model_copy(update={"logprobs": [-1.0]})] + good[1:], Invalid, "logprobs"
+    )
+    refused(client, [good[0].model_copy(update={"logprobs": [0.5] * 4})] + good[1:], Invalid, "≤ 0")
     long = good[0].model_copy(update={"output_tokens": [1] * 9, "logprobs": [-1.0] * 9})
-    refused(client, [long] + good[1:], 422, "max_new_tokens")
-    refused(client, [good[0].model_copy(update={"proof": "zz"})] + good[1:], 422, "hex")
-    refused(client, [good[0].model_copy(update={"policy_version": 3})] + good[1:], 409, "> current")
+    refused(client, [long] + good[1:], Invalid, "max_new_tokens")
+    refused(client, [good[0].model_copy(update={"proof": "zz"})] + good[1:], Malformed, "hex")
+    refused(
+        client, [good[0].model_copy(update={"policy_version": 3})] + good[1:], Conflict, "> current"
+    )
     assert snapshot(server, run) == before
     PoolClient(server.url, owner).set_version(POOL, 5)
     before = snapshot(server, run)
-    refused(client, good, 409, "stale")
+    refused(client, good, Conflict, "stale")
     assert snapshot(server, run) == before
     fresh = [s.model_copy(update={"policy_version": 4}) for s in good]
     assert (
         client.submit(POOL, Submission(lease_id=work.lease_id, samples=fresh)).tokens
         == len(good) * 4
     )
-    refused(client, fresh, 409, "already answered")
+    refused(client, fresh, Conflict, "already answered")
 
 
 def test_malformed_json_and_schema_violations(env):

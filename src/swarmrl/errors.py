@@ -1,4 +1,4 @@
-"""The one error hierarchy of swarmrl.
+"""The one error hierarchy of swarmrl: every exception it raises on purpose is defined here.
 
 ::
 
@@ -11,22 +11,45 @@
     │   └── EngineUnavailable       the configured inference engine is not installed or cannot
     │                               load this model (names the install command or the reason)
     ├── PeerError                   an untrusted peer sent something wrong: reject it, record it,
-    │   │                           penalise the peer; never crash, never silently accept
-    │   ├── BadSignature            missing, malformed or forged signature; unknown key
-    │   ├── ReplayedRequest         reused nonce or timestamp outside the window
-    │   ├── BadProof                proof bundle null, truncated, oversized or inconsistent
-    │   └── CorruptData             bytes whose digest does not match what was signed
+    │   │                           penalise the peer; never crash, never silently accept.
+    │   │                           ``code`` is the machine-readable name the pool answers with
+    │   ├── BadSignature            bad_signature: missing, malformed or forged signature
+    │   ├── ReplayedRequest         replayed_request: reused nonce, timestamp outside the window
+    │   ├── OversizedRequest        oversized_request: a request body over the size limit
+    │   ├── BadProof                bad_proof: proof bundle null, truncated, oversized, inconsistent
+    │   ├── CorruptData             corrupt_data: bytes whose digest does not match the signed one
+    │   └── Rejected                rejected: a request that breaks a rule of the pool. The pool
+    │       │                       raises it where it decides; ``swarmrl.pool.client`` raises the
+    │       │                       same type, read from the answer's code, at the requester
+    │       ├── Unauthorized        unauthorized: the signer may not do this
+    │       │   ├── NodeBanned      node_banned: the node is banned from the pool, for good
+    │       │   └── NotMember       not_member: the node is dead or ejected; joining again helps
+    │       ├── NotFound            not_found: no such pool, node, lease or submission
+    │       ├── Conflict            conflict: already done, already exists, or out of order
+    │       ├── Expired             expired: an invite or lease past its deadline
+    │       └── Invalid             invalid: a value that breaks a pool rule
+    │           └── Malformed       malformed: a body that does not match the message schema
     ├── VersionGone                 a weight version every source has pruned: it will not come
     │                               back, so retrying is pointless (not an InfraError)
     └── InfraError                  our own infrastructure failed: retry, back off, report
         ├── PeerUnavailable         a server we need did not answer in time
-        └── WaitTimeout             a bounded wait ran out; the message says what it waited for
+        │   └── ObjectMissing       no weight source has this object (every one answered 404)
+        ├── WaitTimeout             a bounded wait ran out; the message says what it waited for
+        ├── DiskWriteError          writing to the local disk failed (full disk, I/O error)
+        ├── FetchAborted            another part of the same download failed; this part stops
+        └── RoleExited              a role process ended while the swarm still needed it
 
 Rule of thumb: ``PeerError`` is about *who* (a peer misbehaved), ``InfraError`` about *what*
-(a link or disk failed). Code that catches one never catches the other by accident.
+(a link or disk failed). Code that catches one never catches the other by accident, and code
+branches on these types (or their ``code``), never on the words of a message. The HTTP status
+of each code is in ``swarmrl.pool.rejections`` and docs/pool.md. A private signal (a class
+with a leading underscore) may live in the one module that raises and catches it, as long as
+only errors of this tree leave that module.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class SwarmError(Exception):
@@ -56,21 +79,95 @@ class EngineUnavailable(UserError):
 class PeerError(SwarmError):
     """An untrusted peer sent something wrong. Reject, record, penalise."""
 
+    code: ClassVar[str] = "peer_error"
+
 
 class BadSignature(PeerError):
     """A signature is missing, malformed, forged, or made by a key we do not accept."""
+
+    code = "bad_signature"
 
 
 class ReplayedRequest(PeerError):
     """A nonce was reused or a timestamp falls outside the accepted window."""
 
+    code = "replayed_request"
+
+
+class OversizedRequest(PeerError):
+    """A request body larger than the server accepts."""
+
+    code = "oversized_request"
+
 
 class BadProof(PeerError):
     """A proof bundle is null, truncated, oversized, non-finite or inconsistent."""
 
+    code = "bad_proof"
+
 
 class CorruptData(PeerError):
     """Bytes whose digest does not match the signed one."""
+
+    code = "corrupt_data"
+
+
+class Rejected(PeerError):
+    """A request refused by a rule of the pool; the message says which rule."""
+
+    code = "rejected"
+
+
+class Unauthorized(Rejected):
+    """The signer may not do this (not admin, not a validator, not the leaseholder...)."""
+
+    code = "unauthorized"
+
+
+class NodeBanned(Unauthorized):
+    """The node is banned from the pool; no request of it will be accepted again."""
+
+    code = "node_banned"
+
+
+class NotMember(Unauthorized):
+    """The node was declared dead or was ejected; it may join again."""
+
+    code = "not_member"
+
+
+class NotFound(Rejected):
+    """No such pool, node, lease or submission."""
+
+    code = "not_found"
+
+
+class Conflict(Rejected):
+    """Already done, already exists, or older than what the pool holds."""
+
+    code = "conflict"
+
+
+class Expired(Rejected):
+    """An invite or a lease past its deadline."""
+
+    code = "expired"
+
+
+class Invalid(Rejected):
+    """A well-formed request whose values break a pool rule."""
+
+    code = "invalid"
+
+
+class Malformed(Invalid):
+    """A request body that does not match the message schema."""
+
+    code = "malformed"
+
+
+class VersionGone(SwarmError):
+    """A policy version that every answering source has pruned; it will never be served again."""
 
 
 class InfraError(SwarmError):
@@ -81,9 +178,21 @@ class PeerUnavailable(InfraError):
     """A server we depend on did not answer in time."""
 
 
+class ObjectMissing(PeerUnavailable):
+    """No weight source has this object (every one answered 404)."""
+
+
 class WaitTimeout(InfraError):
     """A bounded wait ran out. The message says what was being waited for."""
 
 
-class VersionGone(SwarmError):
-    """A policy version that every answering source has pruned; it will never be served again."""
+class DiskWriteError(InfraError):
+    """Writing received or published bytes to the local disk failed (full disk, I/O error)."""
+
+
+class FetchAborted(InfraError):
+    """Another part of the same download failed; this part stops quietly."""
+
+
+class RoleExited(InfraError):
+    """A role process ended while the swarm still needed it; the message quotes its log tail."""

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from swarmrl.errors import BadSignature, PeerError, ReplayedRequest
+from swarmrl.errors import BadSignature, OversizedRequest, ReplayedRequest
 from swarmrl.identity.keys import KeyPair, PublicKey, digest_hex, node_id_for, verify_signature
 
 HEADER_KEY = "X-Swarm-Key"
@@ -41,10 +41,6 @@ SIGNED_HEADERS = (HEADER_KEY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)
 _NONCE_RE = re.compile(r"^[0-9a-f]{16,64}$")
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 _DIGITS_RE = re.compile(r"^[0-9]{1,16}$")
-
-
-class OversizedRequest(PeerError):
-    """A request body larger than the server accepts."""
 
 
 def request_message(

@@ -24,17 +24,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from swarmrl import __version__
-from swarmrl.errors import BadSignature, PeerError, ReplayedRequest
-from swarmrl.identity.requests import (
-    OversizedRequest,
-    RequestVerifier,
-    SignedRequest,
-)
+from swarmrl.errors import Malformed, OversizedRequest, PeerError
+from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.export import read_entries, read_entries_from
-from swarmrl.pool import batches, judging, penalties, service, work
+from swarmrl.pool import batches, judging, penalties, rejections, service, work
 from swarmrl.pool.db import WalCheckpointer
 from swarmrl.pool.nonces import DatabaseNonceStore
-from swarmrl.pool.rejections import Rejected, Unauthorized
+from swarmrl.pool.rejections import Unauthorized
 from swarmrl.pool.service import Context
 from swarmrl.protocol.pool import (
     NODE_ID,
@@ -92,10 +88,8 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                detail = f"request body exceeds the limit of {self.limit} bytes"
-                await JSONResponse({"error": "OversizedRequest", "detail": detail}, 413)(
-                    scope, receive, send
-                )
+                refused = OversizedRequest(f"request body exceeds the limit of {self.limit} bytes")
+                await _error_response(refused)(scope, receive, send)
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -112,14 +106,9 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def _status_of(exc: PeerError) -> int:
-    if isinstance(exc, Rejected):
-        return exc.status
-    if isinstance(exc, OversizedRequest):
-        return 413
-    if isinstance(exc, BadSignature | ReplayedRequest):
-        return 401
-    return 400
+def _error_response(exc: PeerError) -> JSONResponse:
+    """The pool's error answer: ``{"error": {"code", "message"}}`` (``swarmrl.pool.rejections``)."""
+    return JSONResponse(rejections.answer(exc), rejections.status_of(exc))
 
 
 def build_app(ctx: Context) -> FastAPI:
@@ -169,7 +158,7 @@ def build_app(ctx: Context) -> FastAPI:
 
     @app.exception_handler(PeerError)
     async def _peer_error(_: Request, exc: PeerError) -> JSONResponse:
-        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, _status_of(exc))
+        return _error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -178,7 +167,7 @@ def build_app(ctx: Context) -> FastAPI:
             f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
             for e in exc.errors()[:5]
         ]
-        return JSONResponse({"error": "InvalidRequest", "detail": "; ".join(parts)}, 422)
+        return _error_response(Malformed("; ".join(parts)))
 
     async def signed(request: Request) -> SignedRequest:
         raw = request.scope.get("raw_path") or request.url.path.encode()

@@ -3,27 +3,30 @@
 ``PoolClient(url, keypair)`` is synchronous and thread-safe; many clients (identities) may share
 one connection pool, and asyncio code runs its calls in threads (``asyncio.to_thread``, as
 ``bench/pool.py`` does). Every request is signed (``swarmrl.identity.requests``) and bounded by
-``timeout_s``. A refusal (4xx) raises :class:`RequestRefused` with the server's reason; no answer
-in time or a 5xx raises :class:`swarmrl.errors.PeerUnavailable` naming the call.
+``timeout_s``. A refusal (4xx) raises the error type its code names (``swarmrl.pool.rejections``:
+``NodeBanned``, ``NotFound``…, all :class:`swarmrl.errors.PeerError`), its message the call and
+the server's reason; no answer in time or a 5xx raises :class:`swarmrl.errors.PeerUnavailable`
+naming the call.
 Knows the wire types, nothing about how the orchestrator decides.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from swarmrl.errors import PeerUnavailable, SwarmError
+from swarmrl.errors import PeerUnavailable, Rejected
 from swarmrl.identity.keys import KeyPair
 from swarmrl.identity.requests import sign_request
+from swarmrl.pool.rejections import refusal
 from swarmrl.protocol.pool import (
     BatchReply,
     BatchRequest,
     ClaimReply,
     ClaimRequest,
+    ErrorReply,
     Heartbeat,
     HeartbeatReply,
     InvalidateRequest,
@@ -49,14 +52,6 @@ _NODES = TypeAdapter(list[NodeView])
 _POOLS = TypeAdapter(list[PoolInfo])
 
 
-class RequestRefused(SwarmError):
-    """The orchestrator refused a request (HTTP 4xx); ``detail`` says why."""
-
-    def __init__(self, status: int, error: str, detail: str, call: str) -> None:
-        super().__init__(f"{call}: {status} {error}: {detail}")
-        self.status, self.error, self.detail = status, error, detail
-
-
 class _Base:
     def __init__(self, url: str, keypair: KeyPair, timeout_s: float = 30.0) -> None:
         self.url = url.rstrip("/")
@@ -77,12 +72,11 @@ class _Base:
             raise PeerUnavailable(f"orchestrator {self.url} failed {call}: {response.status_code}")
         if response.status_code >= 400:
             try:
-                data = response.json()
-            except json.JSONDecodeError:
-                data = {}
-            detail = data.get("detail", response.text[:500]) if isinstance(data, dict) else data
-            error = data.get("error", "") if isinstance(data, dict) else ""
-            raise RequestRefused(response.status_code, error, str(detail), call)
+                error = ErrorReply.model_validate_json(response.content).error
+                code, message = error.code, error.message
+            except ValidationError:  # not the pool's answer (a proxy, a truncated body)
+                code, message = Rejected.code, f"HTTP {response.status_code}: {response.text[:500]}"
+            raise refusal(code, f"{call}: {message}")
         if adapter is None:
             return response.json()
         if isinstance(adapter, TypeAdapter):

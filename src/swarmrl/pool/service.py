@@ -24,7 +24,15 @@ from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
 from swarmrl.pool import db
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
-from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
+from swarmrl.pool.rejections import (
+    Conflict,
+    Expired,
+    Invalid,
+    NodeBanned,
+    NotFound,
+    NotMember,
+    Unauthorized,
+)
 from swarmrl.pool.store import RolloutStore
 from swarmrl.protocol.pool import (
     Heartbeat,
@@ -106,9 +114,9 @@ def node_row(conn: sa.Connection, pool_id: str, node_id: str) -> Any:
 
 def require_member(row: Any, allowed: tuple[str, ...] = ("healthy", "unhealthy")) -> None:
     if row.state == "banned":
-        raise Unauthorized(f"node {row.node_id} is banned from this pool")
+        raise NodeBanned(f"node {row.node_id} is banned from this pool")
     if row.state not in allowed:
-        raise Unauthorized(f"node {row.node_id} is {row.state}; join again to take part")
+        raise NotMember(f"node {row.node_id} is {row.state}; join again to take part")
 
 
 def _node_view(conn: sa.Connection, row: Any) -> NodeView:
@@ -234,7 +242,7 @@ def join(
             sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
         ).first()
         if existing is not None and existing.state == "banned":
-            raise Unauthorized(f"node {node_id} is banned from pool {pool_id!r}")
+            raise NodeBanned(f"node {node_id} is banned from pool {pool_id!r}")
         if existing is not None and existing.state != "ejected":
             return _node_view(conn, existing)
         _check_requirements(spec.requirements, req.metadata)

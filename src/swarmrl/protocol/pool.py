@@ -314,6 +314,18 @@ class PoolMetrics(Message):
     locked_tokens: int = Field(description="credited tokens still inside the lock window")
 
 
+class ErrorDetail(Message):
+    """One refusal. Example: ``{"code": "node_banned", "message": "node 3f… is banned from this
+    pool"}``."""
+
+    code: str = Field(
+        max_length=64, description="machine-readable reason (``swarmrl.errors``, docs/pool.md)"
+    )
+    message: str = Field(max_length=100_000, description="what was wrong, for a human")
+
+
 class ErrorReply(Message):
-    error: str = Field(description="error class, e.g. 'BadSignature'")
-    detail: str = Field(description="what was wrong, for a human")
+    """The body of every 4xx answer of the pool. Example: ``{"error": {"code": "not_found",
+    "message": "unknown pool 'x'"}}``."""
+
+    error: ErrorDetail

@@ -29,13 +29,9 @@ from types import FrameType
 import httpx
 import tenacity
 
-from swarmrl.errors import InfraError, WaitTimeout
+from swarmrl.errors import RoleExited, WaitTimeout
 
 _PR_SET_PDEATHSIG = 1
-
-
-class RoleExited(InfraError):
-    """A role process ended while the swarm still needed it; the message quotes its log tail."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

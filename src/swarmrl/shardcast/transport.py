@@ -26,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from swarmrl.errors import CorruptData, InfraError, PeerUnavailable, WaitTimeout
+from swarmrl.errors import (
+    CorruptData,
+    DiskWriteError,
+    FetchAborted,
+    ObjectMissing,
+    PeerUnavailable,
+    WaitTimeout,
+)
 from swarmrl.shardcast.manifest import new_hasher
 
 CHUNK = 1 << 20
@@ -36,18 +43,6 @@ EWMA = 0.3
 
 # what a GET on a connection the server has closed meanwhile fails with, before any answer
 STALE_CONNECTION = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
-
-
-class FetchAborted(Exception):
-    """Another part of the same fetch failed; this download stops quietly."""
-
-
-class DiskWriteError(InfraError):
-    """Writing received bytes to the local disk failed (full disk, I/O error)."""
-
-
-class ObjectMissing(PeerUnavailable):
-    """No source has this object (every one answered 404)."""
 
 
 @dataclass
@@ -280,6 +275,7 @@ def download_object(
     contributors: set[str] = set()
     excluded: set[str] = set()  # corrupt or missing for this object
     attempts, last_error = 0, "no attempt made"
+    last_was_corrupt = False  # the last failed attempt assembled bytes that missed the digest
     buf = memoryview(bytearray(min(CHUNK, max(size, 1))))
     while True:
         if abort.is_set():
@@ -294,11 +290,11 @@ def download_object(
             for url in contributors:
                 pool.corrupt(url, version, what, "digest mismatch")
             excluded |= contributors
-            last_error = f"digest mismatch from {sorted(contributors)}"
+            last_error, last_was_corrupt = f"digest mismatch from {sorted(contributors)}", True
             got, hasher, contributors = 0, new_hasher(algorithm), set()
             attempts += 1
         if attempts >= max_attempts:
-            if "digest" in last_error:
+            if last_was_corrupt:
                 raise CorruptData(
                     f"v{version} {what}: no source served the signed bytes ({last_error})"
                 )
@@ -318,11 +314,11 @@ def download_object(
             if resp.status == 404:
                 resp.read()
                 excluded.add(url)
-                last_error = f"{url}: 404"
+                last_error, last_was_corrupt = f"{url}: 404", False
                 continue
             if resp.status == 503:  # still arriving at that relay: wait a little, no penalty
                 resp.read()
-                last_error = f"{url}: 503 not yet available"
+                last_error, last_was_corrupt = f"{url}: 503 not yet available", False
                 time.sleep(min(float(resp.getheader("retry-after") or 0.2), 1.0))
                 continue
             _expect_range(resp, got, size)
@@ -348,4 +344,4 @@ def download_object(
             conns.drop(url)
             pool.failure(url)
             attempts += 1
-            last_error = f"{url}: {type(exc).__name__}: {exc}"
+            last_error, last_was_corrupt = f"{url}: {type(exc).__name__}: {exc}", False

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import build_env
+from swarmrl.errors import PeerError
 from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
-from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.client import PoolClient
 from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
@@ -129,9 +130,9 @@ def run(
                         give_up_s=swarm.give_up_s,
                         pause_s=swarm.retry_s,
                     )
-                except RequestRefused as exc:
+                except PeerError as exc:  # the pool refused it
                     # e.g. the submission was dropped when its node was banned meanwhile
-                    log.info("verdict on %s not recorded: %s", sub.submission_id, exc.detail)
+                    log.info("verdict on %s not recorded: %s", sub.submission_id, exc)
                     status.add(superseded=1)
                     continue
                 if verdict.accept:

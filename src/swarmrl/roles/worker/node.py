@@ -6,12 +6,14 @@ Three loops run side by side:
   downloads each new version as soon as it is announced, while generation goes on with the
   version already loaded;
 - heartbeat (thread): tells the orchestrator the node is alive and which version it holds;
-  learns from the reply when the node has been banned;
+  learns from a ``NodeBanned`` refusal (or the reply) when the node has been banned;
 - work (main thread): leases a work unit, switches to the newest downloaded version between
   units, generates all samples with proofs, and submits them signed.
 
 Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.toolkit``). A
-refusal from the orchestrator (stale version, expired lease) drops that unit and goes on.
+refusal from the orchestrator (stale version, expired lease) drops that unit and goes on; a
+``NotMember`` refusal joins again; ``NodeBanned`` stops the node with exit status 3. Refusals
+are told apart by their type (``swarmrl.errors``), never by their message.
 
 Knows nothing about training or validation; it only produces rollouts and proofs.
 """
@@ -27,10 +29,16 @@ from pathlib import Path
 from swarmrl.config import SwarmConfig
 from swarmrl.config.swarm import cheat_after
 from swarmrl.envs import build_env
-from swarmrl.errors import InfraError, PeerError, WaitTimeout
+from swarmrl.errors import (
+    InfraError,
+    NodeBanned,
+    NotMember,
+    PeerError,
+    WaitTimeout,
+)
 from swarmrl.identity import KeyPair
 from swarmrl.inference.types import Generation
-from swarmrl.pool.client import PoolClient, RequestRefused
+from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
 from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
@@ -155,14 +163,15 @@ class WorkerNode:
             )
             try:
                 reply = self.pool.heartbeat(self.settings.pool_id, beat)
-            except (InfraError, RequestRefused) as exc:
+            except NodeBanned as exc:
+                self._banned_by_pool(exc)
+                return
+            except (InfraError, PeerError) as exc:  # PeerError: the pool refused the beat
                 self.log.warning("heartbeat failed: %s", exc)
                 continue
             if reply.state == "banned":
-                self.log.error("the orchestrator banned this node; stopping")
-                self.status.event("banned by the orchestrator")
-                self.banned.set()
-                self.stop.set()
+                self._banned_by_pool("heartbeat reply")
+                return
 
     # -- work -----------------------------------------------------------------------------
     def join(self) -> None:
@@ -278,10 +287,10 @@ class WorkerNode:
                 pause_s=swarm.retry_s,
                 stop=self.stop,
             )
-        except RequestRefused as exc:
-            if exc.status == 403:
-                raise  # not a member any more: handled by run()
-            self.log.warning("submission refused: %s", exc.detail)
+        except (NodeBanned, NotMember):
+            raise  # not a member any more: handled by _work_until_stopped and run
+        except PeerError as exc:  # the pool refused it (stale version, expired lease...)
+            self.log.warning("submission refused: %s", exc)
             self.status.add(refused=1)
             return
         self.submitted += 1
@@ -305,8 +314,27 @@ class WorkerNode:
             self._corrupt()
 
     def run(self) -> int:
-        """Work until stopped or banned; returns the process exit status."""
-        swarm = self.config.swarm
+        """Work until stopped or banned; returns the process exit status (3: banned)."""
+        try:
+            self._start()
+            self._work_until_stopped()
+        except NodeBanned as exc:
+            self._banned_by_pool(exc)
+        except WaitTimeout:
+            if not self.stop.is_set():
+                raise
+        finally:
+            self.stop.set()
+            self.pool.close()
+            self.weights.close()
+        if self.banned.is_set():
+            self.status.set(state="banned")
+            self.status.flush()  # before exiting, so a supervisor sees why
+            return 3
+        return 0
+
+    def _start(self) -> None:
+        """Join, start the weights and heartbeat threads, wait for the first version."""
         self.status.set(state="joining")
         self.join()
         threads = [
@@ -320,33 +348,29 @@ class WorkerNode:
             lambda: self._ready,
             "the first policy version from the weight sources",
             self.log,
-            timeout_s=swarm.ready_timeout_s,
+            timeout_s=self.config.swarm.ready_timeout_s,
             stop=self.stop,
         )
-        try:
-            while not self.stop.is_set():
-                try:
-                    self._work_once()
-                except RequestRefused as exc:
-                    self.log.warning("orchestrator refused: %s", exc)
-                    if exc.status == 403 and "banned" in exc.detail:
-                        self.banned.set()
-                        break
-                    if exc.status == 403:  # declared dead or ejected: join again
-                        self.join()
-                    self.stop.wait(swarm.retry_s)
-        except WaitTimeout:
-            if not self.stop.is_set():
+
+    def _work_until_stopped(self) -> None:
+        """Work units one after another; a refusal drops the unit. Raises NodeBanned."""
+        while not self.stop.is_set():
+            try:
+                self._work_once()
+            except NodeBanned:
                 raise
-        finally:
-            self.stop.set()
-            self.pool.close()
-            self.weights.close()
-        if self.banned.is_set():
-            self.status.set(state="banned")
-            self.status.flush()  # before exiting, so a supervisor sees why
-            return 3
-        return 0
+            except PeerError as exc:  # only the pool client raises it here
+                self.log.warning("orchestrator refused: %s", exc)
+                if isinstance(exc, NotMember):  # declared dead or ejected: join again
+                    self.join()
+                self.stop.wait(self.config.swarm.retry_s)
+
+    def _banned_by_pool(self, reason: object) -> None:
+        """Stop everything: the pool will never accept this node again."""
+        self.log.error("the orchestrator banned this node (%s); stopping", reason)
+        self.status.event("banned by the orchestrator")
+        self.banned.set()
+        self.stop.set()
 
 
 def store_version(path: Path) -> int:
