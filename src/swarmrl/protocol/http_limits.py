@@ -138,27 +138,45 @@ def _guarded_httptools() -> type | None:
         return None
 
     class _GuardedHttpTools(_HeadGuard, HttpToolsProtocol):  # type: ignore[misc, valid-type]
+        _unanswered = 0  # heads parsed whose response has not ended (pipelining queues them)
+
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             self._count_head(len(data))
 
         def on_headers_complete(self) -> None:
+            self._unanswered += 1
             self._head_done()
             super().on_headers_complete()
+
+        def _head_pending(self) -> bool:
+            return self._awaiting_head and self._unanswered == 0
+
+        def on_response_complete(self) -> None:
+            self._unanswered = max(0, self._unanswered - 1)
+            super().on_response_complete()
 
     return _GuardedHttpTools
 
 
-def guarded_http(limits: HttpLimits) -> type:
-    """A uvicorn HTTP protocol class enforcing ``limits`` (httptools if installed, else h11)."""
-    base = _guarded_httptools() or _GuardedH11
+def guarded_http(limits: HttpLimits, parser: str = "auto") -> type:
+    """A uvicorn HTTP protocol class enforcing ``limits``; ``parser`` is "h11", "httptools" or
+    "auto" (httptools when installed, else h11, as uvicorn chooses)."""
+    if parser not in ("auto", "h11", "httptools"):
+        raise ValueError(f"parser must be auto, h11 or httptools, got {parser!r}")
+    httptools = _guarded_httptools() if parser != "h11" else None
+    if parser == "httptools" and httptools is None:
+        raise ValueError("httptools is not installed")
+    base = httptools or _GuardedH11
     return type(f"Guarded{base.__name__}", (base,), {"limits": limits})
 
 
-def uvicorn_options(limits: HttpLimits) -> dict[str, Any]:
-    """Keyword arguments of ``uvicorn.Config`` that apply ``limits``."""
+def uvicorn_options(limits: HttpLimits, parser: str = "auto") -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.Config`` that apply ``limits`` (``parser``: see
+    :func:`guarded_http`)."""
     return {
-        "http": guarded_http(limits),
+        "http": guarded_http(limits, parser),
         "timeout_keep_alive": limits.keep_alive_s,
-        "h11_max_incomplete_event_size": limits.max_head_bytes,
+        # h11's own cap (a 400) sits above ours, which counts whole reads of up to 256 KiB
+        "h11_max_incomplete_event_size": limits.max_head_bytes + (512 << 10),
     }
