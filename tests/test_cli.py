@@ -92,3 +92,30 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path):
         assert f"swarmrl {verb}: error: cannot listen on 127.0.0.1:{port}: the port is in use" in (
             result.stderr.strip().splitlines()[-1]
         )
+
+
+def test_every_verb_helps_at_once_and_alike():
+    """``swarmrl VERB --help`` imports no torch, transformers or matplotlib (so it answers at
+    once), shows no RST markup, and every verb that reads the config describes --set alike."""
+    from swarmrl.cli import VERBS
+
+    probe = (
+        "import contextlib, io, sys\n"
+        "from swarmrl.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "    main([sys.argv[1], '--help'])\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules)\n"
+        "print(repr(heavy)); print(out.getvalue())\n"
+    )
+    for verb in VERBS:
+        result = subprocess.run(
+            [sys.executable, "-c", probe, verb], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, (verb, result.stderr)
+        heavy, _, text = result.stdout.partition("\n")
+        assert heavy == "[]", f"swarmrl {verb} --help imports {heavy}"
+        assert f"usage: swarmrl {verb}" in text, verb
+        assert "``" not in text, f"swarmrl {verb} --help shows RST markup"
+        if "--set" in text:
+            assert "SECTION.KEY=VALUE" in text, f"swarmrl {verb} describes --set differently"

@@ -23,6 +23,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "config", nargs="?", default=None, help="TOML config (default: the embedded one)"
     )
+    add_override_args(parser)
+
+
+def add_override_args(parser: argparse.ArgumentParser) -> None:
+    """The repeatable ``--set section.key=value`` (dest ``overrides``), the same on every verb."""
     parser.add_argument(
         "--set",
         dest="overrides",

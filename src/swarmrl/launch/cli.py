@@ -18,10 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
+from swarmrl.config.args import add_override_args
+
+VERB_HELP = {
+    "demo": "run the embedded default swarm on this machine (one cheating worker included)",
+    "run": "run a config: a whole local swarm, or generation and training in one process",
+}
 
 
 def _parser(verb: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"swarmrl {verb}", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"swarmrl {verb}", description=VERB_HELP[verb])
     if verb == "run":
         parser.add_argument("config", help="TOML config file (see configs/)")
         parser.add_argument(
@@ -29,14 +35,7 @@ def _parser(verb: str) -> argparse.ArgumentParser:
             action="store_true",
             help="generate and train in one process instead of a local swarm",
         )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted config override, repeatable",
-    )
+    add_override_args(parser)
     parser.add_argument("--quiet", action="store_true", help="no live display")
     return parser
 

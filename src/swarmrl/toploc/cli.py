@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from swarmrl.errors import UserError
-from swarmrl.model.io import load_policy
-from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
 
 
 def _ints(text: str) -> list[int]:
@@ -57,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def calibrate(args: argparse.Namespace) -> dict:
     """Run the honest generations, measure and recommend; returns the JSON document."""
+    # torch and transformers only now, after parsing: ``--help`` answers at once
+    from swarmrl.model.io import load_policy
+    from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
+
     model, tokenizer = load_policy(args.model, dtype=args.dtype)
     plan = CalibrationPlan(
         samples=args.samples,

@@ -21,23 +21,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
+from swarmrl.config.args import add_config_args
 from swarmrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from swarmrl.envs import Environment, Task
 
 
+VERB_HELP = {
+    "sft": "warm-start a model by supervised fine-tuning",
+    "eval": "held-out accuracy and pass@1 of a model on a task",
+    "filter": "keep the training tasks whose pass rate lies in [lo, hi]",
+}
+
+
 def _parser(verb: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"swarmrl {verb}", description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", help="TOML config (default: the embedded one)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted config override, repeatable",
-    )
+    parser = argparse.ArgumentParser(prog=f"swarmrl {verb}", description=VERB_HELP[verb])
+    add_config_args(parser)
     if verb in ("eval", "filter"):
         parser.add_argument("--model", help="HF model directory (default: the config's policy)")
     if verb == "filter":

@@ -26,42 +26,13 @@ Knows nothing about how rollouts were produced or checked beyond the wire types.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import shutil
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from swarmrl.config import SwarmConfig
-from swarmrl.envs import build_env
-from swarmrl.identity import KeyPair, load_keypair
-from swarmrl.model.io import save_policy
-from swarmrl.pool.client import PoolClient
-from swarmrl.rolekit.supervisor import terminate_as_interrupt
-from swarmrl.rolekit.toolkit import (
-    StatusReporter,
-    add_role_args,
-    load_role_config,
-    log_config,
-    retry,
-    setup_logging,
-)
-from swarmrl.roles.trainer.source import PoolSource
-from swarmrl.shardcast import Publisher
-from swarmrl.shardcast.catalog import Catalog
-from swarmrl.shardcast.server import build_app, serve_in_thread
-from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
-from swarmrl.trainer.learner import Learner
-from swarmrl.trainer.loop import Hooks, TrainingResult, train
+from swarmrl.rolekit.toolkit import add_role_args
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarmrl trainer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="swarmrl trainer", description="run the trusted trainer: take accepted rollouts, step, publish versions")
     add_role_args(parser)
     parser.add_argument("--orchestrator", required=True, help="orchestrator URL")
     parser.add_argument("--pool", default="swarm", help="pool id (this key must own it)")
@@ -71,188 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Origin:
-    """The publisher and the HTTP origin serving its store."""
-
-    def __init__(
-        self, store_dir: Path, keypair: KeyPair, config: SwarmConfig, host: str, port: int
-    ) -> None:
-        self.store_dir = store_dir
-        self.publisher = Publisher(store_dir, keypair, config.shardcast)
-        catalog = Catalog(store_dir, config.shardcast.keep_versions)
-        catalog.refresh()
-        self.server = serve_in_thread(
-            build_app(catalog, config.shardcast, role="origin", watch_disk=True), host, port
-        )
-        self.bytes_full = 0
-        self.bytes_delta = 0
-        self.versions: list[int] = []
-
-    def publish(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase,
-        version: int,
-        scratch: Path,
-    ) -> None:
-        """Save, shard, sign and serve ``version``; the checkpoint copy is removed afterwards."""
-        checkpoint = save_policy(model, tokenizer, scratch / f"v{version}")
-        manifest = self.publisher.publish(checkpoint, version, version)
-        self.bytes_full += manifest.total_bytes
-        self.bytes_delta += sum(d.size for d in manifest.deltas)
-        self.versions.append(version)
-        shutil.rmtree(checkpoint)
-
-    def stop(self) -> None:
-        self.server.stop()
-
-
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    config = load_role_config(args)
-    name = args.name or "trainer"
-    log = setup_logging(name)
-    log_config(log, config)
-    keypair = load_keypair(args.key)
-    torch.set_num_threads(config.run.threads)
-    status = StatusReporter("trainer", name, args.status_dir, config.swarm.status_interval_s)
-    with terminate_as_interrupt(), status:
-        try:
-            return run(args, config, keypair, log, status)
-        except KeyboardInterrupt:
-            log.info("stopping")
-            return 130
+    # the heavy imports (torch, transformers) come after parsing: ``--help`` answers at once
+    from swarmrl.roles.trainer.process import start
 
-
-def calibrate_verifier(
-    config: SwarmConfig, model_dir: Path, status: StatusReporter, log: logging.Logger
-) -> None:
-    """Record thresholds calibrated on the starting policy where the validators will read them
-    (``toploc.thresholds_path``), before version 0 is published; kept if already there."""
-    toploc = config.toploc
-    if toploc.thresholds_path is None or not toploc.calibrate_at_start:
-        return
-    out = Path(toploc.thresholds_path)
-    if out.is_file():
-        return
-    status.set(state="calibrating the verifier")
-    s = config.rl.sampling
-    plan = CalibrationPlan(
-        samples=toploc.calibration_samples,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-    )
-    started = time.monotonic()
-    document = ensure_thresholds(
-        model_dir,
-        config.model.dtype,
-        out,
-        plan=plan,
-        cache_dir=config.run.cache_dir,
-        topk=toploc.topk,
-    )
-    log.info(
-        "verifier thresholds for %s (%s) in %.1f s: %s -> %s",
-        model_dir,
-        config.model.dtype,
-        time.monotonic() - started,
-        json.dumps(document["thresholds"]),
-        out,
-    )
-
-
-def run(
-    args: argparse.Namespace,
-    config: SwarmConfig,
-    keypair: KeyPair,
-    log: logging.Logger,
-    status: StatusReporter,
-) -> int:
-    work = Path(args.run_dir) / "trainer"
-    work.mkdir(parents=True, exist_ok=True)
-    env = build_env(config.env)
-    status.set(state="warm start")
-    learner = Learner(config, env)
-    warm = learner.warm
-    log.info("warm start %s (%s)", warm.path, "cached" if warm.cached else f"{warm.seconds:.0f} s")
-    calibrate_verifier(config, warm.path, status, log)
-    origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port)
-    log.info("origin serving %s at %s", origin.store_dir, origin.server.url)
-    try:
-        with PoolClient(args.orchestrator, keypair, config.swarm.peer_timeout_s) as pool:
-            announce = announcer(origin, pool, args.pool, learner, work, config, log, status)
-            announce(0)
-            source = PoolSource(
-                pool, args.pool, env, learner.tokenizer, config, log, status, announce
-            )
-            result = train(config, learner, source, role_hooks(log, status))
-            write_summary(work / "summary.json", result, origin, source)
-            status.set(state="done")
-    finally:
-        origin.stop()
-    return 0
-
-
-def announcer(
-    origin: Origin,
-    pool: PoolClient,
-    pool_id: str,
-    learner: Learner,
-    scratch: Path,
-    config: SwarmConfig,
-    log: logging.Logger,
-    status: StatusReporter,
-) -> Callable[[int], None]:
-    """The per-step hook of the pool source: publish ``version`` and tell the orchestrator."""
-    swarm = config.swarm
-
-    def announce(version: int) -> None:
-        origin.publish(learner.policy, learner.tokenizer, version, scratch)
-        retry(
-            lambda: pool.set_version(pool_id, version),
-            f"announce v{version}",
-            log,
-            give_up_s=swarm.give_up_s,
-            pause_s=swarm.retry_s,
-        )
-        status.set(version=version)
-
-    return announce
-
-
-def role_hooks(log: logging.Logger, status: StatusReporter) -> Hooks:
-    """What the loop's progress does to this role's log and status file."""
-    waited = [0.0, 0.0]  # seconds waiting for rollouts, seconds in steps
-
-    def on_step(row: dict[str, Any]) -> None:
-        waited[0] += row["rollout_s"]
-        waited[1] += row["rollout_s"] + row["update_s"]
-        status.set(
-            step=row["step"] + 1,
-            reward_mean=row["reward_mean"],
-            idle_fraction=waited[0] / max(waited[1], 1e-9),
-        )
-        rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-        log.info("step %d: %s", row["step"], json.dumps(rounded))
-
-    def on_eval(name: str, result: dict[str, Any]) -> None:
-        log.info("held-out %s: accuracy %.3f", name, result["accuracy"])
-        if name != "control":
-            status.set(accuracy=result["accuracy"])
-
-    return Hooks(on_phase=lambda phase: status.set(state=phase), on_step=on_step, on_eval=on_eval)
-
-
-def write_summary(path: Path, result: TrainingResult, origin: Origin, source: PoolSource) -> None:
-    """The loop's result, what the origin published, and the submissions trained on."""
-    summary = {
-        "training": result.to_dict(),
-        "origin": {
-            "versions_published": len(origin.versions),
-            "bytes_full": origin.bytes_full,
-            "bytes_delta": origin.bytes_delta,
-        },
-        "consumed_submissions": source.consumed,
-    }
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return start(args)

@@ -11,37 +11,13 @@ validator's key must be listed in the pool's ``validators``. Knows nothing about
 from __future__ import annotations
 
 import argparse
-import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 
-from swarmrl.config import SwarmConfig
-from swarmrl.envs import build_env
-from swarmrl.errors import PeerError
-from swarmrl.identity import load_keypair
-from swarmrl.identity.keys import parse_public_key
-from swarmrl.pool.client import PoolClient
-from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads
-from swarmrl.rolekit.supervisor import terminate_as_interrupt
-from swarmrl.rolekit.toolkit import (
-    StatusReporter,
-    add_peer_args,
-    add_role_args,
-    load_role_config,
-    log_config,
-    retry,
-    setup_logging,
-)
-from swarmrl.roles.validator.judge import judge
-from swarmrl.shardcast import WeightClient
-
-KEEP_LOADED = 3
+from swarmrl.rolekit.toolkit import add_peer_args, add_role_args
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarmrl validator", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="swarmrl validator", description="run a trusted validator: claim submissions, replay them, post verdicts")
     add_role_args(parser)
     add_peer_args(parser)
     parser.add_argument(
@@ -51,119 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Versions:
-    """Policy versions on demand: fetched through shardcast, the last few kept loaded."""
-
-    def __init__(
-        self, client: WeightClient, config: SwarmConfig, log: logging.Logger, stop: threading.Event
-    ) -> None:
-        self.client = client
-        self.config = config
-        self.log = log
-        self.stop = stop
-        self.loaded: OrderedDict[int, LoadedVersion] = OrderedDict()
-
-    def __call__(self, version: int) -> LoadedVersion:
-        if version in self.loaded:
-            self.loaded.move_to_end(version)
-            return self.loaded[version]
-        swarm = self.config.swarm
-        path = retry(
-            lambda: self.client.fetch(version, allow_rollback=True),
-            f"fetch policy v{version}",
-            self.log,
-            give_up_s=swarm.give_up_s,
-            pause_s=swarm.retry_s,
-            stop=self.stop,
-        )
-        loaded = load_version(path, version)
-        self.loaded[version] = loaded
-        while len(self.loaded) > KEEP_LOADED:
-            self.loaded.popitem(last=False)
-        return loaded
-
-
-def run(
-    args: argparse.Namespace, config: SwarmConfig, log: logging.Logger, status: StatusReporter
-) -> int:
-    swarm = config.swarm
-    keypair = load_keypair(args.key)
-    env = build_env(config.env)
-    stop = threading.Event()
-    work_dir = Path(args.work_dir or f"validator-{status.status.name}")
-    weights = WeightClient(
-        [u for item in args.weights for u in item.split(",") if u],
-        parse_public_key(args.publisher_key),
-        work_dir / "weights",
-        config.shardcast,
-        client_id=keypair.node_id[:12],
-    )
-    versions = Versions(weights, config, log, stop)
-    banned: set[str] = set()
-    with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
-        status.set(state="waiting for submissions")
-        while True:
-            pending = retry(
-                lambda: pool.claim(args.pool, args.claim),
-                "claim pending submissions",
-                log,
-                give_up_s=swarm.give_up_s,
-                pause_s=swarm.retry_s,
-            )
-            if not pending:
-                status.set(state="waiting for submissions")
-                stop.wait(0.3)
-                continue
-            for sub in pending:
-                status.set(state=f"replaying {sub.submission_id[:8]}")
-                result = judge(sub, env, versions, config.toploc)
-                if result.verdict is None:
-                    log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
-                    status.add(deferred=1)
-                    continue
-                verdict = result.verdict
-                try:
-                    retry(
-                        lambda v=verdict: pool.verdict(args.pool, v),
-                        "post verdict",
-                        log,
-                        give_up_s=swarm.give_up_s,
-                        pause_s=swarm.retry_s,
-                    )
-                except PeerError as exc:  # the pool refused it
-                    # e.g. the submission was dropped when its node was banned meanwhile
-                    log.info("verdict on %s not recorded: %s", sub.submission_id, exc)
-                    status.add(superseded=1)
-                    continue
-                if verdict.accept:
-                    status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
-                    if result.rewards:
-                        status.set(reward_mean=sum(result.rewards) / len(result.rewards))
-                    continue
-                status.add(rejected=1)
-                reason = verdict.reasons[0] if verdict.reasons else "rejected"
-                log.warning("rejected %s from node %s: %s", sub.submission_id, sub.node_id, reason)
-                if sub.node_id not in banned:
-                    banned.add(sub.node_id)
-                    status.set(banned=len(banned))
-                    status.event(f"banned node {sub.node_id[:8]}: {reason[:80]}")
-
-
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    config = load_role_config(args)
-    keypair = load_keypair(args.key)
-    name = args.name or f"validator-{keypair.node_id[:8]}"
-    log = setup_logging(name)
-    log_config(log, config)
-    set_threads(config.swarm.role_threads)
-    status = StatusReporter(
-        "validator", name, args.status_dir, config.swarm.status_interval_s, keypair.node_id
-    )
-    with terminate_as_interrupt(), status:
-        try:
-            return run(args, config, log, status)
-        except KeyboardInterrupt:
-            log.info("stopping")
-            status.set(state="stopped")
-            return 0
+    # the heavy imports (torch, transformers) come after parsing: ``--help`` answers at once
+    from swarmrl.roles.validator.process import start
+
+    return start(args)
