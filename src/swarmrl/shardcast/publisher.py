@@ -19,13 +19,12 @@ import time
 from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import MissingPathError, UserError
+from swarmrl.errors import DiskWriteError, MissingPathError, UserError
 from swarmrl.identity import KeyPair
 from swarmrl.protocol.shardcast import DeltaEntry, FileEntry, Manifest, ShardEntry
 from swarmrl.shardcast import delta as delta_codec
 from swarmrl.shardcast import store
 from swarmrl.shardcast.manifest import digest_bytes, new_hasher, root_digest, sign_manifest
-from swarmrl.shardcast.transport import DiskWriteError
 
 log = logging.getLogger(__name__)
 
