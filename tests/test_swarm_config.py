@@ -87,7 +87,7 @@ def test_every_role_applies_the_run_toml(tmp_path):
             wait_until(
                 lambda log=log: _logged_config(log) is not None,
                 f"{name} to log its resolved config",
-                60,
+                config.swarm.ready_timeout_s,
             )
             logged[name] = _logged_config(log)
     assert set(logged) == {"orchestrator", "trainer", "relay-0", "validator-0", "worker-0"}
