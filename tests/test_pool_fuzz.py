@@ -64,7 +64,8 @@ def test_schema_lists_every_route(target):
     routes = {(op.method.upper(), op.path) for op in operations}
     assert ("POST", "/pools/{pool_id}/submissions") in routes
     assert ("POST", "/pools/{pool_id}/verdicts") in routes
-    assert len(routes) == 17
+    assert ("GET", "/ledger/entries") in routes
+    assert len(routes) == 18
 
 
 NASTY_TEXT = st.one_of(
