@@ -109,3 +109,37 @@ def test_run_start_thresholds_catch_int8_weights_the_defaults_pass(tmp_path, mon
     assert sum("hidden_states" in v.codes for v in caught) >= 8
     assert all(v.accepted for v in verdicts(calibrated, honest_items))
     torch.set_num_threads(previous)
+
+
+def test_a_trainer_started_by_hand_records_thresholds_in_its_run_dir(tmp_path, monkeypatch):
+    """Without toploc.thresholds_path (a deployment, not `swarmrl run`), the trainer still
+    calibrates its starting policy and leaves the file for the operator's validators."""
+    import functools
+    import logging
+
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+    from swarmrl.rolekit.toolkit import StatusReporter
+    from swarmrl.roles.trainer import process
+    from swarmrl.roles.trainer.process import calibrate_verifier
+
+    # the real calibration, over fewer batch shapes so the test stays quick
+    small = functools.partial(CalibrationPlan, batch_sizes=(1, 4), threads=(1,), max_new_tokens=40)
+    monkeypatch.setattr(process, "CalibrationPlan", small)
+
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer("abcdef:")
+    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model_dir = save_policy(create_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "model")
+    config = load_config(
+        [EMBEDDED_DEFAULT], ["toploc.calibration_samples=8", f"run.cache_dir={tmp_path}"]
+    )
+    assert config.toploc.thresholds_path is None
+    status = StatusReporter("trainer", "trainer", None)
+    calibrate_verifier(config, model_dir, tmp_path / "run", status, logging.getLogger("t"))
+    recorded = json.loads((tmp_path / "run" / "toploc-thresholds.json").read_text())
+    assert recorded["dtype"] == config.model.dtype and recorded["thresholds"]
+    off = config.model_copy(
+        update={"toploc": config.toploc.model_copy(update={"calibrate_at_start": False})}
+    )
+    calibrate_verifier(off, model_dir, tmp_path / "run2", status, logging.getLogger("t"))
+    assert not (tmp_path / "run2").exists()

@@ -14,6 +14,8 @@ from pydantic import Field
 
 from swarmrl.config.base import Section
 
+THRESHOLDS_FILE = "toploc-thresholds.json"  # run-start calibration, in the run directory
+
 
 class ToplocConfig(Section):
     """Settings of `swarmrl.toploc` (proof building on workers, verification on validators)."""

@@ -34,6 +34,7 @@ from typing import Any
 import tomli_w
 
 from swarmrl.config import SwarmConfig, save_config
+from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.errors import WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
@@ -42,7 +43,6 @@ from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.rolekit.supervisor import Supervisor, free_port
 
 POOL_ID = "swarm"
-THRESHOLDS_FILE = "toploc-thresholds.json"  # verifier thresholds calibrated at run start
 HOST = "127.0.0.1"
 
 

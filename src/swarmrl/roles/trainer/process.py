@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
+from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.model.io import save_policy
@@ -94,14 +95,19 @@ def start(args: argparse.Namespace) -> int:
 
 
 def calibrate_verifier(
-    config: SwarmConfig, model_dir: Path, status: StatusReporter, log: logging.Logger
+    config: SwarmConfig,
+    model_dir: Path,
+    run_dir: Path,
+    status: StatusReporter,
+    log: logging.Logger,
 ) -> None:
-    """Record thresholds calibrated on the starting policy where the validators will read them
-    (``toploc.thresholds_path``), before version 0 is published; kept if already there."""
+    """Record thresholds calibrated on the starting policy before version 0 is published:
+    at ``toploc.thresholds_path`` (where the validators read them), else at
+    ``RUN_DIR/toploc-thresholds.json`` for the operator to hand to validators; kept if there."""
     toploc = config.toploc
-    if toploc.thresholds_path is None or not toploc.calibrate_at_start:
+    if not toploc.calibrate_at_start:
         return
-    out = Path(toploc.thresholds_path)
+    out = Path(toploc.thresholds_path or run_dir / THRESHOLDS_FILE)
     if out.is_file():
         return
     status.set(state="calibrating the verifier")
@@ -122,7 +128,8 @@ def calibrate_verifier(
         topk=toploc.topk,
     )
     log.info(
-        "verifier thresholds for %s (%s) in %.1f s: %s -> %s",
+        "verifier thresholds for %s (%s) in %.1f s: %s -> %s (validators read it through "
+        "toploc.thresholds_path)",
         model_dir,
         config.model.dtype,
         time.monotonic() - started,
@@ -145,7 +152,7 @@ def run(
     learner = Learner(config, env)
     warm = learner.warm
     log.info("warm start %s (%s)", warm.path, "cached" if warm.cached else f"{warm.seconds:.0f} s")
-    calibrate_verifier(config, warm.path, status, log)
+    calibrate_verifier(config, warm.path, Path(args.run_dir), status, log)
     origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port)
     log.info("origin serving %s at %s", origin.store_dir, origin.server.url)
     try:
