@@ -105,6 +105,7 @@ def train(
             held = _evaluate(learner, hooks, f"after {step + 1} steps")
             result.during.append({"step": step + 1, "wall_time": row["wall_time"], **held})
             eval_seconds += time.monotonic() - eval_start
+            hooks.on_phase("rl")
     result.steps = config.rl.steps
     result.rl_seconds = time.monotonic() - start - eval_seconds
     result.evals["after"] = _evaluate(learner, hooks, "after")
