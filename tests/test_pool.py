@@ -98,6 +98,8 @@ def test_full_cycle_join_lease_submit_verdict_batch(swarm):
     assert [s.submission_id for s in batch.submissions] == [receipt.submission_id]
     assert batch.submissions[0].behaviour_logprobs == behaviour
     assert trainer.batch("arith", step=1).submissions == []  # exactly once
+    assert trainer.metrics("arith").submissions_by_status == {"leased": 1}
+    assert trainer.ack_batch("arith", [receipt.submission_id]).acknowledged == 1
     metrics = trainer.metrics("arith")
     assert metrics.credited_tokens == receipt.tokens == metrics.locked_tokens
     assert metrics.submissions_by_status == {"trained": 1}

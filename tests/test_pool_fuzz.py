@@ -65,7 +65,8 @@ def test_schema_lists_every_route(target):
     assert ("POST", "/pools/{pool_id}/submissions") in routes
     assert ("POST", "/pools/{pool_id}/verdicts") in routes
     assert ("GET", "/ledger/entries") in routes
-    assert len(routes) == 18
+    assert ("POST", "/pools/{pool_id}/batches/ack") in routes
+    assert len(routes) == 19
 
 
 NASTY_TEXT = st.one_of(

@@ -35,6 +35,8 @@ from swarmrl.pool.service import Context
 from swarmrl.protocol.pool import (
     NODE_ID,
     POOL_ID_PATTERN,
+    BatchAck,
+    BatchAckReceipt,
     BatchReply,
     BatchRequest,
     ClaimReply,
@@ -266,8 +268,16 @@ def build_app(ctx: Context) -> FastAPI:
         pool_id: PoolId, req: BatchRequest, who: SignedRequest = Depends(signed)
     ) -> Response:
         await admin(pool_id, who)
-        body = await on_db(batches.take_batch, ctx, pool_id, req.step, req.limit)
+        body = await on_db(batches.take_batch, ctx, pool_id, req.step, req.limit, req.holder)
         return Response(body, media_type="application/json")
+
+    @app.post("/pools/{pool_id}/batches/ack", response_model=BatchAckReceipt, responses=ERRORS)
+    async def ack_batch(
+        pool_id: PoolId, req: BatchAck, who: SignedRequest = Depends(signed)
+    ) -> BatchAckReceipt:
+        """Acknowledge leased submissions once the trainer step that used them committed."""
+        await admin(pool_id, who)
+        return await on_db(batches.acknowledge, ctx, pool_id, req.submission_ids)
 
     @app.get("/pools/{pool_id}/nodes", response_model=list[NodeView], responses=ERRORS)
     async def nodes(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> list[NodeView]:
@@ -275,7 +285,9 @@ def build_app(ctx: Context) -> FastAPI:
         return await on_db(service.list_nodes, ctx, pool_id)
 
     @app.get("/pools/{pool_id}/nodes/{node_id}/logs", response_model=NodeLogs, responses=ERRORS)
-    async def logs(pool_id: PoolId, node_id: NodeId, who: SignedRequest = Depends(signed)) -> NodeLogs:
+    async def logs(
+        pool_id: PoolId, node_id: NodeId, who: SignedRequest = Depends(signed)
+    ) -> NodeLogs:
         await admin(pool_id, who)
         return await on_db(service.node_logs, ctx, pool_id, node_id)
 
@@ -283,7 +295,10 @@ def build_app(ctx: Context) -> FastAPI:
         "/pools/{pool_id}/nodes/{node_id}/invalidate", response_model=NodeView, responses=ERRORS
     )
     async def invalidate(
-        pool_id: PoolId, node_id: NodeId, req: InvalidateRequest, who: SignedRequest = Depends(signed)
+        pool_id: PoolId,
+        node_id: NodeId,
+        req: InvalidateRequest,
+        who: SignedRequest = Depends(signed),
     ) -> NodeView:
         await admin(pool_id, who)
         return await on_db(

@@ -22,6 +22,8 @@ from swarmrl.identity.keys import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.rejections import refusal
 from swarmrl.protocol.pool import (
+    BatchAck,
+    BatchAckReceipt,
     BatchReply,
     BatchRequest,
     ClaimReply,
@@ -182,9 +184,17 @@ class PoolClient(_Base):
         req = VersionUpdate(version=version)
         return self._call("POST", f"/pools/{pool_id}/version", req, VersionUpdate).version
 
-    def batch(self, pool_id: str, step: int, limit: int = 64) -> BatchReply:
-        req = BatchRequest(step=step, limit=limit)
+    def batch(
+        self, pool_id: str, step: int, limit: int = 64, holder: str = "trainer"
+    ) -> BatchReply:
+        """Lease accepted submissions for ``step``; acknowledge them with :meth:`ack_batch`."""
+        req = BatchRequest(step=step, limit=limit, holder=holder)
         return self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply)
+
+    def ack_batch(self, pool_id: str, submission_ids: list[str]) -> BatchAckReceipt:
+        """Mark leased submissions trained, after the step that used them committed."""
+        req = BatchAck(submission_ids=submission_ids)
+        return self._call("POST", f"/pools/{pool_id}/batches/ack", req, BatchAckReceipt)
 
     def nodes(self, pool_id: str) -> list[NodeView]:
         return self._call("GET", f"/pools/{pool_id}/nodes", None, _NODES)

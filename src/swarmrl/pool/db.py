@@ -87,7 +87,8 @@ submissions = sa.Table(
     sa.Column("tokens", sa.Integer, nullable=False),
     sa.Column("min_version", sa.Integer, nullable=False),
     sa.Column("auth", sa.Text, nullable=False),  # node key, signature, body digest (JSON)
-    # pending → accepted | rejected; accepted → trained (served to the trainer) | dropped
+    # pending → accepted | rejected | quarantined (unservable); accepted → leased (in a batch)
+    # → trained (acknowledged) or back to accepted (lease expired); accepted → dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),
     sa.Column("claimed_by", sa.String(64), nullable=True),
@@ -107,6 +108,18 @@ credits = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("unlock_at", sa.Float, nullable=False),
     sa.Column("dropped", sa.Boolean, nullable=False, default=False),
+)
+
+# submissions leased to a trainer in a batch and not yet acknowledged (their status is
+# "leased"); an expired lease returns the submission to "accepted" (swarmrl.pool.batches)
+batch_leases = sa.Table(
+    "batch_leases",
+    metadata,
+    sa.Column("submission_id", sa.String(32), primary_key=True),
+    sa.Column("pool_id", sa.String(64), nullable=False),
+    sa.Column("holder", sa.String(64), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False, index=True),
 )
 
 # (key, nonce) pairs of signed requests, kept until their timestamp leaves the request window, so

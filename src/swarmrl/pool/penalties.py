@@ -65,8 +65,7 @@ def invalidate_in(
             db.submissions.update()
             .where(
                 sub_where,
-                db.submissions.c.status.in_(("pending", "accepted")),
-                db.submissions.c.consumed_step.is_(None),
+                db.submissions.c.status.in_(("pending", "accepted", "leased")),  # not trained
             )
             .values(status="dropped")
         )
@@ -79,7 +78,7 @@ def invalidate_in(
             .where(
                 sub_where,
                 db.submissions.c.submission_id == submission_id,
-                db.submissions.c.status.in_(("pending", "accepted")),
+                db.submissions.c.status.in_(("pending", "accepted", "leased")),
             )
             .values(status="dropped")
         )

@@ -272,10 +272,36 @@ class VersionUpdate(Message):
 
 
 class BatchRequest(Message):
+    """Lease a batch of accepted submissions for trainer step n.
+
+    Served submissions are leased to ``holder`` for the orchestrator's ``batch_lease_s`` and
+    must be acknowledged (:class:`BatchAck`) once the step that trained them has committed;
+    unacknowledged ones go back to the queue when their lease runs out. Each request renews
+    the holder's other unacknowledged leases, so a live trainer keeps what it carries over.
+    Example: ``{"step": 3, "limit": 64, "holder": "9f2c…"}``.
+    """
+
     step: int = Field(
         ge=0, lt=2**31, description="trainer step n; versions ≥ n − async_level are served"
     )
     limit: int = Field(64, gt=0, le=4096, description="most submissions to return")
+    holder: RecordId = Field(
+        "trainer", description="who holds the lease: random per trainer process"
+    )
+
+
+class BatchAck(Message):
+    """Submissions a trainer has trained (or dropped for good) in a committed step.
+
+    Example: ``{"submission_ids": ["0b9b…", "ce3e…"]}``.
+    """
+
+    submission_ids: list[RecordId] = Field(max_length=4096)
+
+
+class BatchAckReceipt(Message):
+    acknowledged: int = Field(description="leases turned into trained units by this ack")
+    already: int = Field(description="ids that were acknowledged before (repeats are harmless)")
 
 
 class TrainableSubmission(Message):

@@ -8,17 +8,18 @@ The process runs the learning library's one training loop (``swarmrl.trainer.loo
 the same as a colocated run) over the pool (:class:`~swarmrl.roles.trainer.source.PoolSource`).
 One step ``n`` (DESIGN.md §2–3):
 
-1. take accepted rollouts from the orchestrator (versions ≥ n − async_level), regrouped by
+1. lease accepted rollouts from the orchestrator (versions ≥ n − async_level), regrouped by
    task, rewards recomputed, informative groups only; wait, bounded, until
    ``prompts_per_step`` groups are there;
 2. one optimizer step whose importance ratio is taken against the validator's replayed
    log-probs of the behaviour version (the trusted behaviour policy);
 3. commit: publish version n + 1 through shardcast (the origin serves it at once) and tell the
-   orchestrator, so leases and staleness checks move on.
+   orchestrator, so leases and staleness checks move on; then acknowledge the rollouts the
+   step used up (unacknowledged ones return to the orchestrator's queue).
 
 Version 0 is published before the loop starts. At the end the process writes
 ``RUN_DIR/trainer/summary.json``: the loop's result (``training``: the same record a colocated
-run reports), what the origin published (``origin``) and the submissions it consumed.
+run reports), what the origin published (``origin``) and the submissions it acknowledged.
 
 Knows nothing about how rollouts were produced or checked beyond the wire types.
 """
