@@ -65,7 +65,9 @@ def invalidate_in(
             db.submissions.update()
             .where(
                 sub_where,
-                db.submissions.c.status.in_(("pending", "accepted", "leased")),  # not trained
+                # a leased unit is in the trainer's hands already; an accepted one is not
+                # (even if a lease on it ran out), so it is never served again
+                db.submissions.c.status.in_(("pending", "accepted")),
             )
             .values(status="dropped")
         )
@@ -78,7 +80,7 @@ def invalidate_in(
             .where(
                 sub_where,
                 db.submissions.c.submission_id == submission_id,
-                db.submissions.c.status.in_(("pending", "accepted", "leased")),
+                db.submissions.c.status.in_(("pending", "accepted")),
             )
             .values(status="dropped")
         )
