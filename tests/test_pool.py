@@ -11,7 +11,6 @@ from swarmrl.identity import KeyPair, verify_signature
 from swarmrl.identity.requests import request_message
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
-from swarmrl.pool.scheduling import draw_tasks
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import (
     Heartbeat,
@@ -63,8 +62,8 @@ def test_full_cycle_join_lease_submit_verdict_batch(swarm):
     assert reply.state == "healthy" and reply.current_version == 0
     work = client.lease("arith").work
     assert work is not None and work.node_id == node.node_id
-    # the draw is a pure function anyone can recompute
-    assert work.task_indices == draw_tasks(7, node.node_id, 0, len(work.task_indices), 100)
+    # the draw is a pure function of a secret the orchestrator reveals in the ledger later
+    assert work.assignment_epoch == 0
     receipt = client.submit(
         "arith", Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
     )

@@ -11,19 +11,22 @@ from swarmrl.pool.work import _selected
 from swarmrl.protocol.pool import Sample
 
 
-def test_task_draw_is_the_documented_hash_and_depends_on_node_and_counter():
-    digest = hashlib.sha256(b"swarmrl-seed-v1:task:7:abc:3:0").digest()
+def test_task_draw_is_the_documented_hash_and_depends_on_secret_node_and_counter():
+    digest = hashlib.sha256(b"swarmrl-seed-v1:task:7:5e:abc:3:0").digest()
     want = (int.from_bytes(digest[:8], "big") >> 1) % 1000
-    assert draw_tasks(7, "abc", 3, 1, 1000) == [want]
-    a = draw_tasks(7, "abc", 3, 50, 1000)
-    assert a == draw_tasks(7, "abc", 3, 50, 1000)  # anyone can recompute it
-    assert a != draw_tasks(7, "abd", 3, 50, 1000)  # another node gets other tasks
-    assert a != draw_tasks(7, "abc", 4, 50, 1000)  # the next lease gets other tasks
-    assert a != draw_tasks(8, "abc", 3, 50, 1000)  # another pool seed too
+    assert draw_tasks(7, "5e", "abc", 3, 1, 1000) == [want]
+    a = draw_tasks(7, "5e", "abc", 3, 50, 1000)
+    assert a == draw_tasks(7, "5e", "abc", 3, 50, 1000)  # anyone with the secret can recompute it
+    assert a != draw_tasks(7, "5f", "abc", 3, 50, 1000)  # without it, nobody can
+    assert a != draw_tasks(7, "5e", "abd", 3, 50, 1000)  # another node gets other tasks
+    assert a != draw_tasks(7, "5e", "abc", 4, 50, 1000)  # the next lease gets other tasks
+    assert a != draw_tasks(8, "5e", "abc", 3, 50, 1000)  # another pool seed too
     assert all(0 <= t < 1000 for t in a) and len(set(a)) > 40
-    assert 0 <= unit_seed(7, "abc", 3) < 2**63 and unit_seed(7, "abc", 3) != unit_seed(7, "abc", 4)
+    seed = unit_seed(7, "5e", "abc", 3)
+    assert 0 <= seed < 2**63 and seed != unit_seed(7, "5e", "abc", 4)
+    assert seed != unit_seed(7, "5f", "abc", 3)
     with pytest.raises(ValueError):
-        draw_tasks(7, "abc", 0, 1, 0)
+        draw_tasks(7, "5e", "abc", 0, 1, 0)
 
 
 def test_lease_size_follows_measured_throughput_within_bounds():

@@ -30,6 +30,8 @@ EntryKind = Literal[
     "invalidation",
     "slash",
     "credit",
+    "assignment_commit",
+    "assignment_reveal",
 ]
 ENTRY_KINDS: tuple[str, ...] = EntryKind.__args__  # type: ignore[attr-defined]
 

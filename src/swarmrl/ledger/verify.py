@@ -5,7 +5,8 @@ An export is JSON Lines: a header line ``{"entries": N, "format": "swarmrl-ledge
 change unnoticed either) then one canonical-JSON line per entry (the hashed part plus
 ``entry_hash`` and ``signature``), in sequence order. :func:`verify_export` re-derives every hash,
 checks the chain and each ed25519 signature against the orchestrator key, insists each line is
-byte-for-byte canonical (so no byte can change without notice), and names the first bad entry.
+byte-for-byte canonical (so no byte can change without notice), checks that every revealed
+assignment secret hashes to its earlier commitment, and names the first bad entry.
 It also sums per-node contributions. Knows nothing about databases (see ``swarmrl.ledger.cli``).
 
 The header is not signed (an export needs no key): a cut at the very end of a file that also
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmrl.errors import BadSignature
-from swarmrl.identity.keys import canonical_json, verify_signature
+from swarmrl.identity.keys import canonical_json, digest_hex, verify_signature
 from swarmrl.ledger.chain import GENESIS_HASH, entry_core, entry_hash
 from swarmrl.ledger.reputation import reputation
 
@@ -117,6 +118,24 @@ def _check_entry(
     return entry, ""
 
 
+def _check_assignment(commits: dict[tuple[Any, Any], str], entry: dict[str, Any]) -> str:
+    """Reason an assignment entry is inconsistent with earlier ones, or "" (see
+    ``swarmrl.pool.assignments``: a revealed secret must hash to its earlier commitment)."""
+    body = entry["body"]
+    if not isinstance(body, dict):
+        return ""
+    where = (entry["pool_id"], body.get("epoch"))
+    if entry["kind"] == "assignment_commit":
+        if where in commits:
+            return f"assignment epoch {where[1]} of pool {where[0]!r} committed twice"
+        commits[where] = str(body.get("commitment"))
+    elif entry["kind"] == "assignment_reveal":
+        secret = str(body.get("secret"))
+        if commits.get(where) != digest_hex(secret.encode()):
+            return f"assignment secret of epoch {where[1]} does not match its commitment"
+    return ""
+
+
 def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
     """Verify an export given as lines (without newlines); see the module docstring."""
     if not lines:
@@ -132,8 +151,12 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
     if header["format"] != EXPORT_FORMAT:
         return VerifyReport(False, 0, "header", f"format {header['format']!r} unknown")
     report = VerifyReport(True, 0)
+    commits: dict[tuple[Any, Any], str] = {}
     for line_no, raw in enumerate(lines[1:], start=2):
         entry, reason = _check_entry(raw, report.entries, report.last_hash, orchestrator_key)
+        if entry is not None:
+            reason = _check_assignment(commits, entry)
+            entry = None if reason else entry
         if entry is None:
             report.ok, report.reason = False, reason
             report.first_bad = f"entry {report.entries} (line {line_no})"

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from swarmrl.pool import db
+from swarmrl.pool import assignments, db
 from swarmrl.pool.rejections import Conflict, NotFound
 from swarmrl.pool.replies import json_object, serialise_rows
 from swarmrl.pool.service import Context, current_version
@@ -28,6 +28,8 @@ from swarmrl.protocol.pool import BatchAckReceipt, TrainableSubmission, WorkUnit
 
 
 def set_version(ctx: Context, pool_id: str, version: int) -> int:
+    """Record the trainer's policy version; a newer one also closes the assignment epoch (its
+    secret is revealed in the ledger, ``swarmrl.pool.assignments``)."""
     with ctx.engine.begin() as conn:
         ctx.spec(conn, pool_id)
         current = current_version(conn, pool_id)
@@ -36,6 +38,8 @@ def set_version(ctx: Context, pool_id: str, version: int) -> int:
         conn.execute(
             db.pools.update().where(db.pools.c.pool_id == pool_id).values(current_version=version)
         )
+        if version > current:
+            assignments.rotate(ctx, conn, pool_id, ctx.clock())
     return version
 
 

@@ -110,6 +110,18 @@ credits = sa.Table(
     sa.Column("dropped", sa.Boolean, nullable=False, default=False),
 )
 
+# per-pool assignment secrets, committed in the ledger when opened and revealed when closed
+# (swarmrl.pool.assignments)
+assignment_secrets = sa.Table(
+    "assignment_secrets",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("epoch", sa.Integer, primary_key=True),
+    sa.Column("secret", sa.String(64), nullable=False),
+    sa.Column("opened_at", sa.Float, nullable=False),
+    sa.Column("revealed_at", sa.Float, nullable=True),
+)
+
 # submissions leased to a trainer in a batch and not yet acknowledged (their status is
 # "leased"); an expired lease returns the submission to "accepted" (swarmrl.pool.batches)
 batch_leases = sa.Table(

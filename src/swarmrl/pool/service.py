@@ -22,7 +22,7 @@ from swarmrl.errors import BadSignature
 from swarmrl.identity.keys import KeyPair, canonical_json, verify_signature
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
-from swarmrl.pool import db
+from swarmrl.pool import assignments, db
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.pool.rejections import (
     Conflict,
@@ -165,6 +165,7 @@ def create_pool(ctx: Context, spec: PoolSpec) -> PoolInfo:
             pool_id=spec.pool_id,
             ts=now,
         )
+        assignments.open_epoch(ctx, conn, spec.pool_id, 0, now)
     return PoolInfo(spec=spec, current_version=0, created_at=now)
 
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from swarmrl.identity.keys import canonical_json, digest_hex
 from swarmrl.identity.requests import SignedRequest
-from swarmrl.pool import db
+from swarmrl.pool import assignments, db
 from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.service import (
@@ -80,7 +80,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         if orphan is not None:
             old = WorkUnit.model_validate_json(orphan.work)
             origin, counter, tasks = old.origin_node_id, old.origin_counter, old.task_indices
-            seed = old.seed
+            seed, epoch = old.seed, old.assignment_epoch
             conn.execute(
                 db.leases.update()
                 .where(db.leases.c.lease_id == orphan.lease_id)
@@ -96,8 +96,9 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
                 spec.min_tasks_per_lease,
                 spec.max_tasks_per_lease,
             )
-            tasks = draw_tasks(spec.seed, node_id, counter, n, spec.task_count)
-            seed = unit_seed(spec.seed, node_id, counter)
+            epoch, secret = assignments.current(ctx, conn, pool_id)
+            tasks = draw_tasks(spec.seed, secret, node_id, counter, n, spec.task_count)
+            seed = unit_seed(spec.seed, secret, node_id, counter)
             conn.execute(
                 db.nodes.update()
                 .where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
@@ -115,6 +116,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             deadline=now + spec.lease_timeout_s,
             origin_node_id=origin,
             origin_counter=counter,
+            assignment_epoch=epoch,
         )
         conn.execute(
             db.leases.insert(),

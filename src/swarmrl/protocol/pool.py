@@ -165,8 +165,9 @@ class HeartbeatReply(Message):
 class WorkUnit(Message):
     """Tasks leased to one node.
 
-    ``task_indices`` equal ``draw_tasks(pool seed, origin_node_id, origin_counter, n, task_count)``
-    (``swarmrl.pool.scheduling``), so anyone can recompute them. Example: ``{"lease_id": "…",
+    ``task_indices`` equal ``draw_tasks(pool seed, secret, origin_node_id, origin_counter, n,
+    task_count)`` (``swarmrl.pool.scheduling``) with the secret of ``assignment_epoch``, which
+    the ledger reveals once that epoch closes, so anyone can recompute them afterwards. Example: ``{"lease_id": "…",
     "task_indices": [17, 902], "samples_per_task": 8, "seed": 77…, "min_version": 3, …}``.
     """
 
@@ -181,6 +182,9 @@ class WorkUnit(Message):
     deadline: float = Field(description="Unix seconds; later submissions are refused")
     origin_node_id: str = Field(description="node whose draw produced the tasks")
     origin_counter: int = Field(description="lease counter of that draw")
+    assignment_epoch: int = Field(
+        0, description="epoch whose secret drew the tasks (swarmrl.pool.assignments)"
+    )
 
 
 class LeaseReply(Message):

@@ -8,8 +8,9 @@ big-endian. The first part is a label naming what the seed is for. Seeds of the 
 of the protocol (a worker samples with them and a validator replays with them; both sign over
 them in the proof binding), so any implementation in any language must follow this exactly:
 
-    task_i of a work unit  = derive_seed("task", pool_seed, node_id, counter, i) mod task_count
-    work unit seed         = derive_seed("unit", pool_seed, node_id, counter)
+    task_i of a work unit  = derive_seed("task", pool_seed, secret, node_id, counter, i)
+                             mod task_count
+    work unit seed         = derive_seed("unit", pool_seed, secret, node_id, counter)
     sample i of a unit     = derive_seed("sample", unit_seed, i)      (tasks in lease order, G each)
 
 and the learning library uses the same rule with its own labels (``"rollout"``, ``"tasks"``,
