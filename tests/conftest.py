@@ -1,57 +1,39 @@
 """Shared fixtures: databases for the pool tests.
 
-PostgreSQL: the server URL comes from SWARMRL_TEST_PG_URL or the file .ci/pg.env that
-.ci/services writes; without either, the fixture runs ``.ci/services --no-install`` once.
-Tests that need it are skipped, with the reason, only when no server can be started. Each
+PostgreSQL: with ``SWARMRL_TEST_PG_URL`` set, that server is used (and left alone). Otherwise
+the test session starts a private server of its own (``swarmrl.testing.postgres``: a temporary
+cluster on a free loopback port with a random password) and stops and deletes it when the
+session ends, so nothing keeps running after ``pytest``. Tests that need PostgreSQL are skipped,
+with the reason, only when no server can be had (``.ci/services`` installs the binaries). Each
 module (``pg_url``) or test (``db_url``) gets a fresh database, dropped afterwards.
 """
 
+import contextlib
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-REPO = Path(__file__).resolve().parent.parent
-ENV_FILE = REPO / ".ci" / "pg.env"
-
-
-def _url_from_file() -> str | None:
-    if not ENV_FILE.is_file():
-        return None
-    for line in ENV_FILE.read_text().splitlines():
-        if line.startswith("SWARMRL_TEST_PG_URL="):
-            return line.split("=", 1)[1].strip()
-    return None
-
-
-def _server_url() -> tuple[str | None, str]:
-    url = os.environ.get("SWARMRL_TEST_PG_URL") or _url_from_file()
-    if url:
-        return url, ""
-    services = REPO / ".ci" / "services"
-    if not services.is_file():
-        return None, "no SWARMRL_TEST_PG_URL and no .ci/services to start PostgreSQL"
-    try:
-        run = subprocess.run(
-            [str(services), "--no-install"], capture_output=True, text=True, timeout=120
-        )
-    except subprocess.TimeoutExpired:
-        return None, ".ci/services did not start PostgreSQL within 120 s"
-    return _url_from_file(), run.stderr.strip() or "PostgreSQL could not be started"
+from swarmrl.errors import ServiceUnavailable
+from swarmrl.testing.postgres import private_postgres
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> str:
-    """Base URL of a reachable PostgreSQL server, or skip."""
+def pg_server() -> Iterator[str]:
+    """Base URL of a reachable PostgreSQL server for this session, or skip."""
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
-    base, why = _server_url()
-    if base is None:
-        pytest.skip(f"no PostgreSQL server: {why}")
-    return base
+    given = os.environ.get("SWARMRL_TEST_PG_URL")
+    if given:
+        yield given
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(private_postgres())
+        except ServiceUnavailable as exc:
+            pytest.skip(f"no PostgreSQL server: {exc}")
+        yield url
 
 
 def _fresh_database(base: str) -> Iterator[str]:

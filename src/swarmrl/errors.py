@@ -37,7 +37,8 @@
         ├── WaitTimeout             a bounded wait ran out; the message says what it waited for
         ├── DiskWriteError          writing to the local disk failed (full disk, I/O error)
         ├── FetchAborted            another part of the same download failed; this part stops
-        └── RoleExited              a role process ended while the swarm still needed it
+        ├── RoleExited              a role process ended while the swarm still needed it
+        └── ServiceUnavailable      a local service (a test's PostgreSQL) cannot be had here
 
 Rule of thumb: ``PeerError`` is about *who* (a peer misbehaved), ``InfraError`` about *what*
 (a link or disk failed). Code that catches one never catches the other by accident, and code
@@ -196,3 +197,7 @@ class FetchAborted(InfraError):
 
 class RoleExited(InfraError):
     """A role process ended while the swarm still needed it; the message quotes its log tail."""
+
+
+class ServiceUnavailable(InfraError):
+    """A local service a command or test needs cannot be had here (no binaries, no start)."""
