@@ -1,3 +1,4 @@
+import importlib.util
 import json
 
 import pyarrow as pa
@@ -15,6 +16,10 @@ from swarmrl.envs import (
     build_env,
 )
 from swarmrl.errors import ConfigError, DatasetError, MissingPathError
+
+needs_datasets = pytest.mark.skipif(
+    importlib.util.find_spec("datasets") is None, reason="datasets is in the 'tasks' extra"
+)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +85,7 @@ def _write_jsonl(path, rows):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
+@needs_datasets
 def test_math_env_reads_jsonl_and_parquet_and_verifies(tmp_path):
     rows = [
         {"problem": "What is 1/2 + 1/4?", "answer": "3/4"},
@@ -100,6 +106,7 @@ def test_math_env_reads_jsonl_and_parquet_and_verifies(tmp_path):
         assert env.score(by_answer["4"], "\\boxed{4}").reward == 1.0
 
 
+@needs_datasets
 def test_math_scores_only_the_final_boxed_answer(tmp_path):
     """A bare number anywhere in the text is not an answer: junk must not earn the reward."""
     path = tmp_path / "d.jsonl"
@@ -115,6 +122,7 @@ def test_math_scores_only_the_final_boxed_answer(tmp_path):
     assert env.score(task, "unbalanced \\boxed{9").reward == 0.0
 
 
+@needs_datasets
 @pytest.mark.parametrize(
     "line, needle",
     [
@@ -132,6 +140,7 @@ def test_math_malformed_row_names_file_and_row(tmp_path, line, needle):
     assert str(path) in str(info.value) and needle in str(info.value)
 
 
+@needs_datasets
 def test_math_missing_file_and_missing_setting(tmp_path):
     with pytest.raises(MissingPathError, match="nope.jsonl"):
         MathEnv(tmp_path / "nope.jsonl")

@@ -64,7 +64,9 @@ def test_math_style_parquet_and_saved_directory_with_solution_column(tmp_path):
     _write_jsonl(folder / "part-0.jsonl", MATH_ROWS)
     for source in (tmp_path / "math.parquet", tmp_path / "saved", folder):
         env = build_env(
-            EnvConfig(name="math", dataset=str(source), answer_column="solution", heldout_fraction=0.5)
+            EnvConfig(
+                name="math", dataset=str(source), answer_column="solution", heldout_fraction=0.5
+            )
         )
         answers = sorted(env.problem(i)[1] for i in range(env.space_size()))
         assert answers == ["9", "\\frac{1}{2}"], source

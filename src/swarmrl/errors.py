@@ -8,8 +8,9 @@
     │   ├── ConfigError             unknown key, bad value, unreadable TOML
     │   ├── MissingPathError        a model directory, dataset or key file that is not there
     │   ├── DatasetError            a dataset row that cannot be used (names file and row)
-    │   └── EngineUnavailable       the configured inference engine is not installed or cannot
-    │                               load this model (names the install command or the reason)
+    │   ├── EngineUnavailable       the configured inference engine is not installed or cannot
+    │   │                           load this model (names the install command or the reason)
+    │   └── SandboxError            the code sandbox cannot start here (names the cause)
     ├── PeerError                   an untrusted peer sent something wrong: reject it, record it,
     │   │                           penalise the peer; never crash, never silently accept.
     │   │                           ``code`` is the machine-readable name the pool answers with
@@ -75,6 +76,10 @@ class DatasetError(UserError):
 
 class EngineUnavailable(UserError):
     """The configured inference backend is missing or cannot run this model."""
+
+
+class SandboxError(UserError):
+    """The sandbox that runs completions' code cannot start; the message names the cause."""
 
 
 class PeerError(SwarmError):

@@ -47,6 +47,11 @@ class SandboxConfig(Section):
     processes: int = Field(16, ge=1, description="processes/threads the program may add")
     output_bytes: int = Field(65536, ge=1, description="stdout+stderr kept; more is a failure")
     file_mb: int = Field(16, ge=1, description="largest file the program may write, MiB")
+    python: str | None = Field(
+        None,
+        description="interpreter that runs the code (default: /usr/bin/python3 when present, "
+        "else the one running swarmrl)",
+    )
 
 
 class EnvConfig(Section):

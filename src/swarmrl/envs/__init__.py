@@ -10,12 +10,13 @@ imported only by the environment that needs them. Wrappers: a filtered training 
 
 from __future__ import annotations
 
-from swarmrl.config.env import EnvConfig
+from swarmrl.config.env import EnvConfig, SandboxConfig
 from swarmrl.envs.arith import ArithEnv
 from swarmrl.envs.base import SPLITS, Environment, Score, Split, Task
 from swarmrl.envs.budget import LengthBudgetEnv, budget_reward
 from swarmrl.envs.mathtask import MathEnv
 from swarmrl.envs.reverse import ReverseEnv
+from swarmrl.envs.sandbox import Limits, Sandbox
 from swarmrl.envs.subset import SubsetEnv, read_problem_ids
 from swarmrl.errors import ConfigError
 
@@ -32,6 +33,7 @@ __all__ = [
     "Task",
     "budget_reward",
     "build_env",
+    "build_sandbox",
 ]
 
 
@@ -58,15 +60,54 @@ def _base_env(config: EnvConfig) -> Environment:
             config.dataset_split,
             config.dataset_config,
         )
+    if config.name == "reasoning_gym":
+        from swarmrl.envs.gym import ReasoningGymEnv
+
+        return ReasoningGymEnv(config.tasks, config.size, config.seed, config.heldout_fraction)
+    if config.name == "verifiers":
+        from swarmrl.envs.vfenv import VerifiersEnv
+
+        if not config.verifiers_env:
+            raise ConfigError("env.name = 'verifiers' needs env.verifiers_env (an environment id)")
+        return VerifiersEnv(config.verifiers_env, config.verifiers_args, config.heldout_fraction)
+    if config.name in ("code", "code_tiny"):
+        from swarmrl.envs.code import CodeEnv, CodeTinyEnv
+
+        sandbox = build_sandbox(config.sandbox)
+        if config.name == "code_tiny":
+            return CodeTinyEnv(sandbox, config.heldout_fraction)
+        return CodeEnv(
+            _dataset(config),
+            sandbox,
+            config.heldout_fraction,
+            config.problem_column,
+            config.tests_column,
+            config.dataset_split,
+            config.dataset_config,
+        )
     # the config schema already restricts the name
     raise ConfigError(f"unknown environment {config.name!r}")
+
+
+def build_sandbox(config: SandboxConfig) -> Sandbox:
+    """The code sandbox ``config`` describes, started and probed (or a one-line error)."""
+    limits = Limits(
+        cpu_s=config.cpu_s,
+        wall_s=config.wall_s,
+        memory_mb=config.memory_mb,
+        processes=config.processes,
+        output_bytes=config.output_bytes,
+        file_mb=config.file_mb,
+    )
+    return Sandbox(limits, config.mode, config.python)
 
 
 def build_env(config: EnvConfig) -> Environment:
     """The environment ``config`` names, on its filtered subset and with the length budget
     when those are configured."""
     env = _base_env(config)
-    env.system_prompt = config.system_prompt
+    if config.system_prompt is not None:
+        env.system_prompt = config.system_prompt
     if config.train_subset:
         env = SubsetEnv(env, read_problem_ids(config.train_subset), config.train_subset)
     budget = config.length_budget

@@ -42,7 +42,11 @@ def read_rows(
 ) -> list[tuple[str, str]]:
     """``(problem, reference answer)`` of every row of ``source`` (see ``swarmrl.envs.data``)."""
     return checked_rows(
-        source, load_records(source, split, config_name), problem_column, answer_column, answer_format
+        source,
+        load_records(source, split, config_name),
+        problem_column,
+        answer_column,
+        answer_format,
     )
 
 

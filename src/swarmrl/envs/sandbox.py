@@ -1,0 +1,324 @@
+"""Running untrusted Python (a completion's code) under limits, on the trusted side only.
+
+Two modes, both with the same resource limits (``setrlimit`` in the child before ``exec``):
+
+- ``bwrap`` (Debian's ``bubblewrap``): new user, PID, network, IPC, UTS and cgroup namespaces
+  (``--unshare-all``), so no network but a loopback of its own, no view of host processes, and
+  no signal can reach the caller. The filesystem holds only ``/usr`` (and the ``/bin``, ``/lib``
+  links), the Python installation, read-only; the program read-only at ``/task``; a size-capped
+  tmpfs at ``/sandbox`` (its working directory) and at ``/tmp``. Host files, ``/etc``, ``/home``,
+  ``/root`` and the caller's temporary files are not there at all.
+- ``rlimit``: limits only. It does **not** isolate the network or the filesystem. When the
+  caller is root, the program runs as an otherwise unused uid, so it cannot read or write
+  files only root may, cannot signal the caller, and its process count is its own; as an
+  ordinary user it runs as that user and can do what that user can.
+
+In both: the environment is replaced by a minimal one (no host variables), stdin is the given
+input, stdout and stderr go to files outside the sandbox of which at most ``output_bytes`` are
+kept, and the whole process tree is killed when the wall-clock limit passes. Limits: CPU time
+(``RLIMIT_CPU``), address space (``RLIMIT_AS``), processes (``RLIMIT_NPROC``), file size
+(``RLIMIT_FSIZE``, which also caps output), no core files.
+
+Not isolated in any mode: CPU caches and timing, the kernel itself (a kernel exploit escapes
+any namespace), reading world-readable files under ``/usr`` and the Python installation.
+
+Knows nothing about tasks or rewards: code and input in, a :class:`RunResult` out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from swarmrl.errors import SandboxError
+
+SandboxMode = Literal["auto", "bwrap", "rlimit"]
+Verdict = Literal["ok", "error", "timeout", "memory", "output", "killed"]
+EXIT_MEMORY = 90  # the runner's exit status for a MemoryError (see RUNNER)
+SYSTEM_PYTHON = "/usr/bin/python3"
+FIRST_UID = 200_000  # sandboxed programs run as FIRST_UID + n when the caller is root
+_uids = itertools.count()
+_uid_lock = threading.Lock()
+
+# Runs the program as __main__ and turns a MemoryError into a distinct exit status, so the
+# verdict never depends on reading the program's own output.
+RUNNER = f"""\
+import os, runpy, sys, traceback
+sys.argv = ["main.py"]
+try:
+    runpy.run_path("/task/main.py", run_name="__main__")
+except MemoryError:
+    os._exit({EXIT_MEMORY})
+except SystemExit:
+    raise
+except BaseException:
+    traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run resource limits."""
+
+    cpu_s: int = 2
+    wall_s: float = 5.0
+    memory_mb: int = 512
+    processes: int = 16
+    output_bytes: int = 65536
+    file_mb: int = 16
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run did. ``stdout``/``stderr`` hold at most ``output_bytes`` each."""
+
+    verdict: Verdict
+    exit_code: int | None  # the program's exit status; None when it died by a signal
+    stdout: str
+    stderr: str
+    wall_s: float
+
+
+def default_python() -> str:
+    """The system's ``python3`` (under ``/usr``, readable by the sandbox's uid) when there is
+    one, else the interpreter running swarmrl."""
+    return SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
+
+
+def _prefix(exe: str) -> str:
+    """The installation directory of interpreter ``exe`` (``.../bin/python`` → ``...``)."""
+    return str(Path(os.path.realpath(exe)).parent.parent)
+
+
+def _bwrap_args(task_dir: Path, limits: Limits, exe: str) -> list[str]:
+    prefix = _prefix(exe)
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for top in ("bin", "lib", "lib32", "lib64", "sbin"):
+        host = Path("/") / top
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), str(host)]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), str(host)]
+    if prefix != "/usr" and not prefix.startswith("/usr/"):
+        args += ["--ro-bind", prefix, prefix]
+    size = str(limits.file_mb * 4 * 2**20)
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox"]
+    args += ["--ro-bind", str(task_dir), "/task", "--chdir", "/sandbox"]
+    return [*args, os.path.realpath(exe), "-I", "/task/runner.py"]
+
+
+def _user_threads(uid: int) -> int:
+    """Live tasks (processes and threads) of ``uid``: what ``RLIMIT_NPROC`` counts, less
+    zombies (the kernel counts those too until reaped; the limit keeps a margin)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("State", "").strip()[:1] in ("Z", "X"):
+            continue  # exited, waiting to be reaped: nothing left to kill
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            count += int(fields.get("Threads", "1"))
+    return count
+
+
+def _kill_uid(uid: int) -> None:
+    """Kill every process of ``uid`` (a sandbox uid; only when the caller is root).
+
+    A helper process takes the uid and signals ``-1`` (every process it may signal: exactly
+    that uid's), again until ``/proc`` shows none left, so children that left the process
+    group or were forked meanwhile die too.
+    """
+    for _ in range(100):
+        if _user_threads(uid) == 0:
+            return
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child only kills and exits
+            try:
+                os.setgid(uid)
+                os.setuid(uid)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.01)
+
+
+class Sandbox:
+    """Runs Python source under :class:`Limits` in ``mode`` (resolved and probed at start)."""
+
+    def __init__(
+        self, limits: Limits | None = None, mode: SandboxMode = "auto", python: str | None = None
+    ) -> None:
+        self.limits = limits or Limits()
+        self.python = python or default_python()
+        self.root = os.geteuid() == 0
+        if mode == "auto":
+            self.mode = "bwrap" if self._bwrap_works() is None else "rlimit"
+        else:
+            self.mode = mode
+            if mode == "bwrap":
+                cause = self._bwrap_works()
+                if cause is not None:
+                    raise SandboxError(f"env.sandbox.mode = 'bwrap' cannot start: {cause}")
+        probe = self.run("print('ok')")
+        if probe.verdict != "ok" or probe.stdout.strip() != "ok":
+            detail = (probe.stderr.strip().splitlines() or [probe.verdict])[-1]
+            raise SandboxError(f"the {self.mode} sandbox cannot start: {detail}")
+
+    def _bwrap_works(self) -> str | None:
+        """None when bubblewrap runs here, else why not (one line)."""
+        if shutil.which("bwrap") is None:
+            return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        self.mode = "bwrap"
+        result = self.run("print('ok')")
+        if result.verdict == "ok" and result.stdout.strip() == "ok":
+            return None
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        return lines[-1] if lines else f"bwrap exited with {result.exit_code}"
+
+    def _rlimits(self, uid: int | None) -> list[tuple[int, tuple[int, int]]]:
+        """The limits the child sets before ``exec`` (computed here: no work after fork)."""
+        lim = self.limits
+        extra = lim.processes + (3 if self.mode == "bwrap" else 1)  # bwrap's own processes
+        nproc = extra if uid is not None else _user_threads(os.getuid()) + extra
+        return [
+            (resource.RLIMIT_CPU, (lim.cpu_s, lim.cpu_s + 1)),
+            (resource.RLIMIT_AS, (lim.memory_mb * 2**20,) * 2),
+            (resource.RLIMIT_NPROC, (nproc, nproc)),
+            (resource.RLIMIT_FSIZE, (lim.file_mb * 2**20,) * 2),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ]
+
+    def _uid(self) -> int | None:
+        if not self.root:
+            return None
+        with _uid_lock:
+            return FIRST_UID + (os.getpid() * 97 + next(_uids)) % 100_000
+
+    def run(self, source: str, stdin: str = "") -> RunResult:
+        """Run ``source`` as ``main.py`` with ``stdin``; never raises for what the code does."""
+        with tempfile.TemporaryDirectory(prefix="swarmrl-sandbox-") as tmp:
+            base = Path(tmp)
+            task_dir = base / "task"
+            task_dir.mkdir()
+            (task_dir / "main.py").write_text(source)
+            (task_dir / "runner.py").write_text(RUNNER)
+            uid = self._uid()
+            if self.mode == "bwrap":
+                argv = _bwrap_args(task_dir, self.limits, self.python)
+                cwd = str(task_dir)
+            else:
+                work = base / "work"
+                work.mkdir()
+                runner = (task_dir / "runner.py").read_text().replace("/task/", f"{task_dir}/")
+                (task_dir / "runner.py").write_text(runner)
+                argv = [self.python, "-I", str(task_dir / "runner.py")]
+                cwd = str(work)
+                if uid is not None:
+                    os.chown(work, uid, uid)
+            for path in (base, task_dir, *task_dir.iterdir()):
+                os.chmod(path, 0o755 if path.is_dir() else 0o644)
+            return self._execute(argv, cwd, base, stdin, uid)
+
+    def _execute(
+        self, argv: list[str], cwd: str, base: Path, stdin: str, uid: int | None
+    ) -> RunResult:
+        lim = self.limits
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/sandbox", "LANG": "C.UTF-8"}
+        if self.mode == "rlimit":
+            env["HOME"] = cwd
+        (base / "stdin").write_text(stdin)
+        limits = self._rlimits(uid)
+
+        def preexec() -> None:  # in the child, between fork and exec
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            for what, value in limits:
+                resource.setrlimit(what, value)
+
+        start = time.monotonic()
+        timed_out = False
+        private = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        with (
+            (base / "stdin").open("rb") as fin,
+            open(os.open(base / "stdout", private, 0o600), "wb") as fout,
+            open(os.open(base / "stderr", private, 0o600), "wb") as ferr,
+        ):
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=fin,
+                    stdout=fout,
+                    stderr=ferr,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                )
+            except OSError as exc:  # the interpreter or bwrap cannot be executed at all
+                raise SandboxError(f"cannot start {argv[0]}: {exc.strerror or exc}") from exc
+            try:
+                proc.wait(timeout=lim.wall_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                self._kill_tree(proc, uid)
+        wall = time.monotonic() - start
+        return self._result(proc.returncode, base, timed_out, wall)
+
+    def _kill_tree(self, proc: subprocess.Popen[bytes], uid: int | None) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        if uid is not None:
+            _kill_uid(uid)  # children that left the process group
+
+    def _result(self, code: int, base: Path, timed_out: bool, wall: float) -> RunResult:
+        lim = self.limits
+        sizes = [(base / name).stat().st_size for name in ("stdout", "stderr")]
+        out, err = (
+            (base / name).open("rb").read(lim.output_bytes) for name in ("stdout", "stderr")
+        )
+        signum = -code if code < 0 else (code - 128 if self.mode == "bwrap" and code > 128 else 0)
+        verdict: Verdict
+        if timed_out or signum == signal.SIGXCPU:
+            verdict = "timeout"
+        elif sum(sizes) > lim.output_bytes or signum == signal.SIGXFSZ:
+            verdict = "output"
+        elif code == EXIT_MEMORY:
+            verdict = "memory"
+        elif signum:
+            verdict = "killed"
+        else:
+            verdict = "ok" if code == 0 else "error"
+        return RunResult(
+            verdict=verdict,
+            exit_code=None if signum else code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            wall_s=wall,
+        )
