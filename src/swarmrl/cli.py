@@ -32,6 +32,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "trainer": ("swarmrl.roles.trainer.cli", "run the trusted trainer role"),
     "worker": ("swarmrl.roles.worker.cli", "run an untrusted inference worker"),
     "validator": ("swarmrl.roles.validator.cli", "run a trusted validator"),
+    "serve": ("swarmrl.tools.serve", "serve a trained policy with an OpenAI-compatible API"),
 }
 
 

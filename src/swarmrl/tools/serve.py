@@ -1,0 +1,90 @@
+"""``swarmrl serve RUN_DIR|CHECKPOINT``: try a trained policy with any OpenAI client.
+
+    swarmrl serve runs/arith-20260101-120000 [--host 127.0.0.1] [--port 8000]
+                  [--engine torch|vllm] [--name NAME] [--device cpu] [--dtype float32]
+
+The policy is found by ``swarmrl.tools.checkpoint.find_policy`` (a checkpoint, a colocated
+run's ``policy/``, or the newest version a swarm run's trainer published). ``--engine torch``
+(the default) serves ``/v1/completions`` and ``/v1/chat/completions`` from
+``swarmrl.tools.openai_api``; ``--engine vllm`` hands the directory to vLLM's own
+OpenAI-compatible server (it must be installed). Serves until interrupted.
+
+Knows how to start a server; the routes are ``swarmrl.tools.openai_api``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from swarmrl.tools.checkpoint import find_policy
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swarmrl serve",
+        description="serve a trained policy with an OpenAI-compatible API",
+    )
+    parser.add_argument("path", help="run directory or HF checkpoint directory")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 = any free port")
+    parser.add_argument("--port-file", default=None, help="write the bound port here")
+    parser.add_argument("--engine", choices=("torch", "vllm"), default="torch")
+    parser.add_argument("--name", default="", help="model name clients ask for (default: dir)")
+    parser.add_argument("--device", default="cpu", help="torch engine device (cpu, cuda)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument(
+        "--max-tokens", type=int, default=64, help="new tokens when a request names none"
+    )
+    return parser
+
+
+def model_name(path: Path, policy: Path) -> str:
+    """The served name: the run directory's name (or the checkpoint's)."""
+    return (path if path != policy else policy).resolve().name
+
+
+def exec_vllm(policy: Path, name: str, args: argparse.Namespace) -> None:
+    """Replace this process with vLLM's OpenAI server over ``policy``."""
+    from swarmrl.inference.interface import require_backend
+
+    require_backend("vllm")
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(policy)]
+    argv += ["--served-model-name", name, "--host", args.host, "--port", str(args.port)]
+    argv += ["--dtype", args.dtype]
+    os.execv(sys.executable, argv)
+
+
+def main(verb: str, argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    path = Path(args.path).expanduser()
+    policy = find_policy(path)
+    name = args.name or model_name(path, policy)
+    if args.engine == "vllm":
+        exec_vllm(policy, name, args)
+    from swarmrl.inference.engine import TorchEngine
+    from swarmrl.model.io import load_policy
+    from swarmrl.serving import ThreadServer
+    from swarmrl.tools.openai_api import Policy, build_app
+
+    model, tokenizer = load_policy(policy, dtype=args.dtype, device=args.device)
+    engine = TorchEngine(model, tokenizer, args.device)
+    app = build_app(Policy(engine, tokenizer, name, args.max_tokens))
+    server = ThreadServer(app, args.host, args.port, name="serve").start()
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    print(f"serving {name!r} from {policy} at {server.url}/v1", flush=True)
+    if args.port_file:
+        tmp = Path(args.port_file + ".tmp")
+        tmp.write_text(f"{server.port}\n")
+        tmp.replace(args.port_file)
+    try:
+        while server.alive():
+            server.thread.join(0.5)
+    finally:
+        server.stop()
+    return 0
+
