@@ -10,7 +10,9 @@
     │   ├── DatasetError            a dataset row that cannot be used (names file and row)
     │   ├── EngineUnavailable       the configured inference engine is not installed or cannot
     │   │                           load this model (names the install command or the reason)
-    │   └── SandboxError            the code sandbox cannot start here (names the cause)
+    │   ├── SandboxError            the code sandbox cannot start here (names the cause)
+    │   └── LedgerMismatch          the pool database disagrees with its signed ledger (a cut
+    │                               tail, edited rows): the orchestrator refuses to start
     ├── PeerError                   an untrusted peer sent something wrong: reject it, record it,
     │   │                           penalise the peer; never crash, never silently accept.
     │   │                           ``code`` is the machine-readable name the pool answers with
@@ -80,6 +82,10 @@ class EngineUnavailable(UserError):
 
 class SandboxError(UserError):
     """The sandbox that runs completions' code cannot start; the message names the cause."""
+
+
+class LedgerMismatch(UserError):
+    """The pool database and its ledger disagree (names the first disagreements)."""
 
 
 class PeerError(SwarmError):

@@ -11,8 +11,10 @@ import signal
 from pathlib import Path
 
 from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import LedgerMismatch
 from swarmrl.identity.keys import KeyPair
 from swarmrl.pool.app import build_app
+from swarmrl.pool.audit import audit
 from swarmrl.pool.db import make_engine, sqlite_url
 from swarmrl.pool.service import Context
 from swarmrl.pool.store import RolloutStore
@@ -24,11 +26,20 @@ ORCHESTRATOR_LIMITS = HttpLimits(keep_alive_s=30.0)
 
 
 def make_context(key: KeyPair, run_dir: str | Path, config: PoolConfig | None = None) -> Context:
-    """Context with the database and store named by ``config`` (defaults under ``run_dir``)."""
+    """Context with the database and store named by ``config`` (defaults under ``run_dir``).
+
+    The database is audited against its ledger first (``swarmrl.pool.audit``): a cut or edited
+    database is a :class:`~swarmrl.errors.LedgerMismatch`, and nothing is served from it.
+    """
     config = config or PoolConfig()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(config.db_url or sqlite_url(run_dir / "pool.db"))
+    try:
+        audit(engine, key.public_key_hex)
+    except LedgerMismatch:
+        engine.dispose()
+        raise
     store = RolloutStore(config.store_url or str(run_dir / "rollouts"))
     return Context(engine=engine, store=store, key=key, config=config)
 
