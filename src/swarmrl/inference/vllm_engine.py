@@ -13,7 +13,8 @@
   prompt position is computed (the prompt chunk of a proof needs all of them).
 * ``prefill`` / ``prefill_many`` run prompt + output[:-1] as requests of one token and return
   the logits the model computes from the captured hidden states.
-* ``load_checkpoint`` reloads weights in place (``collective_rpc``), re-tying tied LM heads.
+* ``load_checkpoint`` reloads weights in place (``collective_rpc``), re-tying tied LM heads;
+  ``load_state_dict`` does the same for in-memory weights (through a scratch file).
 
 vLLM runs its engine core in a spawned process: scripts that create an engine need an
 ``if __name__ == "__main__":`` guard. ``close`` stops that process.
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,9 @@ class VllmEngine:
         *,
         dtype: str = "float32",
         device: str = "cpu",
+        remove_on_close: bool = False,
     ) -> None:
+        """``remove_on_close``: ``path`` is a scratch copy this engine owns (deleted by close)."""
         if not vllm_available():
             raise EngineUnavailable(f"vLLM is not installed: {VLLM_INSTALL_HINT}")
         local = Path(path)
@@ -77,6 +82,8 @@ class VllmEngine:
             raise MissingPathError(f"model directory not found or has no config.json: {local}")
         self.config = config or VllmConfig()
         self.path = local
+        self._scratch_dir: Path | None = None
+        self._remove = [local] if remove_on_close else []
         self.dtype = dtype
         self.device = torch.device(device)
         _environment(self.config)
@@ -251,6 +258,28 @@ class VllmEngine:
         self.llm.collective_rpc("swarmrl_reload", args=(str(local),))
         self.path = local
 
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load in-memory weights (an HF state dict of the same model), in place.
+
+        Written as one safetensors file next to the current config in a scratch directory of
+        this engine, then reloaded like a checkpoint: vLLM's reload reads weights from disk.
+        """
+        from safetensors.torch import save_file
+
+        scratch = self._scratch()
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+        save_file(tensors, str(scratch / "model.safetensors"), metadata={"format": "pt"})
+        self.llm.collective_rpc("swarmrl_reload", args=(str(scratch),))
+
+    def _scratch(self) -> Path:
+        """A private directory holding the served model's config (weights written per load)."""
+        if self._scratch_dir is None:
+            self._scratch_dir = Path(tempfile.mkdtemp(prefix="swarmrl-vllm-"))
+        for name in ("config.json", "generation_config.json"):
+            if (self.path / name).is_file() and self.path != self._scratch_dir:
+                shutil.copyfile(self.path / name, self._scratch_dir / name)
+        return self._scratch_dir
+
     def describe(self) -> dict[str, Any]:
         """Short facts for logs: backend, architecture, device, dtype."""
         import vllm
@@ -264,6 +293,12 @@ class VllmEngine:
 
     def close(self) -> None:
         """Stop vLLM's engine process (idempotent)."""
+        if self._scratch_dir is not None:
+            self._remove.append(self._scratch_dir)
+            self._scratch_dir = None
+        for directory in self._remove:
+            shutil.rmtree(directory, ignore_errors=True)
+        self._remove = []
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return

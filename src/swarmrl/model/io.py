@@ -64,6 +64,11 @@ def load_policy(
     return model, tokenizer
 
 
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a local HF checkpoint directory."""
+    return AutoTokenizer.from_pretrained(str(path))
+
+
 def save_policy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
 ) -> Path:

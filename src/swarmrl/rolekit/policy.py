@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from swarmrl.inference.engine import TorchEngine
-from swarmrl.model.io import load_policy
+from swarmrl.config.inference import InferenceConfig
+from swarmrl.inference.interface import Engine, open_engine
+from swarmrl.model.io import load_tokenizer
 from swarmrl.shardcast import store
 
 
@@ -26,7 +27,7 @@ class LoadedVersion:
 
     version: int
     root_digest: str
-    engine: TorchEngine
+    engine: Engine
     tokenizer: PreTrainedTokenizerBase
     path: Path
 
@@ -36,18 +37,21 @@ def version_digest(path: str | Path) -> str:
     return store.load_manifest(Path(path)).root_digest
 
 
-def load_version(path: str | Path, version: int, device: str = "cpu") -> LoadedVersion:
-    """Load the checkpoint in ``path`` (a ready shardcast version directory) into an engine."""
-    model, tokenizer = load_policy(str(path), device=device)
-    return LoadedVersion(
-        version, version_digest(path), TorchEngine(model, tokenizer, device), tokenizer, Path(path)
-    )
+def load_version(
+    path: str | Path,
+    version: int,
+    device: str = "cpu",
+    inference: InferenceConfig | None = None,
+) -> LoadedVersion:
+    """Load the checkpoint in ``path`` (a ready shardcast version directory) into the engine
+    ``inference.backend`` names (the torch engine by default)."""
+    engine = open_engine(path, inference or InferenceConfig(), device=device)
+    return LoadedVersion(version, version_digest(path), engine, load_tokenizer(path), Path(path))
 
 
 def swap_version(loaded: LoadedVersion, path: str | Path, version: int) -> LoadedVersion:
     """Replace the weights of ``loaded`` in place with those in ``path`` (same architecture)."""
-    model, _ = load_policy(str(path), device=str(loaded.engine.device))
-    loaded.engine.load_state_dict(model.state_dict())
+    loaded.engine.load_checkpoint(path)
     loaded.version = version
     loaded.root_digest = version_digest(path)
     loaded.path = Path(path)

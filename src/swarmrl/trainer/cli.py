@@ -97,20 +97,24 @@ def sft_main(args: argparse.Namespace) -> int:
 
 
 def eval_main(args: argparse.Namespace) -> int:
-    from swarmrl.inference.engine import TorchEngine
+    from swarmrl.trainer.engines import policy_engine
     from swarmrl.trainer.evaluate import evaluate
 
     config = _config(args)
     env, warm, model, tokenizer, device = _policy(config)
-    result = evaluate(
-        env,
-        TorchEngine(model, tokenizer, device),
-        tokenizer,
-        config.eval.n,
-        config.eval.samples,
-        config.rl.sampling,
-        config.run.seed,
-    )
+    engine = policy_engine(config, model, tokenizer, device)
+    try:
+        result = evaluate(
+            env,
+            engine,
+            tokenizer,
+            config.eval.n,
+            config.eval.samples,
+            config.rl.sampling,
+            config.run.seed,
+        )
+    finally:
+        engine.close()
     print(json.dumps({"model": str(warm.path), **result}))
     return 0
 
@@ -118,9 +122,9 @@ def eval_main(args: argparse.Namespace) -> int:
 def filter_main(args: argparse.Namespace) -> int:
     import torch
 
-    from swarmrl.inference.engine import TorchEngine
     from swarmrl.protocol.seeds import derive_seed
     from swarmrl.rl import pass_rate_mask
+    from swarmrl.trainer.engines import policy_engine
     from swarmrl.trainer.evaluate import correctness
     from swarmrl.trainer.rollout import sampling_params
 
@@ -130,15 +134,18 @@ def filter_main(args: argparse.Namespace) -> int:
         raise ConfigError("--samples and --n must be at least 1")
     config = _config(args)
     env, _, model, tokenizer, device = _policy(config)
-    engine = TorchEngine(model, tokenizer, device)
+    engine = policy_engine(config, model, tokenizer, device)
     tasks = env.first("train", args.n)
     params = sampling_params(config.rl.sampling, tokenizer)
     hits = torch.zeros(len(tasks))
-    for k in range(args.samples):
-        seeds = [derive_seed("filter", config.run.seed, k, t.problem_id) for t in tasks]
-        hits += torch.tensor(
-            correctness(env, engine, tokenizer, tasks, params, seeds), dtype=torch.float32
-        )
+    try:
+        for k in range(args.samples):
+            seeds = [derive_seed("filter", config.run.seed, k, t.problem_id) for t in tasks]
+            hits += torch.tensor(
+                correctness(env, engine, tokenizer, tasks, params, seeds), dtype=torch.float32
+            )
+    finally:
+        engine.close()
     rates = hits / args.samples
     keep = pass_rate_mask(rates, args.lo, args.hi)
     out = Path(args.out)

@@ -12,7 +12,6 @@ Knows nothing about files or displays: the caller records the result
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import build_env
-from swarmrl.inference.engine import TorchEngine
+from swarmrl.trainer.engines import policy_engine
 from swarmrl.trainer.learner import Learner
 from swarmrl.trainer.loop import Hooks, TrainingResult, train
 from swarmrl.trainer.rollout import EngineSource, RolloutSampler
@@ -46,7 +45,11 @@ def run_colocated(
     env = build_env(config.env)
     hooks.on_phase("warm start")
     learner = Learner(config, env, on_sft_step)
-    engine = TorchEngine(copy.deepcopy(learner.policy), learner.tokenizer, learner.device)
-    sampler = RolloutSampler(env, engine, learner.tokenizer, config.rl, config.run.seed)
-    result = train(config, learner, EngineSource(sampler, learner.policy), hooks)
+    engine = policy_engine(config, learner.policy, learner.tokenizer, learner.device)
+    try:
+        sampler = RolloutSampler(env, engine, learner.tokenizer, config.rl, config.run.seed)
+        result = train(config, learner, EngineSource(sampler, learner.policy), hooks)
+    finally:
+        engine.close()
+        learner.close()
     return ColocatedRun(result, learner.policy, learner.tokenizer)

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config.rl import SamplingConfig
 from swarmrl.envs import Environment, Task
-from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.interface import Engine
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
@@ -26,7 +26,7 @@ EVAL_BATCH = 512  # prompts per engine call
 
 def correctness(
     env: Environment,
-    engine: TorchEngine,
+    engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
     tasks: Sequence[Task],
     params: SamplingParams,
@@ -50,7 +50,7 @@ def correctness(
 
 def evaluate(
     env: Environment,
-    engine: TorchEngine,
+    engine: Engine,
     tokenizer: PreTrainedTokenizerBase,
     n: int,
     samples: int,

@@ -22,7 +22,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
 from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.interface import Engine
 from swarmrl.trainer.batch import Group, collate
+from swarmrl.trainer.engines import policy_engine
 from swarmrl.trainer.evaluate import evaluate
 from swarmrl.trainer.step import StepStats, make_optimizer, policy_step
 from swarmrl.trainer.warmstart import (
@@ -61,6 +63,7 @@ class Learner:
         torch.manual_seed(config.run.seed)
         self.optimizer = make_optimizer(self.policy, config.rl)
         self.version = 0  # optimizer steps taken
+        self._eval_engine: Engine | None = None  # vLLM only: started once, reloaded per eval
 
     @property
     def pad_id(self) -> int:
@@ -77,14 +80,31 @@ class Learner:
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out greedy accuracy and sampled pass@1 of the current policy."""
-        return self._evaluate(TorchEngine(self.policy, self.tokenizer, self.device))
+        return self._evaluate(self._engine_for(self.policy, self.tokenizer))
 
     def control(self, seconds: float) -> dict[str, Any]:
         """The control arm: the warm start's SFT continued for ``seconds``, then evaluated."""
         model, tokenizer, steps = continue_warm_start(self.config, self.env, self.warm, seconds)
-        return {**self._evaluate(TorchEngine(model, tokenizer, self.device)), "sft_steps": steps}
+        return {**self._evaluate(self._engine_for(model, tokenizer)), "sft_steps": steps}
 
-    def _evaluate(self, engine: TorchEngine) -> dict[str, Any]:
+    def close(self) -> None:
+        """Stop the evaluation engine, if one runs in its own process."""
+        if self._eval_engine is not None:
+            self._eval_engine.close()
+            self._eval_engine = None
+
+    def _engine_for(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Engine:
+        """An engine with ``model``'s weights, by ``inference.backend``: the torch engine wraps
+        the model itself; one vLLM engine is kept and loads each model's weights in place."""
+        if self.config.inference.backend == "torch":
+            return TorchEngine(model, tokenizer, self.device)
+        if self._eval_engine is None:
+            self._eval_engine = policy_engine(self.config, model, tokenizer, self.device)
+        else:
+            self._eval_engine.load_state_dict(model.state_dict())
+        return self._eval_engine
+
+    def _evaluate(self, engine: Engine) -> dict[str, Any]:
         c = self.config
         return evaluate(
             self.env, engine, self.tokenizer, c.eval.n, c.eval.samples, c.rl.sampling, c.run.seed

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config.rl import RLConfig, SamplingConfig
 from swarmrl.envs import Environment, Task
-from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.interface import Engine
 from swarmrl.model.prompts import encode_prompt
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
@@ -42,7 +42,7 @@ class RolloutSampler:
     def __init__(
         self,
         env: Environment,
-        engine: TorchEngine,
+        engine: Engine,
         tokenizer: PreTrainedTokenizerBase,
         rl: RLConfig,
         seed: int,

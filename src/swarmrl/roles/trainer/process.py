@@ -167,6 +167,7 @@ def run(
             status.set(state="done")
     finally:
         origin.stop()
+        learner.close()
     return 0
 
 

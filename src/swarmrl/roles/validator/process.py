@@ -17,6 +17,7 @@ from swarmrl.envs import build_env
 from swarmrl.errors import PeerError
 from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
+from swarmrl.inference.interface import require_backend
 from swarmrl.pool.client import PoolClient
 from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
@@ -45,6 +46,11 @@ class Versions:
         self.stop = stop
         self.loaded: OrderedDict[int, LoadedVersion] = OrderedDict()
 
+    def close(self) -> None:
+        """Release every loaded engine (vLLM engines run their own processes)."""
+        while self.loaded:
+            self.loaded.popitem()[1].engine.close()
+
     def __call__(self, version: int) -> LoadedVersion:
         if version in self.loaded:
             self.loaded.move_to_end(version)
@@ -58,10 +64,10 @@ class Versions:
             pause_s=swarm.retry_s,
             stop=self.stop,
         )
-        loaded = load_version(path, version)
+        loaded = load_version(path, version, inference=self.config.inference)
         self.loaded[version] = loaded
         while len(self.loaded) > KEEP_LOADED:
-            self.loaded.popitem(last=False)
+            self.loaded.popitem(last=False)[1].engine.close()
         return loaded
 
 
@@ -82,58 +88,65 @@ def run(
     )
     versions = Versions(weights, config, log, stop)
     banned: set[str] = set()
-    with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
-        status.set(state="waiting for submissions")
-        while True:
-            pending = retry(
-                lambda: pool.claim(args.pool, args.claim),
-                "claim pending submissions",
-                log,
-                give_up_s=swarm.give_up_s,
-                pause_s=swarm.retry_s,
-            )
-            if not pending:
-                status.set(state="waiting for submissions")
-                stop.wait(0.3)
-                continue
-            for sub in pending:
-                status.set(state=f"replaying {sub.submission_id[:8]}")
-                result = judge(sub, env, versions, config.toploc)
-                if result.verdict is None:
-                    log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
-                    status.add(deferred=1)
+    try:
+        with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
+            status.set(state="waiting for submissions")
+            while True:
+                pending = retry(
+                    lambda: pool.claim(args.pool, args.claim),
+                    "claim pending submissions",
+                    log,
+                    give_up_s=swarm.give_up_s,
+                    pause_s=swarm.retry_s,
+                )
+                if not pending:
+                    status.set(state="waiting for submissions")
+                    stop.wait(0.3)
                     continue
-                verdict = result.verdict
-                try:
-                    retry(
-                        lambda v=verdict: pool.verdict(args.pool, v),
-                        "post verdict",
-                        log,
-                        give_up_s=swarm.give_up_s,
-                        pause_s=swarm.retry_s,
+                for sub in pending:
+                    status.set(state=f"replaying {sub.submission_id[:8]}")
+                    result = judge(sub, env, versions, config.toploc)
+                    if result.verdict is None:
+                        log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
+                        status.add(deferred=1)
+                        continue
+                    verdict = result.verdict
+                    try:
+                        retry(
+                            lambda v=verdict: pool.verdict(args.pool, v),
+                            "post verdict",
+                            log,
+                            give_up_s=swarm.give_up_s,
+                            pause_s=swarm.retry_s,
+                        )
+                    except PeerError as exc:  # the pool refused it
+                        # e.g. the submission was dropped when its node was banned meanwhile
+                        log.info("verdict on %s not recorded: %s", sub.submission_id, exc)
+                        status.add(superseded=1)
+                        continue
+                    if verdict.accept:
+                        status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
+                        if result.rewards:
+                            status.set(reward_mean=sum(result.rewards) / len(result.rewards))
+                        continue
+                    status.add(rejected=1)
+                    reason = verdict.reasons[0] if verdict.reasons else "rejected"
+                    log.warning(
+                        "rejected %s from node %s: %s", sub.submission_id, sub.node_id, reason
                     )
-                except PeerError as exc:  # the pool refused it
-                    # e.g. the submission was dropped when its node was banned meanwhile
-                    log.info("verdict on %s not recorded: %s", sub.submission_id, exc)
-                    status.add(superseded=1)
-                    continue
-                if verdict.accept:
-                    status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
-                    if result.rewards:
-                        status.set(reward_mean=sum(result.rewards) / len(result.rewards))
-                    continue
-                status.add(rejected=1)
-                reason = verdict.reasons[0] if verdict.reasons else "rejected"
-                log.warning("rejected %s from node %s: %s", sub.submission_id, sub.node_id, reason)
-                if sub.node_id not in banned:
-                    banned.add(sub.node_id)
-                    status.set(banned=len(banned))
-                    status.event(f"banned node {sub.node_id[:8]}: {reason[:80]}")
+                    if sub.node_id not in banned:
+                        banned.add(sub.node_id)
+                        status.set(banned=len(banned))
+                        status.event(f"banned node {sub.node_id[:8]}: {reason[:80]}")
+
+    finally:
+        versions.close()
 
 
 def start(args: argparse.Namespace) -> int:
     """Run the role with parsed arguments (see :mod:`cli`); returns the exit status."""
     config = load_role_config(args)
+    require_backend(config.inference.backend)
     keypair = load_keypair(args.key)
     name = args.name or f"validator-{keypair.node_id[:8]}"
     log = setup_logging(name)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import load_keypair
+from swarmrl.inference.interface import require_backend
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
     StatusReporter,
@@ -29,7 +30,10 @@ from swarmrl.rolekit.toolkit import (
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarmrl worker", description="run an untrusted inference worker: lease, generate, prove, submit")
+    parser = argparse.ArgumentParser(
+        prog="swarmrl worker",
+        description="run an untrusted inference worker: lease, generate, prove, submit",
+    )
     add_role_args(parser)
     add_peer_args(parser)
     parser.add_argument("--invite", default=None, help="invite JSON from the pool owner")
@@ -40,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     config = load_role_config(args)
+    require_backend(config.inference.backend)
     keypair = load_keypair(args.key)
     name = args.name or f"worker-{keypair.node_id[:8]}"
     log = setup_logging(name)

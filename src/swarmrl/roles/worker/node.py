@@ -38,6 +38,7 @@ from swarmrl.errors import (
 )
 from swarmrl.identity import KeyPair
 from swarmrl.inference.types import Generation
+from swarmrl.model.io import load_policy
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
@@ -138,7 +139,7 @@ class WorkerNode:
             return
         version, path = ready
         if self.policy is None:
-            self.policy = load_version(path, version)
+            self.policy = load_version(path, version, inference=self.config.inference)
         else:
             swap_version(self.policy, path, version)
         if self.corrupted:
@@ -149,7 +150,8 @@ class WorkerNode:
     def _corrupt(self) -> None:
         """TEST-ONLY misbehaviour: generate with tampered weights from now on."""
         assert self.policy is not None
-        state = corrupt_weights(self.policy.engine.model.state_dict(), seed=self.policy.version)
+        model, _ = load_policy(str(self.policy.path))
+        state = corrupt_weights(model.state_dict(), seed=self.policy.version)
         self.policy.engine.load_state_dict(state)
 
     # -- heartbeat ------------------------------------------------------------------------
@@ -175,7 +177,7 @@ class WorkerNode:
 
     # -- work -----------------------------------------------------------------------------
     def join(self) -> None:
-        meta = NodeMetadata(engine="torch", memory_gb=0.0, accelerator="cpu")
+        meta = NodeMetadata(engine=self.config.inference.backend, memory_gb=0.0, accelerator="cpu")
         swarm = self.config.swarm
 
         def call() -> None:
@@ -327,6 +329,8 @@ class WorkerNode:
             self.stop.set()
             self.pool.close()
             self.weights.close()
+            if self.policy is not None:
+                self.policy.engine.close()
         if self.banned.is_set():
             self.status.set(state="banned")
             self.status.flush()  # before exiting, so a supervisor sees why
