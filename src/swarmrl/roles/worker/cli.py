@@ -17,7 +17,6 @@ from pathlib import Path
 
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import load_keypair
-from swarmrl.inference.interface import require_backend
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
     StatusReporter,
@@ -41,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     config = load_role_config(args)
+    from swarmrl.inference.interface import require_backend  # after --help: imports torch
+
     require_backend(config.inference.backend)
     keypair = load_keypair(args.key)
     name = args.name or f"worker-{keypair.node_id[:8]}"
