@@ -178,6 +178,11 @@ class VllmEngine:
                 )
             hidden = rec["hidden"]
             if return_hidden:
+                if hidden is None:
+                    raise RuntimeError(
+                        "vLLM ran without the hidden-state hook (CUDA graphs replay without "
+                        "it): set inference.vllm.enforce_eager = true for proofs"
+                    )
                 hidden = hidden[: len(row) + len(tokens) - 1]  # the last token never ran
             results.append(
                 Generation(
