@@ -1,5 +1,6 @@
 """The orchestrator refuses to start on a database that disagrees with its ledger: a cut tail,
-an emptied ledger, an unbanned node, inflated credits, a rejected unit turned accepted."""
+an emptied ledger, an unbanned node, inflated credits, a rejected unit turned accepted; and
+what a node signed is kept, so anyone can re-check its signature."""
 
 import shutil
 import sqlite3
@@ -8,10 +9,12 @@ import sys
 
 import pytest
 
-from swarmrl.errors import LedgerMismatch
+from swarmrl.errors import CorruptData, LedgerMismatch
 from swarmrl.identity import KeyPair
+from swarmrl.pool.audit import check_node_signature
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import make_context
+from swarmrl.pool.store import RolloutStore
 from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -97,3 +100,36 @@ def test_the_orchestrator_command_says_so_in_one_line(history, tmp_path):
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]  # after the resolved-config log line
     assert "error: the pool database disagrees with its ledger" in last, done.stderr
+
+
+def test_a_third_party_can_recheck_every_node_signature(tmp_path):
+    orch, owner, node_key = (KeyPair.generate() for _ in range(3))
+    spec = PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=20,
+        open=True,
+        sampling=SamplingParams(max_new_tokens=2),
+        validated_fraction=0.0,
+        max_leases_in_flight=16,
+    )
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        node = PoolClient(server.url, node_key)
+        node.join(POOL, CPU_NODE)
+        for _ in range(10):
+            work = node.lease(POOL).work
+            node.submit(
+                POOL, Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+            )
+        entries = [e for e in PoolClient(server.url, orch).ledger() if e["kind"] == "submission"]
+    # from the ledger and the rollout store alone, with nothing but the node's public key
+    store = RolloutStore(str(tmp_path / "run" / "rollouts"))
+    assert len(entries) == 10
+    for entry in entries:
+        assert entry["body"]["node_key"] == node_key.public_key_hex
+        check_node_signature(store, POOL, entry["body"])
+    first = entries[0]["body"]["submission_id"]
+    store.put_request(f"{POOL}/{first}.parquet", b'{"lease_id": "forged", "samples": []}')
+    with pytest.raises(CorruptData):
+        check_node_signature(store, POOL, entries[0]["body"])

@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from swarmrl.errors import BadSignature, OversizedRequest, ReplayedRequest
@@ -83,6 +83,7 @@ class SignedRequest:
     nonce: str
     signature: str
     body_digest: str
+    body: bytes = field(default=b"", repr=False)  # the signed body, for whoever must keep it
 
 
 class NonceStore(Protocol):
@@ -187,4 +188,5 @@ class RequestVerifier:
             nonce=nonce,
             signature=signature,
             body_digest=body_digest,
+            body=body,
         )

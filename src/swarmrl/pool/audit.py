@@ -15,21 +15,27 @@ whole chain against its key and re-derives from the ledger what those tables mus
   ``slash`` entry names it.
 
 Any disagreement is a :class:`LedgerMismatch` naming the first few, and the orchestrator does not
-start. Knows nothing about HTTP; reads, never writes.
+start. :func:`check_node_signature` re-checks, from what is stored, that a node really signed a
+submission (the request body is kept in the rollout store). Knows nothing about HTTP; reads,
+never writes.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from swarmrl.errors import LedgerMismatch
+from swarmrl.errors import CorruptData, LedgerMismatch
+from swarmrl.identity.keys import digest_hex, verify_signature
+from swarmrl.identity.requests import request_message
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.verify import export_lines, verify_lines
 from swarmrl.pool import db
+from swarmrl.pool.store import RolloutStore
 
 SHOWN = 3  # disagreements named in the error
 
@@ -127,3 +133,22 @@ def audit(engine: sa.Engine, orchestrator_key: str) -> None:
             + more
             + "; refusing to start on it"
         )
+
+
+def check_node_signature(store: RolloutStore, pool_id: str, submission: Any) -> None:
+    """Re-check a node's signature over a stored submission (a row of ``submissions``, or a
+    ledger ``submission`` entry's body with ``submission_id``); raises
+    :class:`~swarmrl.errors.BadSignature` or :class:`~swarmrl.errors.CorruptData`."""
+    auth = submission if isinstance(submission, dict) else json.loads(submission.auth)
+    sid = submission["submission_id"] if isinstance(submission, dict) else submission.submission_id
+    body = store.get_request(f"{pool_id}/{sid}.parquet")
+    if digest_hex(body) != auth["body_digest"]:
+        raise CorruptData(f"the stored request of submission {sid} is not the one signed")
+    message = request_message(
+        "POST",
+        f"/pools/{pool_id}/submissions",
+        auth["body_digest"],
+        auth["timestamp_ms"],
+        auth["nonce"],
+    )
+    verify_signature(auth["node_key"], message, auth["signature"])

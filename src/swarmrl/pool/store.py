@@ -5,7 +5,9 @@ list<int32> [P], ``output_tokens`` list<int32> [T], ``logprobs``
 list<float64> [T] (exactly the submitted values),
 ``finish_reason`` string, ``policy_version`` int64, ``proof`` string (canonical JSON of a proof
 object, ``hex:<bytes>`` for hex proofs, null for none). Validator log-probs go to a second file
-``<key>.behaviour.parquet`` with one column ``behaviour_logprobs`` list<float64> [T].
+``<key>.behaviour.parquet`` with one column ``behaviour_logprobs`` list<float64> [T]. The exact
+body the node signed goes to ``<key>.request.zst`` (zstd), so anyone can re-derive its digest and
+re-check the node's signature (``swarmrl.pool.audit.check_node_signature``).
 
 Writes go to a temporary name and are renamed into place, so a reader never sees half a file.
 Knows nothing about leases or verdicts.
@@ -21,6 +23,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
 from swarmrl.identity.keys import canonical_json
 from swarmrl.protocol.pool import Sample
@@ -98,7 +101,24 @@ class RolloutStore:
         with self.fs.open(path, "rb") as handle:
             return pq.read_table(handle).column("behaviour_logprobs").to_pylist()
 
+    def put_request(self, key: str, body: bytes) -> None:
+        """Keep the request body a node signed for the submission stored under ``key``."""
+        path = self._path(key + ".request.zst")
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open(tmp, "wb") as handle:
+            handle.write(zstandard.ZstdCompressor(level=3).compress(body))
+        self.fs.mv(tmp, path)
+
+    def get_request(self, key: str) -> bytes:
+        """The signed request body kept by :meth:`put_request`."""
+        with self.fs.open(self._path(key + ".request.zst"), "rb") as handle:
+            return zstandard.ZstdDecompressor().decompress(handle.read())
+
     def delete(self, key: str) -> None:
-        for path in (self._path(key), self._path(key + ".behaviour.parquet")):
+        for path in (
+            self._path(key),
+            self._path(key + ".behaviour.parquet"),
+            self._path(key + ".request.zst"),
+        ):
             if self.fs.exists(path):
                 self.fs.rm(path)

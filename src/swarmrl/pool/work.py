@@ -244,6 +244,7 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
             "nonce": signed.nonce,
         }
         ctx.store.put_samples(key, sub.samples)
+        ctx.store.put_request(key, signed.body)  # what the node signed, for third parties
         try:
             conn.execute(
                 db.submissions.insert(),
