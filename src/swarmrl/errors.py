@@ -30,6 +30,7 @@
     │       ├── NotFound            not_found: no such pool, node, lease or submission
     │       ├── Conflict            conflict: already done, already exists, or out of order
     │       ├── Expired             expired: an invite or lease past its deadline
+    │       ├── RateLimited         rate_limited: too many new identities joining; retry later
     │       └── Invalid             invalid: a value that breaks a pool rule
     │           └── Malformed       malformed: a body that does not match the message schema
     ├── VersionGone                 a weight version every source has pruned: it will not come
@@ -164,6 +165,12 @@ class Expired(Rejected):
     """An invite or a lease past its deadline."""
 
     code = "expired"
+
+
+class RateLimited(Rejected):
+    """Too many new nodes are joining the pool right now; the same request succeeds later."""
+
+    code = "rate_limited"
 
 
 class Invalid(Rejected):

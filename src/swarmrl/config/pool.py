@@ -32,6 +32,10 @@ class PoolConfig(Section):
     eject_after_s: float = Field(300.0, gt=0, description="no beat this long → ejected")
     sweep_interval_s: float = Field(1.0, gt=0, description="health/lease sweeper period")
     claim_timeout_s: float = Field(300.0, gt=0, description="validator claim expires, s")
+    join_rate_per_s: float = Field(
+        2.0, gt=0, description="new nodes admitted per second and pool, on average"
+    )
+    join_burst: int = Field(32, gt=0, description="new nodes a pool admits at once")
     batch_lease_s: float = Field(
         300.0, gt=0, description="an unacknowledged trainer batch returns to the queue after, s"
     )

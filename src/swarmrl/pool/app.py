@@ -68,7 +68,7 @@ log = logging.getLogger("swarmrl.pool")
 T = TypeVar("T")
 MAX_LEDGER_SEQ = 2**62  # larger `start` values are refused (422) before they reach SQL
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorReply} for code in (400, 401, 403, 404, 409, 410, 413, 422)
+    code: {"model": ErrorReply} for code in (400, 401, 403, 404, 409, 410, 413, 422, 429)
 }
 
 

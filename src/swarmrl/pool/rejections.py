@@ -26,6 +26,7 @@ from swarmrl.errors import (
     NotMember,
     OversizedRequest,
     PeerError,
+    RateLimited,
     Rejected,
     ReplayedRequest,
     Unauthorized,
@@ -48,6 +49,7 @@ STATUS: dict[type[PeerError], int] = {
     Expired: 410,
     OversizedRequest: 413,
     Invalid: 422,
+    RateLimited: 429,
     Malformed: 422,
 }
 

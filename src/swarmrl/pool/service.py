@@ -18,12 +18,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
-from swarmrl.errors import BadSignature
+from swarmrl.errors import BadSignature, RateLimited
 from swarmrl.identity.keys import KeyPair, canonical_json, verify_signature
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
 from swarmrl.pool import assignments, db
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
+from swarmrl.pool.limits import TokenBucket
 from swarmrl.pool.rejections import (
     Conflict,
     Expired,
@@ -61,6 +62,7 @@ class Context:
     clock: Callable[[], float] = time.time
     started_at: float = field(default_factory=time.time)
     _specs: dict[str, PoolSpec] = field(default_factory=dict)
+    _joins: dict[str, TokenBucket] = field(default_factory=dict)  # per pool (swarmrl.pool.limits)
 
     @property
     def ledger(self) -> Ledger:
@@ -232,6 +234,18 @@ def _check_invite(
     return invite.invite_id
 
 
+def _admit_new(ctx: Context, pool_id: str, now: float) -> None:
+    """Take a join token of the pool, or :class:`RateLimited` saying when to come back."""
+    cfg = ctx.config
+    bucket = ctx._joins.setdefault(pool_id, TokenBucket(cfg.join_rate_per_s, cfg.join_burst))
+    wait_s = bucket.take(now)
+    if wait_s > 0:
+        raise RateLimited(
+            f"too many new nodes joining pool {pool_id!r} (at most {cfg.join_rate_per_s:g}/s, "
+            f"bursts of {cfg.join_burst}); try again in {wait_s:.1f} s"
+        )
+
+
 def join(
     ctx: Context, pool_id: str, public_key_hex: str, node_id: str, req: JoinRequest
 ) -> NodeView:
@@ -247,6 +261,7 @@ def join(
         if existing is not None and existing.state != "ejected":
             return _node_view(conn, existing)
         _check_requirements(spec.requirements, req.metadata)
+        _admit_new(ctx, pool_id, now)
         invite_id = None if spec.open else _check_invite(conn, spec, req, node_id, now)
         values = dict(
             public_key=public_key_hex,

@@ -25,14 +25,14 @@ import tenacity
 
 from swarmrl.config import SwarmConfig
 from swarmrl.config.args import add_config_args, config_from_args, config_line
-from swarmrl.errors import InfraError, WaitTimeout
+from swarmrl.errors import InfraError, RateLimited, WaitTimeout
 from swarmrl.protocol.swarm import RoleName, RoleStatus
 
 T = TypeVar("T")
 
 # What a lost or restarting peer looks like from here: connection refused, reset, timeouts,
-# 5xx replies turned into PeerUnavailable by the clients.
-TRANSIENT: tuple[type[BaseException], ...] = (httpx.TransportError, InfraError)
+# 5xx replies turned into PeerUnavailable by the clients; and a pool asking to come back later.
+TRANSIENT: tuple[type[BaseException], ...] = (httpx.TransportError, InfraError, RateLimited)
 
 
 def add_role_args(parser: argparse.ArgumentParser, *, needs_key: bool = True) -> None:
