@@ -2,13 +2,16 @@
 sizes are bounded, and a node's first submissions are all checked (probation)."""
 
 import pytest
+import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import RateLimited
 from swarmrl.identity import KeyPair
+from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import NodeMetadata, PoolSpec
-from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
+from swarmrl.pool.work import HELD_UNTIL
+from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "jn"
 
@@ -44,3 +47,53 @@ def test_labels_are_bounded():
     for labels in (big, {"k": "v" * 257}, {"k" * 65: "v"}, {"": "v"}):
         with pytest.raises(ValueError):
             NodeMetadata(engine="torch", memory_gb=1, accelerator="cpu", labels=labels)
+
+
+def test_a_new_node_is_fully_checked_and_its_credit_held_until_probation_passes(tmp_path):
+    orch, owner, validator, key = (KeyPair.generate() for _ in range(4))
+    cfg = PoolConfig(probation_submissions=2)
+    spec = PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=10,
+        open=True,
+        sampling=SamplingParams(max_new_tokens=2),
+        validators=[validator.public_key_hex],
+        validated_fraction=0.0,  # after probation, nothing of this node is checked
+        max_leases_in_flight=8,
+    )
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        node, checker = PoolClient(server.url, key), PoolClient(server.url, validator)
+        node.join(POOL, CPU_NODE)
+        admin = PoolClient(server.url, owner)
+
+        def submit():
+            work = node.lease(POOL).work
+            return node.submit(
+                POOL, Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+            )
+
+        locked = []
+        for _ in range(2):
+            assert submit().status == "pending"  # on probation: checked
+            [p] = checker.claim(POOL)
+            lp = [s.logprobs for s in p.samples]
+            checker.verdict(
+                POOL,
+                Verdict(
+                    submission_id=p.submission_id,
+                    accept=True,
+                    measured_tokens=2,
+                    behaviour_logprobs=lp,
+                ),
+            )
+            with server.ctx.engine.connect() as conn:
+                locked.append(
+                    conn.execute(sa.select(sa.func.max(db.credits.c.unlock_at))).scalar_one()
+                )
+        assert locked[0] >= HELD_UNTIL  # held while on probation
+        assert locked[1] < HELD_UNTIL  # released (into the normal lock) once it passed
+        last = submit()
+        assert last.status == "accepted"  # probation over: the pool's fraction applies
+        assert admin.metrics(POOL).credited_tokens == 4 + last.tokens

@@ -36,6 +36,12 @@ class PoolConfig(Section):
         2.0, gt=0, description="new nodes admitted per second and pool, on average"
     )
     join_burst: int = Field(32, gt=0, description="new nodes a pool admits at once")
+    probation_submissions: int = Field(
+        3,
+        ge=0,
+        description="a node's first accepted submissions this many are all validated and their "
+        "credit held until the last of them passes (pools with validators)",
+    )
     batch_lease_s: float = Field(
         300.0, gt=0, description="an unacknowledged trainer batch returns to the queue after, s"
     )

@@ -21,7 +21,7 @@ from swarmrl.pool.penalties import invalidate_in
 from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
 from swarmrl.pool.replies import json_object, serialise_rows
 from swarmrl.pool.service import Context, current_version, node_row
-from swarmrl.pool.work import credit
+from swarmrl.pool.work import HELD_UNTIL, credit, on_probation
 from swarmrl.protocol.pool import (
     PendingSubmission,
     PoolSpec,
@@ -135,9 +135,9 @@ def record_verdict(
         ctx.ledger.append(conn, "verdict", body, pool_id=pool_id, node_id=row.node_id, ts=now)
         node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == row.node_id)
         if verdict.accept:
-            conn.execute(
-                db.nodes.update().where(node_where).values(accepted=db.nodes.c.accepted + 1)
-            )
+            accepted = node_row(conn, pool_id, row.node_id).accepted + 1
+            conn.execute(db.nodes.update().where(node_where).values(accepted=accepted))
+            held = on_probation(ctx, spec, accepted)
             credit(
                 ctx,
                 conn,
@@ -146,7 +146,18 @@ def record_verdict(
                 row.node_id,
                 verdict.measured_tokens,
                 "validator",
+                held,
             )
+            if not held:  # probation passed (or none): credits held so far start their lock
+                conn.execute(
+                    db.credits.update()
+                    .where(
+                        db.credits.c.pool_id == pool_id,
+                        db.credits.c.node_id == row.node_id,
+                        db.credits.c.unlock_at >= HELD_UNTIL,
+                    )
+                    .values(unlock_at=now + spec.credit_lock_s)
+                )
             assert verdict.behaviour_logprobs is not None
             ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
         else:

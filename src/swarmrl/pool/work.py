@@ -188,11 +188,27 @@ def _selected(submission_id: str, fraction: float) -> bool:
     return int(digest_hex(submission_id.encode())[:13], 16) / 16**13 < fraction
 
 
+HELD_UNTIL = 1e18  # unlock_at of a credit held while its node is on probation
+
+
+def on_probation(ctx: Context, spec: PoolSpec, accepted: int) -> bool:
+    """A node with fewer than ``probation_submissions`` accepted verdicts is on probation: every
+    submission of it is validated and its credits are held (``HELD_UNTIL``) until it passes."""
+    return bool(spec.validators) and accepted < ctx.config.probation_submissions
+
+
 def credit(
-    ctx: Context, conn: sa.Connection, spec: PoolSpec, sid: str, node_id: str, tokens: int, by: str
+    ctx: Context,
+    conn: sa.Connection,
+    spec: PoolSpec,
+    sid: str,
+    node_id: str,
+    tokens: int,
+    by: str,
+    held: bool = False,
 ) -> None:
     now = ctx.clock()
-    unlock_at = now + spec.credit_lock_s
+    unlock_at = HELD_UNTIL if held else now + spec.credit_lock_s
     conn.execute(
         db.credits.insert(),
         dict(
@@ -205,7 +221,13 @@ def credit(
             dropped=False,
         ),
     )
-    body = {"submission_id": sid, "tokens": tokens, "unlock_at": unlock_at, "measured_by": by}
+    body = {
+        "submission_id": sid,
+        "tokens": tokens,
+        "unlock_at": unlock_at,
+        "measured_by": by,
+        "held": held,
+    }
     ctx.ledger.append(conn, "credit", body, pool_id=spec.pool_id, node_id=node_id, ts=now)
 
 
@@ -216,7 +238,8 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
     key = f"{pool_id}/{sid}.parquet"
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
-        require_member(node_row(conn, pool_id, node_id))
+        member = node_row(conn, pool_id, node_id)
+        require_member(member)
         row = conn.execute(
             sa.select(db.leases).where(
                 db.leases.c.lease_id == sub.lease_id, db.leases.c.pool_id == pool_id
@@ -235,7 +258,9 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
         work = WorkUnit.model_validate_json(row.work)
         version = current_version(conn, pool_id)
         tokens = check_samples(spec, work, sub.samples, version, ctx.config.max_proof_bytes)
-        selected = _selected(sid, spec.validated_fraction)
+        selected = _selected(sid, spec.validated_fraction) or on_probation(
+            ctx, spec, member.accepted
+        )
         auth = {
             "node_key": signed.public_key.hex,
             "signature": signed.signature,
