@@ -111,3 +111,30 @@ def test_load_policy_unreachable_hub_id_is_one_line_user_error(
         load_policy("swarmrl-no-such-org/no-such-model")
     assert "\n" not in str(err.value)
     assert "swarmrl-no-such-org/no-such-model" in str(err.value)
+
+
+def test_a_tokenizer_that_cannot_encode_a_prompt_is_refused_at_start(tmp_path: Path) -> None:
+    """A digits-only tokenizer given a letters task: one ConfigError naming the characters,
+    before any step, instead of training on <unk> tokens."""
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+    from swarmrl.envs import build_env
+    from swarmrl.errors import ConfigError
+    from swarmrl.model.prompts import check_prompts_encodable
+    from swarmrl.trainer.learner import Learner
+
+    digits = build_char_tokenizer("0123456789+=")
+    check_prompts_encodable(digits, ["12+34=", "7="])  # covered: no error
+    with pytest.raises(ConfigError, match=r"cannot encode 'x'"):
+        check_prompts_encodable(digits, ["12+x="])
+
+    model_dir = save_policy(
+        create_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32),
+                          digits),
+        digits,
+        tmp_path / "digits-model",
+    )  # fmt: skip
+    config = load_config(
+        [EMBEDDED_DEFAULT], ["env.name=reverse", f"model.path={str(model_dir)!r}"]
+    )
+    with pytest.raises(ConfigError, match="cannot encode"):
+        Learner(config, build_env(config.env))

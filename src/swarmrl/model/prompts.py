@@ -19,10 +19,12 @@ removed. Knows nothing about models or environments.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase
+
+from swarmrl.errors import ConfigError
 
 
 class PromptLike(Protocol):
@@ -67,3 +69,27 @@ def encode_prompt(
 def decode_completion(tokenizer: PreTrainedTokenizerBase, output_tokens: Sequence[int]) -> str:
     return tokenizer.decode(list(output_tokens), skip_special_tokens=True)
 
+
+def unknown_characters(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
+    """The characters of ``text`` that ``tokenizer`` can only map to its unknown token ("" when
+    it has no unknown token, as byte-level tokenizers, or when every character is covered)."""
+    unk = tokenizer.unk_token_id
+    if unk is None or unk not in tokenizer.encode(text, add_special_tokens=False):
+        return ""
+    return "".join(
+        ch for ch in dict.fromkeys(text) if unk in tokenizer.encode(ch, add_special_tokens=False)
+    )
+
+
+def check_prompts_encodable(
+    tokenizer: PreTrainedTokenizerBase, prompts: Iterable[str | PromptLike]
+) -> None:
+    """Refuse, at start, a tokenizer that would silently turn a task's prompt into unknowns."""
+    for i, prompt in enumerate(prompts):
+        text = prompt if isinstance(prompt, str) else render_prompt(tokenizer, prompt.prompt, prompt.system)
+        missing = unknown_characters(tokenizer, text)
+        if missing:
+            raise ConfigError(
+                f"the tokenizer cannot encode {missing!r} (prompt {i}: {text[:60]!r}); "
+                "choose a model whose tokenizer covers the task's text (model.path)"
+            )

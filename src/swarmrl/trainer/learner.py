@@ -23,6 +23,7 @@ from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.interface import Engine
+from swarmrl.model.prompts import check_prompts_encodable
 from swarmrl.trainer.batch import Group, collate
 from swarmrl.trainer.engines import policy_engine
 from swarmrl.trainer.evaluate import evaluate
@@ -42,6 +43,9 @@ def resolve_device(name: str) -> str:
     return name
 
 
+PROMPT_CHECKS = 64  # training prompts whose encoding is checked at start
+
+
 class Learner:
     """The policy, its optimizer and version; one RL step; held-out evaluation; the control."""
 
@@ -57,6 +61,9 @@ class Learner:
         self.policy: PreTrainedModel
         self.tokenizer: PreTrainedTokenizerBase
         self.policy, self.tokenizer = load_start_policy(config, self.warm, self.device)
+        check_prompts_encodable(
+            self.tokenizer, [*env.first("train", PROMPT_CHECKS), *env.first("heldout", 8)]
+        )
         self.reference = (
             copy.deepcopy(self.policy).eval() if config.rl.kl_coef > 0 else None
         )  # frozen π_ref of the KL term
