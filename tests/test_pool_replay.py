@@ -63,3 +63,20 @@ def test_requests_dated_ahead_beyond_the_skew_are_refused(tmp_path):
             server.url, path, sign_request(node, "POST", path, body, now_s=time.time() - 45), body
         )
         assert old.status_code == 200, old.text
+
+
+def test_the_database_nonce_store_refuses_reuse_until_expiry(db_url, tmp_path):
+    from swarmrl.pool.db import make_engine, sqlite_url
+    from swarmrl.pool.nonces import DatabaseNonceStore
+
+    engine = make_engine(db_url or sqlite_url(tmp_path / "n.db"))
+    now = [1000.0]
+    store = DatabaseNonceStore(engine, clock=lambda: now[0])
+    key, other = "a" * 64, "b" * 64
+    assert store.claim(key, "n" * 16, expires_at_s=1060.0)
+    assert not store.claim(key, "n" * 16, expires_at_s=1060.0)
+    assert store.claim(other, "n" * 16, expires_at_s=1060.0)  # per key
+    now[0] = 1061.0  # expired: the window check alone refuses it now, so it may be forgotten
+    assert store.claim(key, "n" * 16, expires_at_s=1121.0)
+    assert not DatabaseNonceStore(engine, clock=lambda: now[0]).claim(key, "n" * 16, 1121.0)
+    engine.dispose()

@@ -32,19 +32,21 @@ class DatabaseNonceStore:
     def claim(self, public_key_hex: str, nonce: str, expires_at_s: float) -> bool:
         now = self.clock()
         t = db.nonces
+        if now >= self._next_purge_s:
+            with self.engine.begin() as conn:
+                conn.execute(t.delete().where(t.c.expires_at <= now))
+            self._next_purge_s = now + self.purge_every_s
+        row = dict(public_key=public_key_hex, nonce=nonce, expires_at=expires_at_s)
+        try:  # the common case, a fresh nonce, is one statement
+            with self.engine.begin() as conn:
+                conn.execute(t.insert(), row)
+            return True
+        except sa.exc.IntegrityError:
+            pass
         key = sa.and_(t.c.public_key == public_key_hex, t.c.nonce == nonce)
         with self.engine.begin() as conn:
-            if now >= self._next_purge_s:
-                conn.execute(t.delete().where(t.c.expires_at <= now))
-                self._next_purge_s = now + self.purge_every_s
             seen = conn.execute(sa.select(t.c.expires_at).where(key)).scalar_one_or_none()
             if seen is not None and seen > now:
                 return False
-            if seen is None:
-                conn.execute(
-                    t.insert(),
-                    dict(public_key=public_key_hex, nonce=nonce, expires_at=expires_at_s),
-                )
-            else:
-                conn.execute(t.update().where(key).values(expires_at=expires_at_s))
+            conn.execute(t.update().where(key).values(expires_at=expires_at_s))
         return True
