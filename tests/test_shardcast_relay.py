@@ -357,3 +357,43 @@ def test_a_pruned_version_is_gone_not_unavailable(tmp_path):
             client.fetch(9)
     finally:
         origin.stop()
+
+
+def test_an_upstream_announcing_ever_newer_versions_is_heard_less_and_less(tmp_path):
+    """A real HTTP upstream that answers every poll at once with a higher version it never
+    backs (its manifests are 404): the relay still follows the origin and stops hammering it."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    polls = []
+
+    async def versions(request):
+        polls.append(time.monotonic())
+        v = 1_000_000 + len(polls)
+        info = {"version": v, "step": v, "complete": True, "total_bytes": 1}
+        return JSONResponse({"latest": v, "versions": [info]})
+
+    async def missing(request):
+        return JSONResponse({"error": "unknown version"}, status_code=404)
+
+    app = Starlette(
+        routes=[
+            Route("/versions", versions),
+            Route("/versions/wait", versions),
+            Route("/v/{version:int}/manifest", missing),
+        ]
+    )
+    pub = Publisher(tmp_path / "origin", KEY, CFG)
+    pub.publish(write_checkpoint(tmp_path / "ck1", random_weights(16 * 1024, seed=9)), 1)
+    origin, liar = serve_store(tmp_path / "origin", CFG), serve_in_thread(app)
+    relay = _Relay(tmp_path / "relay", [liar.url, origin.url])
+    try:
+        _wait(lambda: relay.catalog.latest(complete_only=True) == 1, 15, "v1 at the relay")
+        started = len(polls)
+        time.sleep(4.0)
+        assert len(polls) - started <= 4, f"{len(polls) - started} polls of the liar in 4 s"
+    finally:
+        relay.stop()
+        liar.stop()
+        origin.stop()

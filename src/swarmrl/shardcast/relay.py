@@ -5,10 +5,11 @@ is known the moment its upstream knows it; each upstream's announcement is kept 
 that announces a version it cannot back (a lying or broken relay) delays nobody else. A
 replication thread then takes the newest announced version that no upstream has yet failed to
 back with a validly signed manifest (such a version is set aside, with a growing cool-down,
-and the next newest is tried at once), and fetches it from all upstreams (weighted, resumable, every shard checked against
-the signed manifest, delta from the parent when held) into a partial directory that the
-catalog already serves shard by shard as they are verified; once complete it is renamed ready
-and versions beyond ``keep_versions`` are pruned.
+and the next newest is tried at once; the upstreams that announced it are polled after a pause
+that doubles with each such announcement), and fetches it from all upstreams (weighted,
+resumable, every shard checked against the signed manifest, delta from the parent when held)
+into a partial directory that the catalog already serves shard by shard as they are verified;
+once complete it is renamed ready and versions beyond ``keep_versions`` are pruned.
 
 Knows nothing about HTTP routing (see ``server``) or about clients.
 """
@@ -44,7 +45,7 @@ from swarmrl.shardcast.transport import Connections, SourcePool
 log = logging.getLogger(__name__)
 
 UNBACKED_COOLDOWN_S = (1.0, 60.0)  # first and longest wait before an unbacked version is retried
-ERRORS_KEPT = 100
+ERRORS_KEPT = 100  # also the most unbacked versions remembered
 
 
 class Follower:
@@ -74,6 +75,7 @@ class Follower:
         self._announced = {url: -1 for url in self.pool.urls}  # newest version each announced
         # version -> (monotonic time it may be tried again, failures so far)
         self._unbacked: dict[int, tuple[float, int]] = {}
+        self._strikes = {url: 0 for url in self.pool.urls}  # its unbacked notices in a row
         self._cv = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -115,6 +117,10 @@ class Follower:
         backoff = 0.2
         hold = self.config.long_poll_timeout_s
         while not self._stop.is_set():
+            with self._cv:  # an upstream whose notices went unbacked is heard less often
+                strikes = self._strikes[url]
+            if strikes and self._stop.wait(min(UNBACKED_COOLDOWN_S[1], 2 ** (strikes - 1))):
+                break
             held = self._held()
             headers = {} if held is None else {HELD_HEADER: str(held)}
             try:
@@ -140,7 +146,14 @@ class Follower:
                     if latest > self._announced[url]:
                         self._announced[url] = latest
                         self._cv.notify_all()
+                    # poll again once this notice is dealt with (replicating, held or set
+                    # aside), so an upstream answering at once with ever newer versions cannot
+                    # make this loop spin while the replication thread is busy
+                    self._cv.wait_for(lambda v=latest: self._dealt_with(v), hold)
         conns.close_all()
+
+    def _dealt_with(self, version: int) -> bool:
+        return self._stop.is_set() or version <= self._held_or_none() or version in self._unbacked
 
     def _held_or_none(self) -> int:
         """Newest version in the catalog, -1 when empty (version 0 is a real version)."""
@@ -158,10 +171,19 @@ class Follower:
     def _set_aside(self, version: int, exc: Exception) -> None:
         """No upstream backs ``version``: leave it for a while, longer after each failure."""
         first, longest = UNBACKED_COOLDOWN_S
+        floor = self._held_or_none()
         with self._cv:
             _, failures = self._unbacked.get(version, (0.0, 0))
             wait = min(longest, first * 2**failures)
             self._unbacked[version] = (time.monotonic() + wait, failures + 1)
+            for old in [v for v in self._unbacked if v <= floor]:
+                del self._unbacked[old]  # bounded: only versions above what is held matter
+            while len(self._unbacked) > ERRORS_KEPT:
+                del self._unbacked[min(self._unbacked)]
+            for url, announced in self._announced.items():
+                if announced >= version:  # it announced this one (or has moved past it since)
+                    self._strikes[url] += 1
+            self._cv.notify_all()
         self.errors.append(f"v{version}: {type(exc).__name__}: {exc}")
         log.warning(
             "no upstream backs v%d (%s); trying older versions, v%d again in %.0fs",
@@ -218,6 +240,8 @@ class Follower:
 
         def on_partial(partial: Path) -> None:
             catalog.add_in_progress(manifest, partial)
+            with self._cv:
+                self._cv.notify_all()  # watchers waiting for this version to be dealt with
 
         try:
             path, report = install_version(
@@ -237,6 +261,11 @@ class Follower:
             self._log_corrupt()
             raise
         catalog.mark_complete(version, path)
+        with self._cv:
+            for url, announced in self._announced.items():
+                if announced == version:
+                    self._strikes[url] = 0  # it backed what it announced
+            self._cv.notify_all()
         catalog.count("upstream_bytes_total", report.network_bytes)
         catalog.count("versions_replicated_total")
         self._log_corrupt()
