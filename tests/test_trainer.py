@@ -226,3 +226,40 @@ def test_eval_and_filter_verbs_with_a_saved_model(tmp_path, capsys):
     assert main("filter", [*args, "--lo", "0.6", "--hi", "1"]) == 0
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["problem"] for r in kept] == [r["problem"] for r in rows if r["pass_rate"] >= 0.6]
+
+
+def test_sft_warm_starts_a_given_model_and_caches_it(tmp_path):
+    """model.path + model.warm_start: the given model is fine-tuned on the environment's
+    demonstrations once, cached by digest, reused by the next run; without the flag it is
+    the starting policy as given."""
+    from swarmrl.config import EMBEDDED_DEFAULT
+    from swarmrl.envs import build_env
+    from swarmrl.model import load_policy, save_policy
+    from swarmrl.trainer.warmstart import ensure_warm_start
+
+    base = load_config([EMBEDDED_DEFAULT], ["env.digits=2"])
+    env = build_env(base.env)
+    tokenizer = build_char_tokenizer(env.alphabet)
+    torch.manual_seed(0)
+    tiny = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    given = save_policy(create_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "given")
+    common = [
+        "env.digits=2", f"model.path={json.dumps(str(given))}", "sft.steps=3",
+        "sft.train_examples=64", "sft.batch_size=8",
+        f"run.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
+    ]  # fmt: skip
+    as_given = ensure_warm_start(load_config([EMBEDDED_DEFAULT], common), env)
+    assert as_given.path == given and as_given.steps == 0
+
+    config = load_config([EMBEDDED_DEFAULT], [*common, "model.warm_start=true"])
+    first = ensure_warm_start(config, env)
+    assert not first.cached and first.steps == 3 and first.path != given
+    assert str(first.path).startswith(str(tmp_path / "cache"))
+    tuned, _ = load_policy(first.path)
+    original, _ = load_policy(given)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(tuned.state_dict().values(), original.state_dict().values(), strict=True)
+    )
+    again = ensure_warm_start(config, env)
+    assert again.cached and again.path == first.path

@@ -31,6 +31,11 @@ class ModelConfig(Section):
     """
 
     path: str | None = Field(None, description="HF model dir or hub id; None = built-in tiny model")
+    warm_start: bool = Field(
+        False,
+        description="also warm-start a given model.path by SFT on the environment's "
+        "demonstrations (sft.*), cached like the tiny model's; the built-in tiny model always is",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype the policy is loaded and trained in"
     )

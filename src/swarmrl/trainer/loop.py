@@ -109,7 +109,7 @@ def train(
     result.steps = config.rl.steps
     result.rl_seconds = time.monotonic() - start - eval_seconds
     result.evals["after"] = _evaluate(learner, hooks, "after")
-    if config.eval.control and config.model.path is None:
+    if config.eval.control and (config.model.path is None or config.model.warm_start):
         hooks.on_phase("control")
         result.evals["control"] = learner.control(result.rl_seconds)
         hooks.on_eval("control", result.evals["control"])

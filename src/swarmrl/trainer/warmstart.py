@@ -1,10 +1,12 @@
 """The starting policy of a run: a given model directory, or the cached SFT warm start.
 
 With ``model.path`` unset, the tiny model for the environment's alphabet is created (seeded by
-``run.seed``), trained by :mod:`swarmrl.trainer.sft` for ``sft.steps`` steps, and saved under
-``run.cache_dir/warmstart/<digest>/`` where the digest covers every setting that shapes it
-(tiny-model shape, environment, SFT settings, seed). A later run with the same settings reuses
-it. The SFT optimizer state is saved beside the weights so the control arm can *continue* the
+``run.seed``); with ``model.path`` set and ``model.warm_start`` on, that model is loaded. Either
+is trained by :mod:`swarmrl.trainer.sft` for ``sft.steps`` steps on the environment's
+demonstrations and saved under ``run.cache_dir/warmstart/<digest>/`` where the digest covers
+every setting that shapes it (the base model — tiny shape, or the given model's path and file
+sizes —, environment, SFT settings, seed). A later run with the same settings reuses it. A
+given model without ``model.warm_start`` is the starting policy as it is. The SFT optimizer state is saved beside the weights so the control arm can *continue* the
 warm start's own training.
 
 Knows nothing about RL.
@@ -43,10 +45,19 @@ class WarmStart:
     final_loss: float | None
 
 
+def _base_model_spec(config: SwarmConfig) -> object:
+    """What identifies the model SFT starts from: the tiny shape, or the given model's files."""
+    if config.model.path is None:
+        return config.model.tiny.model_dump(mode="json")
+    path = Path(config.model.path).expanduser()
+    files = sorted((p.name, p.stat().st_size) for p in path.glob("*") if p.is_file())
+    return {"path": str(path.resolve()) if path.is_dir() else config.model.path, "files": files}
+
+
 def warm_start_digest(config: SwarmConfig) -> str:
     spec = {
         "format": FORMAT,
-        "tiny": config.model.tiny.model_dump(mode="json"),
+        "tiny": _base_model_spec(config),
         "env": config.env.model_dump(mode="json"),
         "sft": config.sft.model_dump(mode="json"),
         "seed": config.run.seed,
@@ -70,11 +81,11 @@ def ensure_warm_start(
     on_step: Callable[[int, float], None] | None = None,
 ) -> WarmStart:
     """The warm-start directory for ``config``, trained now unless it is cached."""
-    if config.model.path is not None:
+    if config.model.path is not None and not config.model.warm_start:
         return WarmStart(
             Path(config.model.path), cached=True, seconds=0.0, steps=0, final_loss=None
         )
-    if env.alphabet is None:
+    if config.model.path is None and env.alphabet is None:
         raise ConfigError(
             f"env {env.name!r} needs a pretrained model: set model.path (a local HF directory)"
         )
@@ -83,9 +94,7 @@ def ensure_warm_start(
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         return WarmStart(out / "policy", True, meta["seconds"], meta["steps"], meta["final_loss"])
-    tokenizer = build_char_tokenizer(env.alphabet)
-    torch.manual_seed(config.run.seed)
-    model = create_tiny_model(config.model.tiny, tokenizer)
+    model, tokenizer = _base_model(config, env)
     trainer = SFTTrainer(
         model,
         sft_data(config, env, tokenizer),
@@ -111,6 +120,17 @@ def ensure_warm_start(
     shutil.rmtree(out, ignore_errors=True)
     scratch.rename(out)
     return WarmStart(out / "policy", False, seconds, trainer.step, loss)
+
+
+def _base_model(
+    config: SwarmConfig, env: Environment
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model SFT starts from: the given ``model.path``, or a fresh tiny model (seeded)."""
+    if config.model.path is not None:
+        return load_policy(config.model.path)
+    tokenizer = build_char_tokenizer(env.alphabet or "")
+    torch.manual_seed(config.run.seed)
+    return create_tiny_model(config.model.tiny, tokenizer), tokenizer
 
 
 def load_start_policy(
