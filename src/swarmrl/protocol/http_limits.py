@@ -12,7 +12,8 @@ a uvicorn HTTP protocol class (for ``uvicorn.Config(http=...)``) that
   previous response ended;
 
 and leaves requests whose head has arrived alone (a long-poll may wait as long as it likes).
-It wraps whichever parser uvicorn would pick (httptools when installed, else h11).
+It wraps whichever parser uvicorn would pick (httptools when installed, else h11); over
+httptools each request's scope also offers zero-copy file sends (``protocol.zerocopy``).
 
 Knows nothing about routes, signatures or the apps it serves.
 """
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from swarmrl.protocol import zerocopy
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +151,8 @@ def _guarded_httptools() -> type | None:
             self._unanswered += 1
             self._head_done()
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle.scope is self.scope:
+                zerocopy.attach(self.scope, self.cycle)  # before the app's task first runs
 
         def _head_pending(self) -> bool:
             return self._awaiting_head and self._unanswered == 0

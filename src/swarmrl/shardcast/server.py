@@ -18,6 +18,9 @@ Clients report the version they hold with the ``X-Shardcast-Held-Version`` heade
 version still arriving is served as soon as it is verified; a request for one not yet here
 waits up to ``shard_wait_s`` and then gets ``503`` with ``Retry-After``.
 
+Shard and delta bodies go out with ``sendfile`` (``protocol.zerocopy``): only verified bytes
+are in the catalog's files, so the kernel copies them from the page cache to the socket.
+
 Knows nothing about signatures (what is in the catalog was verified before it got there).
 """
 
@@ -41,6 +44,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.protocol import zerocopy
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.serving import ThreadServer
 from swarmrl.shardcast import store
@@ -96,7 +100,8 @@ _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 
 class _FileSliceResponse(Response):
-    """Streams ``length`` bytes of an already open file from ``offset`` (closes the fd)."""
+    """Sends ``length`` bytes of an already open file from ``offset`` (closes the fd):
+    with ``sendfile`` where the server offers zero-copy sends, else streamed in chunks."""
 
     def __init__(
         self,
@@ -119,23 +124,34 @@ class _FileSliceResponse(Response):
                     "headers": self.raw_headers,
                 }
             )
-            sent = 0
-            while sent < self.length:
-                want = min(SEND_CHUNK, self.length - sent)
-                data = _read_cached(self.fd, want, self.offset + sent)
-                if data is None:  # not in the page cache: read from disk off the event loop
-                    data = await anyio.to_thread.run_sync(
-                        os.pread, self.fd, want, self.offset + sent
-                    )
-                if not data:
-                    break  # file shorter than the manifest says: the connection ends short
-                sent += len(data)
-                await send(
-                    {"type": "http.response.body", "body": data, "more_body": sent < self.length}
-                )
-            self.catalog.count("bytes_served_total", sent)
+            zero_copy = scope.get("extensions", {}).get(zerocopy.EXTENSION)
+            if scope.get("method") == "HEAD":
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            elif zero_copy is not None:
+                sent = await zero_copy.sendfile(self.fd, self.offset, self.length)
+                self.catalog.count("bytes_served_total", sent)
+                if sent == self.length:  # else the connection is closed, the body short
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await self._stream(send)
         finally:
             os.close(self.fd)
+
+    async def _stream(self, send: Send) -> None:
+        """The body through ASGI messages, chunk by chunk (servers without zero-copy)."""
+        sent = 0
+        while sent < self.length:
+            want = min(SEND_CHUNK, self.length - sent)
+            data = _read_cached(self.fd, want, self.offset + sent)
+            if data is None:  # not in the page cache: read from disk off the event loop
+                data = await anyio.to_thread.run_sync(os.pread, self.fd, want, self.offset + sent)
+            if not data:
+                break  # file shorter than the manifest says: the connection ends short
+            sent += len(data)
+            await send(
+                {"type": "http.response.body", "body": data, "more_body": sent < self.length}
+            )
+        self.catalog.count("bytes_served_total", sent)
 
 
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:@-]{1,64}")
