@@ -8,6 +8,7 @@ trainer has not finished in time, and every role is stopped whatever happens.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -22,7 +23,6 @@ from swarmrl.launch.swarm import (
     prepare,
     run_swarm,
     start_all,
-    start_orchestrator,
     swarm_facts,
     watch,
 )
@@ -142,7 +142,8 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
 
 
 def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cache_dir):
-    """Kill a worker holding a lease, kill the relay, restart the orchestrator: the run ends."""
+    """Kill a worker holding a lease and the relay for good; kill -9 the validator and the
+    orchestrator, which the supervisor starts again: the run ends, nothing accepted is lost."""
     config = _config(cache_dir, "rl.steps=10", "swarm.workers=2", "swarm.lease_timeout_s=3")
     run_dir = tmp_path / "run"
     plan = prepare(config, run_dir)
@@ -150,8 +151,16 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
     seen_before_restart: dict[str, tuple[str, str, int | None]] = {}
     doomed = load_keypair(run_dir / "keys" / "worker-1.key").node_id
 
-    with LiveDisplay(enabled=False) as live, Supervisor(run_dir, 5) as sup:
+    with (
+        LiveDisplay(enabled=False) as live,
+        Supervisor(run_dir, 5, max_restarts=2, restart_backoff_s=0.5) as sup,
+    ):
         start_all(sup, plan)
+
+        def crash(name: str) -> None:  # kill -9, not retired: the supervisor's to restart
+            os.killpg(sup.roles[name].pid, signal.SIGKILL)
+            sup.roles[name].popen.wait(timeout=10)
+            done.add(name)
 
         def faults(statuses) -> None:
             trainer = statuses.get("trainer")
@@ -171,11 +180,11 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
             if "relay" not in done and step >= 1:
                 sup.kill("relay-0")
                 done.add("relay")
+            if "validator-0" not in done and step >= 2:
+                crash("validator-0")  # its claims come back to it when it returns
             if "orchestrator" not in done and step >= 3:
                 seen_before_restart.update(_submissions(run_dir))
-                sup.stop("orchestrator", signal.SIGKILL)
-                start_orchestrator(sup, plan)
-                done.add("orchestrator")
+                crash("orchestrator")
 
         watch(sup, plan, live, timeout_s=400, on_tick=faults)
         # the surviving worker keeps leasing after the last step; give the orphaned lease
@@ -183,7 +192,8 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
         wait_until(lambda: _reassigned(run_dir) >= 1, "the dead worker's lease to move", 30)
         facts = swarm_facts(plan)
 
-    assert done >= {"worker", "relay", "orchestrator"}
+    assert done >= {"worker", "relay", "orchestrator", "validator-0"}
+    assert sup.roles["orchestrator"].restarts == 1 and sup.roles["validator-0"].restarts == 1
     summary = _summary(run_dir)
     assert [row["step"] for row in summary["training"]["history"]] == list(range(10))
     assert facts["ledger"]["verified"] is True

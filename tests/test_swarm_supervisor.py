@@ -166,3 +166,31 @@ def test_roles_stopped_on_purpose_are_not_failures(tmp_path):
         sup.roles["relay"].popen.wait(timeout=10)
         with pytest.raises(RoleExited, match="relay exited with status 4"):
             sup.check()
+
+
+def test_a_crashed_role_is_restarted_a_bounded_number_of_times(tmp_path):
+    """A role that dies is started again (logged, with a pause), until max_restarts; a role
+    that exits as banned or finished, or was retired, is not."""
+    crash = _py("import sys; print('up', flush=True); sys.exit(1)")
+    with Supervisor(tmp_path, grace_s=2, max_restarts=2, restart_backoff_s=0.01) as sup:
+        sup.start("flaky", crash)
+        sup.start("banned", _py("import sys; sys.exit(3)"))
+        sup.retire("banned")  # expected to leave; not restarted either way
+        sup.start("done", _py("pass"))
+        restarted: list[str] = []
+        with pytest.raises(RoleExited, match="role flaky exited with status 1"):
+            for _ in range(200):
+                restarted += sup.tend(expected_done=["done"])
+                time.sleep(0.05)
+        assert restarted == ["flaky", "flaky"]
+        assert sup.roles["flaky"].restarts == 2
+        log = (tmp_path / "logs" / "flaky.log").read_text()
+        assert log.count("\nup\n") == 3 and "restart 2" in log
+        assert len(sup.events) == 2
+
+    with Supervisor(tmp_path / "b", grace_s=2, max_restarts=5, restart_backoff_s=0.01) as sup:
+        sup.start("worker", _py("import sys; sys.exit(3)"))
+        with pytest.raises(RoleExited, match="status 3"):
+            for _ in range(200):
+                assert sup.tend() == []
+                time.sleep(0.05)

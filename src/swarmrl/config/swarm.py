@@ -69,6 +69,15 @@ class SwarmSection(Section):
     shutdown_grace_s: float = Field(
         10.0, gt=0, description="seconds between SIGTERM and SIGKILL when stopping roles"
     )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="times `swarmrl run` starts a crashed role again before the run fails "
+        "(a worker exiting as banned, or a role that finished, is not restarted)",
+    )
+    restart_backoff_s: float = Field(
+        1.0, ge=0, description="pause before a role's first restart; doubled for each next one"
+    )
     status_interval_s: float = Field(
         1.0, gt=0, description="how often roles write their status file and the display redraws"
     )

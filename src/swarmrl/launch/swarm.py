@@ -290,7 +290,8 @@ def watch(
     timeout_s: float,
     on_tick: Callable[[dict[str, RoleStatus]], None] | None = None,
 ) -> None:
-    """Redraw the display until the trainer exits 0; raise if any role dies or time runs out."""
+    """Redraw the display until the trainer exits 0; a crashed role is started again (bounded,
+    see :meth:`Supervisor.tend`); raise if one stays down or time runs out."""
     deadline = time.monotonic() + timeout_s
     trainer = sup.roles["trainer"]
     while True:
@@ -304,7 +305,7 @@ def watch(
             on_tick(statuses)
         if trainer.popen.poll() == 0:
             return
-        sup.check(expected_done=["trainer"])
+        sup.tend(expected_done=["trainer"])
         if time.monotonic() > deadline:
             raise WaitTimeout(
                 f"gave up after {timeout_s:.0f} s waiting for the trainer to finish "
@@ -445,7 +446,12 @@ def run_swarm(
     plan = prepare(config, run_dir)
     with (
         LiveDisplay(enabled=display) as live,
-        Supervisor(run_dir, config.swarm.shutdown_grace_s) as sup,
+        Supervisor(
+            run_dir,
+            config.swarm.shutdown_grace_s,
+            config.swarm.max_restarts,
+            config.swarm.restart_backoff_s,
+        ) as sup,
     ):
         start_all(sup, plan)
         watch(sup, plan, live, timeout_s)

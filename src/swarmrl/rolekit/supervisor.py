@@ -53,14 +53,22 @@ def role_command(verb: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "swarmrl.cli", verb, *args]
 
 
+# Exit statuses a role uses to say "do not start me again": 0 (done) and this one (the pool
+# banned the node: a restart with the same key would only be refused again).
+EXIT_BANNED = 3
+
+
 @dataclass
 class RoleProcess:
-    """One started role: its name, process and log file."""
+    """One started role: its name, process, log file, and how to start it again."""
 
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+    restarts: int = 0  # times this role was started again after it crashed
 
     @property
     def pid(self) -> int:
@@ -108,13 +116,24 @@ class Supervisor:
     stops every role. :meth:`check` raises :class:`RoleExited` when any role has died.
     """
 
-    def __init__(self, run_dir: str | Path, grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        grace_s: float = 10.0,
+        max_restarts: int = 0,
+        restart_backoff_s: float = 1.0,
+    ) -> None:
+        """``max_restarts``: how many times :meth:`tend` starts a crashed role again (each
+        after ``restart_backoff_s`` doubled per earlier restart) before giving up on it."""
         self.run_dir = Path(run_dir)
         self.log_dir = self.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.grace_s = grace_s
+        self.max_restarts = max_restarts
+        self.restart_backoff_s = restart_backoff_s
         self.roles: dict[str, RoleProcess] = {}
         self.retired: set[str] = set()  # stopped on purpose: their exit is not a failure
+        self.events: list[str] = []  # restarts, for the run's report and display
 
     # -- starting -------------------------------------------------------------------------
     def start(
@@ -137,7 +156,9 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        role = RoleProcess(name, popen, log_path)
+        previous = self.roles.get(name)
+        role = RoleProcess(name, popen, log_path, list(command), dict(env or {}))
+        role.restarts = previous.restarts if previous is not None else 0
         self.roles[name] = role
         self.retired.discard(name)
         return role
@@ -184,6 +205,29 @@ class Supervisor:
             if role.name in expected_done and code == 0:
                 continue
             raise self._exited(role)
+
+    def tend(self, expected_done: Sequence[str] = ()) -> list[str]:
+        """As :meth:`check`, but a crashed role is started again, up to ``max_restarts`` times
+        with a doubling pause, its log saying so; returns what was restarted. A role that
+        exits 0 where that is expected, or with :data:`EXIT_BANNED`, is not restarted."""
+        restarted = []
+        for role in list(self.roles.values()):
+            code = role.popen.poll()
+            if code is None or role.name in self.retired:
+                continue
+            if code == 0 and role.name in expected_done:
+                continue
+            if code == EXIT_BANNED or role.restarts >= self.max_restarts:
+                raise self._exited(role)
+            time.sleep(self.restart_backoff_s * 2**role.restarts)
+            note = f"{role.name} exited with status {code}; restart {role.restarts + 1}"
+            with open(role.log_path, "ab") as log:
+                log.write(f"--- {time.strftime('%H:%M:%S')} {note}\n".encode())
+            role.restarts += 1  # carried over to the new process by start()
+            self.start(role.name, role.command, role.env)
+            self.events.append(f"{time.strftime('%H:%M:%S')} {note}")
+            restarted.append(role.name)
+        return restarted
 
     def retire(self, name: str) -> None:
         """From now on an exit of role ``name`` is expected (e.g. a worker that was banned)."""

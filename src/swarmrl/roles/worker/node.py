@@ -43,6 +43,7 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
 from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
+from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit
 from swarmrl.shardcast import WeightClient
@@ -334,7 +335,7 @@ class WorkerNode:
         if self.banned.is_set():
             self.status.set(state="banned")
             self.status.flush()  # before exiting, so a supervisor sees why
-            return 3
+            return EXIT_BANNED
         return 0
 
     def _start(self) -> None:
