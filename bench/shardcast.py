@@ -9,6 +9,10 @@
    next-token loss, and a simulated small-learning-rate AdamW step of a ~100M-parameter bf16
    model.
 
+Ratio 1 alternates which arm runs first, and before each arm writes back dirty pages and
+pauses ``--settle-s`` seconds (default 5) so the memory the previous arm freed is returned
+to the host: both arms start from the same memory state (see ``_settle``).
+
 Usage: ``python bench/shardcast.py [--size-mib 1024] [--topo-size-mib 256] [--clients 8]``.
 Everything it starts it stops; scratch files go under --work (deleted at the end).
 """
@@ -35,6 +39,7 @@ from swarmrl.shardcast import Publisher, WeightClient
 
 PY = sys.executable
 KEY_SEED = b"\x42" * 32
+SETTLE_S = 5.0  # > the ~2 s period at which freed guest memory is reported to the host
 
 
 def _spawn(cmd: list[str], what: str, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
@@ -93,6 +98,17 @@ def _random_file(path: Path, size: int) -> None:
             out.write(block[:n] if n < len(block) else block)
             block = block[1:] + block[:1] if left > n else block  # shard contents differ
             left -= n
+
+
+def _settle(seconds: float) -> None:
+    """Write back dirty pages, then wait for freed memory to be returned to the host.
+
+    These VMs hand freed pages back (free-page reporting, every ~2 s); memory written right
+    after a large delete then costs a host fault per page. Pausing before each arm puts both
+    arms in that state, whatever ran before.
+    """
+    os.sync()
+    time.sleep(seconds)
 
 
 # --- plain loopback baseline ---------------------------------------------------------------
@@ -522,6 +538,12 @@ def main() -> None:
     parser.add_argument("--topo-size-mib", type=int, default=256, help="bytes of ratios 2 and 3")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of ratio 1")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="pause after writing back dirty pages, before each arm of ratio 1",
+    )
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument(
         "--skip", default="", help="comma list of parts to skip: single,topo,reference,tiny,big"
@@ -542,26 +564,35 @@ def main() -> None:
             Publisher(store, key).publish(ck, 1)
             procs, _, relays = _origin_and_relays(work, store, 1, key.public_key_hex)
             plain, ours, plain_cpu, ours_cpu = [], [], [], []
+
+            def plain_arm(counted: bool) -> None:
+                seconds, cpu = plain_transfer(ck / "model.safetensors", work / "plain.out")
+                if counted:
+                    plain.append(seconds)
+                    plain_cpu.append(cpu)
+                (work / "plain.out").unlink()
+
+            def ours_arm(counted: bool) -> None:
+                client = WeightClient(relays, key.public_key_hex, work / "single_out")
+                relay_cpu, client_cpu = _cpu_of(procs[1].pid), time.process_time()
+                started = time.perf_counter()
+                client.fetch(1)
+                if counted:
+                    ours.append(time.perf_counter() - started)
+                    ours_cpu.append(
+                        time.process_time() - client_cpu + _cpu_of(procs[1].pid) - relay_cpu
+                    )
+                shutil.rmtree(work / "single_out")
+
             try:
                 _wait_until(lambda: _relay_has(relays[0], 1), 300, "relay to replicate")
-                for run in range(args.repeats + 1):  # alternate: both see the same load
-                    os.sync()
-                    seconds, cpu = plain_transfer(ck / "model.safetensors", work / "plain.out")
-                    if run > 0:  # run 0 warms both paths up and is not counted
-                        plain.append(seconds)
-                        plain_cpu.append(cpu)
-                    (work / "plain.out").unlink()
-                    os.sync()
-                    client = WeightClient(relays, key.public_key_hex, work / "single_out")
-                    relay_cpu, client_cpu = _cpu_of(procs[1].pid), time.process_time()
-                    started = time.perf_counter()
-                    client.fetch(1)
-                    if run > 0:
-                        ours.append(time.perf_counter() - started)
-                        ours_cpu.append(
-                            time.process_time() - client_cpu + _cpu_of(procs[1].pid) - relay_cpu
-                        )
-                    shutil.rmtree(work / "single_out")
+                for run in range(args.repeats + 1):  # run 0 warms both paths up, not counted
+                    # alternate which arm goes first, and let the memory the last arm freed
+                    # settle (returned to the host) before each: both see the same state
+                    arms = (plain_arm, ours_arm) if run % 2 == 0 else (ours_arm, plain_arm)
+                    for arm in arms:
+                        _settle(args.settle_s)
+                        arm(run > 0)
             finally:
                 _stop(procs)
             plain_s, ours_s = statistics.median(plain), statistics.median(ours)

@@ -1,4 +1,5 @@
-"""Shards go out with sendfile: whole, by Range, on reused connections, to peers that vanish."""
+"""Shards go out with sendfile (whole, by Range, reused connections, vanishing peers); downloaders
+write one file one at a time."""
 
 import http.client
 import os
@@ -101,3 +102,29 @@ def test_a_peer_that_stops_reading_is_dropped(origin, monkeypatch):
         got += len(chunk)
     assert 0 < got < CFG.shard_size_bytes  # the connection ended short of the body
     sock.close()
+
+
+def test_downloaders_write_one_file_one_at_a_time(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swarmrl.shardcast import assemble
+
+    active, most = {"n": 0}, {"n": 0}
+    real = os.pwrite
+
+    def slow_pwrite(fd, data, offset):
+        active["n"] += 1
+        most["n"] = max(most["n"], active["n"])
+        time.sleep(0.01)  # long enough for another thread to arrive meanwhile
+        active["n"] -= 1
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(assemble.os, "pwrite", slow_pwrite)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    writer = assemble.FileWriter()
+    with ThreadPoolExecutor(8) as pool:
+        for i in range(32):
+            pool.submit(writer.write, fd, i * 4, memoryview(b"%04d" % i))
+    os.close(fd)
+    assert most["n"] == 1
+    assert (tmp_path / "f").read_bytes() == b"".join(b"%04d" % i for i in range(32))
