@@ -33,6 +33,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "worker": ("swarmrl.roles.worker.cli", "run an untrusted inference worker"),
     "validator": ("swarmrl.roles.validator.cli", "run a trusted validator"),
     "serve": ("swarmrl.tools.serve", "serve a trained policy with an OpenAI-compatible API"),
+    "dashboard": ("swarmrl.tools.dashboard", "serve the read-only web dashboard of a run"),
 }
 
 

@@ -170,6 +170,8 @@ def write_config_toml(config: SwarmConfig, path: Path) -> Path:
 
 def _common(plan: SwarmPlan, name: str) -> list[str]:
     args = [str(plan.config_file), "--name", name, "--status-dir", str(plan.status_dir)]
+    # each role serves Prometheus metrics on a free port; its status file names the address
+    args += ["--metrics-port", "0"]
     thresholds = plan.config.toploc.thresholds_path
     if thresholds is not None:  # also when the role reads a config file that does not say it
         args += ["--set", f"toploc.thresholds_path={thresholds}"]
@@ -184,6 +186,7 @@ def start_orchestrator(sup: Supervisor, plan: SwarmPlan) -> None:
         "--host", HOST,
         "--port", str(plan.orchestrator_port),
         "--pool", str(plan.run_dir / "pool.json"),
+        "--ui-run-dir", str(plan.run_dir),
     ]  # fmt: skip
     sup.start_role("orchestrator", "orchestrator", args)
     sup.wait_http(

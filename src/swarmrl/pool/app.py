@@ -29,6 +29,7 @@ from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, judging, penalties, rejections, service, work
 from swarmrl.pool.db import WalCheckpointer
+from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
 from swarmrl.pool.nonces import DatabaseNonceStore
 from swarmrl.pool.rejections import Unauthorized
 from swarmrl.pool.service import Context
@@ -157,6 +158,8 @@ def build_app(ctx: Context) -> FastAPI:
         ),
     )
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
+    prometheus = OrchestratorMetrics(ctx)
+    app.add_middleware(RequestTimer, metrics=prometheus)
 
     @app.exception_handler(PeerError)
     async def _peer_error(_: Request, exc: PeerError) -> JSONResponse:
@@ -198,6 +201,12 @@ def build_app(ctx: Context) -> FastAPI:
             "version": __version__,
             "config": ctx.config.model_dump(mode="json", exclude={"db_url", "store_url"}),
         }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text (``swarmrl.pool.metrics``); public, like ``/health``."""
+        body, content_type = await on_db(prometheus.render)
+        return Response(body, media_type=content_type)
 
     @app.get("/pools", response_model=list[PoolInfo])
     async def pools() -> list[PoolInfo]:

@@ -8,7 +8,9 @@ Knows nothing about pool rules.
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import LedgerMismatch
@@ -53,12 +55,17 @@ class OrchestratorServer(ThreadServer):
         host: str = "127.0.0.1",
         port: int = 0,
         limits: HttpLimits = ORCHESTRATOR_LIMITS,
+        mounts: Mapping[str, Any] | None = None,
     ) -> None:
-        """``limits``: what a connection may cost before its request head is complete."""
+        """``limits``: what a connection may cost before its request head is complete;
+        ``mounts``: further ASGI apps served under path prefixes (the dashboard at ``/ui``)."""
         self.ctx = ctx
+        app = build_app(ctx)
+        for prefix, sub in (mounts or {}).items():
+            app.mount(prefix, sub)
         # nodelay: without it small responses wait ~40 ms for a delayed ACK
         super().__init__(
-            build_app(ctx),
+            app,
             host,
             port,
             name="orchestrator",
@@ -74,9 +81,15 @@ class OrchestratorServer(ThreadServer):
             self.ctx.engine.dispose()
 
 
-def serve_forever(ctx: Context, host: str, port: int, port_file: str | None = None) -> None:
+def serve_forever(
+    ctx: Context,
+    host: str,
+    port: int,
+    port_file: str | None = None,
+    mounts: Mapping[str, Any] | None = None,
+) -> None:
     """Serve until interrupted; writes the bound port to ``port_file`` once listening."""
-    server = OrchestratorServer(ctx, host, port)
+    server = OrchestratorServer(ctx, host, port, mounts=mounts)
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     print(f"orchestrator listening on {server.url} (key {ctx.key.public_key_hex})", flush=True)

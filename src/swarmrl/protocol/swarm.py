@@ -46,6 +46,9 @@ class RoleStatus(BaseModel):
             "tokens_replayed"
         ),
     )
+    metrics_url: str | None = Field(
+        None, description="where this role serves Prometheus metrics; None: not served"
+    )
     events: list[str] = Field(
         default_factory=list,
         description="the last few notable events, newest last (e.g. 'banned node 3f1c…')",

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -44,6 +45,13 @@ def add_role_args(parser: argparse.ArgumentParser, *, needs_key: bool = True) ->
     parser.add_argument(
         "--status-dir", default=None, help="write <name>.json status reports into this directory"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (0 = any free port; default: off)",
+    )
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics")
 
 
 def add_peer_args(parser: argparse.ArgumentParser) -> None:
@@ -144,6 +152,16 @@ def retry(
     return result
 
 
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """A consistent copy of a reporter's numbers: the status, which metric keys are counters
+    (only ever added to), and the labelled counters ``(name, ((label, value), …)) → total``."""
+
+    status: RoleStatus
+    counters: frozenset[str]
+    labelled: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
 class StatusReporter:
     """Keeps a :class:`RoleStatus` and writes it to ``status_dir`` every ``interval_s``.
 
@@ -162,6 +180,8 @@ class StatusReporter:
         self.status_dir = Path(status_dir) if status_dir else None
         self.interval_s = interval_s
         self._events: deque[str] = deque(maxlen=8)
+        self._counters: set[str] = set()
+        self._labelled: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,6 +200,23 @@ class StatusReporter:
         with self._lock:
             for key, value in increments.items():
                 self.status.metrics[key] = self.status.metrics.get(key, 0.0) + float(value)
+                self._counters.add(key)
+
+    def count(self, name: str, n: float = 1.0, **labels: str) -> None:
+        """Add ``n`` to the counter ``name`` with these labels (Prometheus only, not the file)."""
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self._labelled[key] = self._labelled.get(key, 0.0) + float(n)
+
+    def set_metrics_url(self, url: str) -> None:
+        with self._lock:
+            self.status.metrics_url = url
+
+    def snapshot(self) -> StatusSnapshot:
+        with self._lock:
+            return StatusSnapshot(
+                self.status.model_copy(deep=True), frozenset(self._counters), dict(self._labelled)
+            )
 
     def event(self, text: str) -> None:
         with self._lock:

@@ -159,7 +159,9 @@ class Policy:
         answers, used = [], 0
         for gen in generations:
             used += len(gen.output_tokens)
-            text, stopped = _cut_at_stop(decode_completion(self.tokenizer, gen.output_tokens), stops)
+            text, stopped = _cut_at_stop(
+                decode_completion(self.tokenizer, gen.output_tokens), stops
+            )
             reason = "stop" if stopped or gen.finish_reason != "length" else "length"
             answers.append((text, reason))
         return answers, used

@@ -87,4 +87,3 @@ def main(verb: str, argv: Sequence[str]) -> int:
     finally:
         server.stop()
     return 0
-

@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity.keys import load_keypair
 from swarmrl.pool.cli import read_spec
 from swarmrl.rolekit.toolkit import log_config, setup_logging
+
+if TYPE_CHECKING:
+    from swarmrl.pool.service import Context
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port-file", default=None, help="write the bound port here")
     parser.add_argument("--pool", action="append", default=[], help="pool spec JSON to host")
     parser.add_argument("--name", default="orchestrator", help="name shown in logs")
+    parser.add_argument(
+        "--ui-run-dir",
+        default=None,
+        help="run directory whose curves, role status and weight stores the /ui dashboard shows",
+    )
+    parser.add_argument("--no-ui", action="store_true", help="do not serve the /ui dashboard")
     return parser
 
 
@@ -73,5 +83,18 @@ def main(verb: str, argv: Sequence[str]) -> int:
                     f"a different spec than {path}; keeping the stored one",
                     file=sys.stderr,
                 )
-    serve_forever(ctx, args.host, args.port, args.port_file)
+    mounts = {} if args.no_ui else {"/ui": dashboard_app(ctx, args)}
+    serve_forever(ctx, args.host, args.port, args.port_file, mounts)
     return 0
+
+
+def dashboard_app(ctx: Context, args: argparse.Namespace) -> Any:
+    """The read-only dashboard over this orchestrator's database (and run directory, if given)."""
+    from pathlib import Path
+
+    from swarmrl.roles.orchestrator.dashboard.app import admin_token, build_dashboard
+    from swarmrl.roles.orchestrator.dashboard.data import RunData
+
+    run_dir = Path(args.ui_run_dir) if args.ui_run_dir else None
+    data = RunData(ctx, run_dir, ctx.key.public_key_hex)
+    return build_dashboard(data, admin_token(Path(args.run_dir)))

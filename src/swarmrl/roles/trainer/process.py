@@ -24,6 +24,7 @@ from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.model.io import save_policy
 from swarmrl.pool.client import PoolClient
+from swarmrl.rolekit.metrics import serve_role_metrics
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
     StatusReporter,
@@ -86,6 +87,7 @@ def start(args: argparse.Namespace) -> int:
     keypair = load_keypair(args.key)
     torch.set_num_threads(config.run.threads)
     status = StatusReporter("trainer", name, args.status_dir, config.swarm.status_interval_s)
+    serve_role_metrics(status, args, log)
     with terminate_as_interrupt(), status:
         try:
             return run(args, config, keypair, log, status)
@@ -162,7 +164,7 @@ def run(
             source = PoolSource(
                 pool, args.pool, env, learner.tokenizer, config, log, status, announce
             )
-            result = train(config, learner, source, role_hooks(log, status))
+            result = train(config, learner, source, role_hooks(log, status, work / "steps.jsonl"))
             write_summary(work / "summary.json", result, origin, source)
             status.set(state="done")
     finally:
@@ -194,22 +196,34 @@ def announcer(
             pause_s=swarm.retry_s,
         )
         status.set(version=version)
+        status.add(versions_published=1)
 
     return announce
 
 
-def role_hooks(log: logging.Logger, status: StatusReporter) -> Hooks:
-    """What the loop's progress does to this role's log and status file."""
+def role_hooks(log: logging.Logger, status: StatusReporter, steps_file: Path) -> Hooks:
+    """What the loop's progress does to this role's log, status file and ``steps_file`` (one
+    JSON line per step as it ends, the rows ``metrics.jsonl`` gets at the end of the run)."""
     waited = [0.0, 0.0]  # seconds waiting for rollouts, seconds in steps
+    steps_file.write_text("")
 
     def on_step(row: dict[str, Any]) -> None:
+        with steps_file.open("a") as f:
+            f.write(json.dumps(row) + "\n")
         waited[0] += row["rollout_s"]
         waited[1] += row["rollout_s"] + row["update_s"]
         status.set(
             step=row["step"] + 1,
             reward_mean=row["reward_mean"],
+            accuracy_rollouts=row["accuracy"],
             idle_fraction=waited[0] / max(waited[1], 1e-9),
+            **{
+                k: row[k]
+                for k in ("loss", "kl", "clip_fraction", "staleness")
+                if row[k] is not None
+            },
         )
+        status.add(idle_seconds=row["rollout_s"], update_seconds=row["update_s"])
         rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
         log.info("step %d: %s", row["step"], json.dumps(rounded))
 

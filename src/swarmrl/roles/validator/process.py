@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
 from swarmrl.inference.interface import require_backend
 from swarmrl.pool.client import PoolClient
+from swarmrl.rolekit.metrics import serve_role_metrics
 from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
@@ -105,7 +107,9 @@ def run(
                     continue
                 for sub in pending:
                     status.set(state=f"replaying {sub.submission_id[:8]}")
+                    started = time.perf_counter()
                     result = judge(sub, env, versions, config.toploc)
+                    status.add(replay_seconds=time.perf_counter() - started, replays=1)
                     if result.verdict is None:
                         log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
                         status.add(deferred=1)
@@ -124,6 +128,11 @@ def run(
                         log.info("verdict on %s not recorded: %s", sub.submission_id, exc)
                         status.add(superseded=1)
                         continue
+                    status.count(
+                        "verdicts",
+                        outcome="accepted" if verdict.accept else "rejected",
+                        severity="none" if verdict.accept else verdict.severity,
+                    )
                     if verdict.accept:
                         status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
                         if result.rewards:
@@ -155,6 +164,7 @@ def start(args: argparse.Namespace) -> int:
     status = StatusReporter(
         "validator", name, args.status_dir, config.swarm.status_interval_s, keypair.node_id
     )
+    serve_role_metrics(status, args, log)
     with terminate_as_interrupt(), status:
         try:
             return run(args, config, log, status)

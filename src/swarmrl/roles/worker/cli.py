@@ -17,6 +17,7 @@ from pathlib import Path
 
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import load_keypair
+from swarmrl.rolekit.metrics import serve_role_metrics
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
     StatusReporter,
@@ -75,6 +76,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     status = StatusReporter(
         "worker", name, args.status_dir, config.swarm.status_interval_s, keypair.node_id
     )
+    serve_role_metrics(status, args, log)
     with terminate_as_interrupt(), status:
         node = WorkerNode(config, settings, keypair, status, log)
         try:

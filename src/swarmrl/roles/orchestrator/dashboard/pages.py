@@ -1,0 +1,231 @@
+"""The dashboard's HTML pages, rendered on the server from :mod:`.data` (every value escaped).
+
+Pages: the run overview (numbers of the last step, held-out evaluations, curves drawn in the
+browser by the vendored uPlot from the step rows embedded in the page and refreshed from
+``api/steps``), nodes (state, ban reason, throughput, version held, verdicts, reputation, last
+heartbeat, a link to the admin-only log tail), weight versions (what each store holds and which
+version each role and node reports) and the ledger explorer (filter by node or kind; the
+chain's verification status). Knows nothing about HTTP or where the data comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from html import escape
+from typing import Any
+
+from swarmrl.roles.orchestrator.dashboard.data import NodeRow, RunData
+
+NAV = (("", "overview"), ("nodes", "nodes"), ("versions", "versions"), ("ledger", "ledger"))
+OVERVIEW_KEYS = (
+    "reward_mean",
+    "accuracy",
+    "loss",
+    "kl",
+    "clip_fraction",
+    "staleness",
+    "rollout_s",
+    "update_s",
+    "tokens_per_s",
+)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return escape(str(value))
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], css: str = "") -> str:
+    """A table; cells are HTML already escaped by the caller."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def layout(title: str, active: str, body: str, *, head: str = "", base: str = "/ui/") -> str:
+    links = " ".join(
+        f'<a href="{base}{href}" class="{"on" if href == active else ""}">{name}</a>'
+        for href, name in NAV
+    )
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{escape(title)} · swarmrl</title>"
+        f"<base href='{base}'><link rel='icon' href='data:,'>"
+        "<link rel='stylesheet' href='static/dashboard.css'>"
+        f"{head}</head><body><header><b>swarmrl</b> <nav>{links}</nav></header>"
+        f"<main><h1>{escape(title)}</h1>{body}</main></body></html>"
+    )
+
+
+def overview(data: RunData, base: str) -> str:
+    rows = data.step_rows()
+    last = rows[-1] if rows else {}
+    numbers = _table(
+        ["steps", *OVERVIEW_KEYS],
+        [[str(len(rows))] + [_fmt(last.get(k)) for k in OVERVIEW_KEYS]],
+        "numbers",
+    )
+    evals = data.report().get("eval", {})
+    held_out = [
+        [escape(name), _fmt(evals[name].get("accuracy"))]
+        for name in ("before", "after", "control")
+        if isinstance(evals.get(name), dict)
+    ]
+    for point in evals.get("during", []) or []:
+        held_out.append([f"step {_fmt(point.get('step'))}", _fmt(point.get("accuracy"))])
+    charts = "".join(
+        f'<div class="chart" id="chart-{name}"></div>'
+        for name in ("reward", "loss", "time", "staleness")
+    )
+    # "</" cannot appear inside the JSON (escaped), so the script element cannot be closed early
+    steps_json = json.dumps(rows).replace("</", "<\\/")
+    body = (
+        f"<p>steps recorded: <span id='step-count'>{len(rows)}</span></p>{numbers}"
+        "<h2>held-out accuracy</h2>"
+        + (_table(["evaluation", "accuracy"], held_out) if held_out else "<p>none yet</p>")
+        + f"<h2>curves</h2><div class='charts'>{charts}</div>"
+        f"<script id='steps-data' type='application/json'>{steps_json}</script>"
+    )
+    head = (
+        "<link rel='stylesheet' href='static/uPlot.min.css'>"
+        "<script src='static/uPlot.iife.min.js'></script>"
+        "<script src='static/dashboard.js'></script>"
+    )
+    return layout("run overview", "", body, head=head, base=base)
+
+
+def _node_cells(row: NodeRow, pool_id: str, now: float) -> list[str]:
+    v = row.view
+    state = f'<span class="state {escape(v.state)}">{escape(v.state)}</span>'
+    if row.ban_reason:
+        state += f'<div class="reason">{escape(row.ban_reason)}</div>'
+    beat = f"{now - v.last_beat_at:.0f} s ago" if v.last_beat_at else "never"
+    logs = f'<a href="nodes/{escape(pool_id)}/{escape(v.node_id)}/logs">log tail</a>'
+    return [
+        f"<code>{escape(v.node_id[:12])}</code>",
+        state,
+        _fmt(v.measured_tokens_per_s),
+        _fmt(v.model_version),
+        str(row.accepted),
+        str(row.rejected),
+        f"{v.reputation:.2f}",
+        beat,
+        logs,
+    ]
+
+
+def nodes(data: RunData, base: str) -> str:
+    now = time.time()
+    parts = []
+    for pool in data.pools():
+        pool_id = pool.spec.pool_id
+        rows = [_node_cells(r, pool_id, now) for r in data.nodes(pool_id)]
+        headers = ["node", "state", "tokens/s", "version", "accepted", "rejected"]
+        headers += ["reputation", "last heartbeat", "logs (admin)"]
+        parts.append(f"<h2>pool {escape(pool_id)}</h2>" + _table(headers, rows, "nodes"))
+    roles = [
+        [
+            escape(s.name),
+            escape(s.role),
+            escape(s.state),
+            _fmt(s.policy_version),
+            f"{now - s.updated_at:.0f} s ago",
+            escape(", ".join(f"{k}={v:.4g}" for k, v in sorted(s.metrics.items()))),
+        ]
+        for s in data.statuses()
+    ]
+    if roles:
+        headers = ["role", "kind", "state", "version", "reported", "numbers"]
+        parts.append("<h2>roles of this run</h2>" + _table(headers, roles, "roles"))
+    return layout("nodes", "nodes", "".join(parts) or "<p>no pools</p>", base=base)
+
+
+def node_logs(pool_id: str, node_id: str, lines: list[str], base: str) -> str:
+    text = escape("\n".join(lines)) or "(no lines reported)"
+    body = f"<p>pool {escape(pool_id)}, node <code>{escape(node_id)}</code></p><pre>{text}</pre>"
+    return layout("node log tail", "nodes", body, base=base)
+
+
+def versions(data: RunData, base: str) -> str:
+    parts = []
+    pool_rows = [[escape(p.spec.pool_id), str(p.current_version)] for p in data.pools()]
+    parts.append(_table(["pool", "version announced"], pool_rows))
+    stores = [
+        [
+            escape(s.name),
+            ", ".join(str(v) for v in s.versions) or "none",
+            _fmt(max(s.versions, default=None)),
+        ]
+        for s in data.weight_stores()
+    ]
+    if stores:
+        parts.append(
+            "<h2>weight stores</h2>" + _table(["store", "versions held", "latest"], stores)
+        )
+    held = [
+        [escape(s.name), escape(s.role), _fmt(s.policy_version)]
+        for s in data.statuses()
+        if s.role in ("worker", "validator", "trainer")
+    ]
+    for pool in data.pools():
+        for row in data.nodes(pool.spec.pool_id):
+            held.append(
+                [
+                    f"<code>{escape(row.view.node_id[:12])}</code>",
+                    "pool node",
+                    _fmt(row.view.model_version),
+                ]
+            )
+    parts.append("<h2>who holds which version</h2>" + _table(["client", "kind", "version"], held))
+    return layout("weight versions", "versions", "".join(parts), base=base)
+
+
+def ledger(data: RunData, node_id: str, kind: str, limit: int, base: str) -> str:
+    ok, detail = data.verify_ledger()
+    status = {True: "verified", False: "BROKEN", None: "unchecked"}[ok]
+    entries = data.ledger(node_id=node_id, kind=kind)
+    shown = entries[-limit:][::-1]
+    rows = [
+        [
+            str(e["seq"]),
+            time.strftime("%H:%M:%S", time.gmtime(e["ts"])),
+            escape(e["kind"]),
+            escape(e["pool_id"] or ""),
+            f"<code>{escape((e['node_id'] or '')[:12])}</code>",
+            f"<code>{escape(json.dumps(e['body'])[:300])}</code>",
+        ]
+        for e in shown
+    ]
+    form = (
+        "<form method='get' action='ledger'>"
+        f"node id starts with <input name='node' value='{escape(node_id)}'> "
+        f"kind <input name='kind' value='{escape(kind)}'> <button>filter</button></form>"
+    )
+    body = (
+        f"<p class='chain {status.lower()}'>chain: <b>{status}</b> ({escape(detail)})</p>{form}"
+        f"<p>{len(entries)} matching entries, newest {len(shown)} shown</p>"
+        + _table(["seq", "time (UTC)", "kind", "pool", "node", "body"], rows, "ledger")
+    )
+    return layout("ledger", "ledger", body, base=base)
+
+
+def message(title: str, text: str, base: str) -> str:
+    return layout(title, "", f"<p>{escape(text)}</p>", base=base)
+
+
+def login(next_page: str, base: str, failed: bool = False) -> str:
+    note = "<p class='reason'>wrong token</p>" if failed else ""
+    body = (
+        f"{note}<p>Admin pages (node log tails) need the token in the orchestrator's "
+        "<code>ui-admin-token</code> file.</p>"
+        "<form method='post' action='login'>"
+        f"<input type='hidden' name='next' value='{escape(next_page)}'>"
+        "token <input type='password' name='token' autocomplete='off'> "
+        "<button>sign in</button></form>"
+    )
+    return layout("admin sign-in", "", body, base=base)
