@@ -7,6 +7,7 @@ from pydantic import Field
 from swarmrl.config.base import Section
 from swarmrl.config.env import EnvConfig
 from swarmrl.config.inference import InferenceConfig
+from swarmrl.config.log import LogConfig
 from swarmrl.config.model import ModelConfig
 from swarmrl.config.pool import PoolConfig
 from swarmrl.config.rl import EvalConfig, RLConfig, SFTConfig
@@ -30,3 +31,4 @@ class SwarmConfig(Section):
     shardcast: ShardcastConfig = Field(default_factory=ShardcastConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     swarm: SwarmSection = Field(default_factory=SwarmSection)
+    log: LogConfig = Field(default_factory=LogConfig)

@@ -53,6 +53,7 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
     from swarmrl.model.io import save_policy
     from swarmrl.trainer.colocated import run_colocated
     from swarmrl.trainer.loop import Hooks
+    from swarmrl.trainer.trackers import Trackers, tracked
 
     _quiet_libraries()
     started = time.perf_counter()
@@ -61,13 +62,13 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
     if quiet:
         view.live = None
         view.console.quiet = True
-    with view:
+    with Trackers(config, recorder.dir) as trackers, view:
         hooks = Hooks(
             on_phase=view.on_phase,
             on_step=lambda row: (recorder.log_step(row), view.on_step(row)),
             on_eval=view.on_eval,
         )
-        run = run_colocated(config, hooks, on_sft_step=view.on_sft_step)
+        run = run_colocated(config, tracked(hooks, trackers), on_sft_step=view.on_sft_step)
     save_policy(run.policy, run.tokenizer, recorder.dir / "policy")
     report = record_training(recorder, "colocated", run.result, time.perf_counter() - started)
     ev = report["eval"]

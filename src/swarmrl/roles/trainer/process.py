@@ -40,6 +40,7 @@ from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.trainer.learner import Learner
 from swarmrl.trainer.loop import Hooks, TrainingResult, train
+from swarmrl.trainer.trackers import Trackers, tracked
 
 
 class Origin:
@@ -164,7 +165,9 @@ def run(
             source = PoolSource(
                 pool, args.pool, env, learner.tokenizer, config, log, status, announce
             )
-            result = train(config, learner, source, role_hooks(log, status, work / "steps.jsonl"))
+            hooks = role_hooks(log, status, work / "steps.jsonl")
+            with Trackers(config, Path(args.run_dir)) as trackers:
+                result = train(config, learner, source, tracked(hooks, trackers))
             write_summary(work / "summary.json", result, origin, source)
             status.set(state="done")
     finally:
