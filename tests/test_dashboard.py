@@ -57,6 +57,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     steps = run / "trainer" / "steps.jsonl"
     steps.write_text("".join(json.dumps(_row(s)) + "\n" for s in range(3)))
     orch, owner = KeyPair.generate(), KeyPair.generate()
+    (run / "keys").mkdir()
+    orch.save(run / "keys" / "orchestrator.json")
     ctx = make_context(orch, run / "orchestrator")
     data = RunData(ctx, run, orch.public_key_hex)
     token = admin_token(run / "orchestrator")
@@ -80,7 +82,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         PoolClient(server.url, owner, timeout_s=10).invalidate(
             "swarm", nodes[0].node_id, InvalidateRequest(severity="hard", reason=BAN_REASON)
         )
-        yield {"url": f"{server.url}/ui/", "nodes": nodes, "steps": steps, "token": token}
+        yield {
+            "url": f"{server.url}/ui/",
+            "nodes": nodes,
+            "steps": steps,
+            "token": token,
+            "run": run,
+        }
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +205,20 @@ def test_node_logs_need_the_admin_token(live, browser):
     _wait(lambda: "hello from" in browser.page_source, "the log tail after signing in")
     browser.save_screenshot(str(SHOTS / "node-logs.png"))
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_swarmrl_dashboard_serves_the_same_pages_over_the_run_directory(live):
+    """``swarmrl dashboard RUN_DIR``'s app: the run's database, key, rows and admin token."""
+    from swarmrl.serving import ThreadServer
+    from swarmrl.tools.dashboard import run_app
+
+    with ThreadServer(run_app(live["run"])) as server:
+        assert httpx.get(server.url, follow_redirects=False).headers["location"] == "/ui/"
+        nodes = httpx.get(f"{server.url}/ui/nodes").text
+        assert BAN_REASON in nodes and nodes.count('class="state banned"') == 1
+        assert "<b>verified</b>" in httpx.get(f"{server.url}/ui/ledger").text
+        assert [r["step"] for r in httpx.get(f"{server.url}/ui/api/steps").json()][:3] == [0, 1, 2]
+        node = live["nodes"][1].node_id
+        logs = f"{server.url}/ui/nodes/swarm/{node}/logs"
+        bearer = {"authorization": "Bearer " + live["token"]}
+        assert f"hello from {node[:6]}" in httpx.get(logs, headers=bearer).text
