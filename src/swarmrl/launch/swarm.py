@@ -352,6 +352,7 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 # verdicts from the ledger; trained/dropped/pending from the pool's state
                 "accepted": sum(c["accepted"] for c in judged.values()),
                 "rejected": sum(c["rejected"] for c in judged.values()),
+                "expired": sum(c["expired"] for c in judged.values()),
                 "trained": by_status.get("trained", 0),
                 "dropped": by_status.get("dropped", 0),
                 "pending": by_status.get("pending", 0),
@@ -375,12 +376,20 @@ def swarm_facts(plan: SwarmPlan) -> dict:
 
 
 def verdict_counts(ledger: list[dict]) -> dict[str, dict[str, int]]:
-    """node id → accepted and rejected verdicts, from the ledger's verdict entries."""
+    """node id → accepted, rejected (hard: judged dishonest) and expired (soft: dropped
+    without blame, e.g. its version was pruned before anyone could replay it) verdicts, from
+    the ledger's verdict entries."""
     judged: dict[str, dict[str, int]] = {}
     for entry in ledger:
         if entry["kind"] == "verdict":
-            counts = judged.setdefault(entry["node_id"], {"accepted": 0, "rejected": 0})
-            counts["accepted" if entry["body"].get("accept") else "rejected"] += 1
+            counts = judged.setdefault(
+                entry["node_id"], {"accepted": 0, "rejected": 0, "expired": 0}
+            )
+            body = entry["body"]
+            outcome = "accepted" if body.get("accept") else "rejected"
+            if outcome == "rejected" and body.get("severity") == "soft":
+                outcome = "expired"
+            counts[outcome] += 1
     return judged
 
 
@@ -478,7 +487,8 @@ def summary_text(report: dict) -> str:
         f"{ev['after']['accuracy']:.1%}"
         + (f" (control, SFT continued: {control:.1%})" if control is not None else "")
         + f" in {report['wall_seconds']:.0f} s; submissions accepted {subs['accepted']}, "
-        f"rejected {subs['rejected']} (honest {subs['rejected_honest']}); "
+        f"rejected {subs['rejected']} (honest {subs['rejected_honest']}), "
+        f"expired {subs.get('expired', 0)}; "
         f"banned: {', '.join(banned) or 'none'}; "
         f"ledger {'verified' if report['ledger']['verified'] else 'INVALID'}"
     )

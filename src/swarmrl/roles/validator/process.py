@@ -138,8 +138,14 @@ def run(
                         if result.rewards:
                             status.set(reward_mean=sum(result.rewards) / len(result.rewards))
                         continue
-                    status.add(rejected=1)
                     reason = verdict.reasons[0] if verdict.reasons else "rejected"
+                    if verdict.severity == "soft":  # dropped without blame (e.g. expired)
+                        log.info(
+                            "dropped %s from node %s: %s", sub.submission_id, sub.node_id, reason
+                        )
+                        status.add(expired=1)
+                        continue
+                    status.add(rejected=1)
                     log.warning(
                         "rejected %s from node %s: %s", sub.submission_id, sub.node_id, reason
                     )
