@@ -32,7 +32,8 @@
     │       ├── Expired             expired: an invite or lease past its deadline
     │       ├── RateLimited         rate_limited: too many new identities joining; retry later
     │       └── Invalid             invalid: a value that breaks a pool rule
-    │           └── Malformed       malformed: a body that does not match the message schema
+    │           ├── Malformed       malformed: a body that does not match the message schema
+    │           └── BadRequest      invalid_request_error: a serving API request it cannot answer
     ├── VersionGone                 a weight version every source has pruned: it will not come
     │                               back, so retrying is pointless (not an InfraError)
     └── InfraError                  our own infrastructure failed: retry, back off, report
@@ -183,6 +184,17 @@ class Malformed(Invalid):
     """A request body that does not match the message schema."""
 
     code = "malformed"
+
+
+class BadRequest(Invalid):
+    """A request to the serving API (``swarmrl serve``) that asks for something it does not
+    offer (HTTP 400); ``param`` names the field, as OpenAI-style errors do."""
+
+    code = "invalid_request_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class VersionGone(SwarmError):

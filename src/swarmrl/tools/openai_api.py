@@ -33,19 +33,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedTokenizerBase
 
+from swarmrl.errors import BadRequest
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model.prompts import decode_completion, encode_prompt, has_chat_template
 from swarmrl.protocol import SamplingParams
 
 MAX_CHOICES = 8
-
-
-class BadRequest(ValueError):
-    """A request the server cannot answer as asked (HTTP 400); ``param`` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class _Sampling(BaseModel):
