@@ -180,7 +180,9 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
 def start_orchestrator(tmp: Path, spec: PoolSpec) -> tuple[subprocess.Popen, str]:
     KeyPair.generate().save(tmp / "orch.json")
     (tmp / "spec.json").write_text(spec.model_dump_json())
-    return spawn_orchestrator(tmp / "run", tmp / "orch.json", [tmp / "spec.json"])
+    # every simulated node joins in the warm-up: admit them all at once (joins are not measured)
+    joins = {"pool.join_rate_per_s": 1000, "pool.join_burst": 20000}
+    return spawn_orchestrator(tmp / "run", tmp / "orch.json", [tmp / "spec.json"], settings=joins)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -62,9 +62,15 @@ def local_orchestrator(
 
 
 def spawn_orchestrator(
-    run_dir: Path, key_file: Path, spec_files: list[Path], timeout_s: float = 60.0
+    run_dir: Path,
+    key_file: Path,
+    spec_files: list[Path],
+    timeout_s: float = 60.0,
+    settings: dict[str, object] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """``swarmrl orchestrator`` as a child process in its own session on 127.0.0.1:<free port>.
+
+    ``settings``: config keys to override (``{"pool.join_burst": 5000}`` → ``--set``).
 
     Returns the process and its URL once it listens; its output goes to ``run_dir/orch.log``.
     The caller stops it (SIGTERM) and waits for it.
@@ -88,6 +94,8 @@ def spawn_orchestrator(
     ]
     for spec in spec_files:
         cmd += ["--pool", str(spec)]
+    for key, value in (settings or {}).items():
+        cmd += ["--set", f"{key}={value}"]
     log = (run_dir / "orch.log").open("ab")
     # own session: a clean process group, and on a machine with autogroup scheduling its own
     # fair share of CPU instead of one split with whoever started it
