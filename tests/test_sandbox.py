@@ -37,11 +37,12 @@ def sandbox(request):
     return _sandbox(request.param)
 
 
-def _sandbox_processes():
-    """Live processes (zombies excluded: they run nothing) of sandbox uids; only when root."""
+def _sandbox_processes(sandbox):
+    """Live processes (zombies run nothing) of the uids ``sandbox`` ran as; only when root."""
+    assert sandbox.uids and min(sandbox.uids) >= FIRST_UID
     out = subprocess.run(["ps", "-eo", "stat=,uid="], capture_output=True, text=True, check=True)
     rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
-    return sum(int(uid) >= FIRST_UID and not stat.startswith("Z") for stat, uid in rows)
+    return sum(int(uid) in sandbox.uids and not stat.startswith("Z") for stat, uid in rows)
 
 
 def test_a_correct_program_runs(sandbox):
@@ -65,11 +66,11 @@ def test_fork_bomb_is_capped_and_leaves_nothing_behind(sandbox):
     assert result.verdict in ("timeout", "killed")
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
     if ROOT:
-        assert _sandbox_processes() == 0
+        assert _sandbox_processes(sandbox) == 0
     escaper = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
     assert sandbox.run(escaper).stdout == "parent done\n"
     if ROOT:
-        assert _sandbox_processes() == 0  # the child that left the session died too
+        assert _sandbox_processes(sandbox) == 0  # the child that left the session died too
 
 
 def test_memory_hog_is_stopped(sandbox):

@@ -171,6 +171,7 @@ class Sandbox:
     ) -> None:
         self.limits = limits or Limits()
         self.python = python or default_python()
+        self.uids: set[int] = set()  # the uids its programs ran as (when the caller is root)
         self.root = os.geteuid() == 0
         if mode == "auto":
             self.mode = "bwrap" if self._bwrap_works() is None else "rlimit"
@@ -213,7 +214,9 @@ class Sandbox:
         if not self.root:
             return None
         with _uid_lock:
-            return FIRST_UID + (os.getpid() * 97 + next(_uids)) % 100_000
+            uid = FIRST_UID + (os.getpid() * 97 + next(_uids)) % 100_000
+        self.uids.add(uid)
+        return uid
 
     def run(self, source: str, stdin: str = "") -> RunResult:
         """Run ``source`` as ``main.py`` with ``stdin``; never raises for what the code does."""
