@@ -11,8 +11,9 @@
     │   ├── EngineUnavailable       the configured inference engine is not installed or cannot
     │   │                           load this model (names the install command or the reason)
     │   ├── SandboxError            the code sandbox cannot start here (names the cause)
-    │   └── LedgerMismatch          the pool database disagrees with its signed ledger (a cut
-    │                               tail, edited rows): the orchestrator refuses to start
+    │   ├── LedgerMismatch          the pool database disagrees with its signed ledger (a cut
+    │   │                           tail, edited rows): the orchestrator refuses to start
+    │   └── CheckpointMismatch      a trainer checkpoint written for another model or config
     ├── PeerError                   an untrusted peer sent something wrong: reject it, record it,
     │   │                           penalise the peer; never crash, never silently accept.
     │   │                           ``code`` is the machine-readable name the pool answers with
@@ -43,6 +44,7 @@
         ├── DiskWriteError          writing to the local disk failed (full disk, I/O error)
         ├── FetchAborted            another part of the same download failed; this part stops
         ├── RoleExited              a role process ended while the swarm still needed it
+        ├── RankAborted             another rank of a sharded trainer stopped; this one follows
         └── ServiceUnavailable      a local service (a test's PostgreSQL) cannot be had here
 
 Rule of thumb: ``PeerError`` is about *who* (a peer misbehaved), ``InfraError`` about *what*
@@ -88,6 +90,10 @@ class SandboxError(UserError):
 
 class LedgerMismatch(UserError):
     """The pool database and its ledger disagree (names the first disagreements)."""
+
+
+class CheckpointMismatch(UserError):
+    """A trainer checkpoint written for another model or config than the one being run."""
 
 
 class PeerError(SwarmError):
@@ -223,6 +229,10 @@ class DiskWriteError(InfraError):
 
 class FetchAborted(InfraError):
     """Another part of the same download failed; this part stops quietly."""
+
+
+class RankAborted(InfraError):
+    """Another rank of a sharded trainer stopped; the message says which and why."""
 
 
 class RoleExited(InfraError):

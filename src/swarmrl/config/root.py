@@ -15,6 +15,7 @@ from swarmrl.config.run import RunConfig
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.config.swarm import SwarmSection
 from swarmrl.config.toploc import ToplocConfig
+from swarmrl.config.trainer import TrainerConfig
 
 
 class SwarmConfig(Section):
@@ -24,6 +25,7 @@ class SwarmConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rl: RLConfig = Field(default_factory=RLConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)

@@ -40,7 +40,7 @@ from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
 from swarmrl.protocol import NodeView, PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
-from swarmrl.rolekit.supervisor import Supervisor, free_port
+from swarmrl.rolekit.supervisor import Supervisor, free_port, torchrun_command
 
 POOL_ID = "swarm"
 HOST = "127.0.0.1"
@@ -205,7 +205,11 @@ def start_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
         # roles share this machine's cores: more threads per role only fight each other
         "--set", f"run.threads={plan.config.swarm.role_threads}",
     ]  # fmt: skip
-    sup.start_role("trainer", "trainer", args)
+    nproc = plan.config.trainer.nproc
+    if nproc > 1:
+        sup.start("trainer", torchrun_command(nproc, "trainer", args))
+    else:
+        sup.start_role("trainer", "trainer", args)
 
     def published() -> bool:
         try:
@@ -296,8 +300,8 @@ def watch(
     """Redraw the display until the trainer exits 0; a crashed role is started again (bounded,
     see :meth:`Supervisor.tend`); raise if one stays down or time runs out."""
     deadline = time.monotonic() + timeout_s
-    trainer = sup.roles["trainer"]
     while True:
+        trainer = sup.roles["trainer"]  # looked up each time: the trainer may be restarted
         alive = {name: role.alive() for name, role in sup.roles.items()}
         statuses = RoleStatus.read_dir(plan.status_dir)
         display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}")

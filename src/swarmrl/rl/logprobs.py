@@ -48,7 +48,10 @@ def token_logprobs(
     Sequences are right-padded (pads after the real tokens), so positions count from 0 and
     causal attention keeps pads from touching real positions; the caller masks pad positions.
     """
-    hidden = model.base_model(input_ids=input_ids).last_hidden_state[:, :-1]  # [B, T-1, H]
+    # The model's own forward (one position of logits only), not its base model's: a sharded
+    # model (FSDP2) gathers its outermost parameters, the LM head's included, in that forward.
+    out = model(input_ids=input_ids, logits_to_keep=1, output_hidden_states=True)
+    hidden = out.hidden_states[-1][:, :-1]  # [B, T-1, H], after the final norm
     targets = input_ids[:, 1:]  # [B, T-1]
     weight = model.get_output_embeddings().weight  # [V, H]
     pieces, entropies = [], []

@@ -53,6 +53,12 @@ def role_command(verb: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "swarmrl.cli", verb, *args]
 
 
+def torchrun_command(nproc: int, verb: str, args: Sequence[str]) -> list[str]:
+    """The command line that runs ``swarmrl VERB args`` as ``nproc`` ranks on this node."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*launcher, f"--nproc-per-node={nproc}", "-m", "swarmrl.cli", verb, *args]
+
+
 # Exit statuses a role uses to say "do not start me again": 0 (done) and this one (the pool
 # banned the node: a restart with the same key would only be refused again).
 EXIT_BANNED = 3

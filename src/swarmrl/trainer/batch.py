@@ -60,6 +60,14 @@ class TrainBatch:
     def loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    def to(self, device: str | torch.device) -> TrainBatch:
+        return TrainBatch(
+            self.input_ids.to(device),
+            self.loss_mask.to(device),
+            self.behaviour_logp.to(device),
+            self.advantages.to(device),
+        )
+
     def rows(self, start: int, stop: int) -> TrainBatch:
         return TrainBatch(
             self.input_ids[start:stop],

@@ -6,6 +6,11 @@ number of optimizer steps taken). It takes one RL step on scored groups, evaluat
 policy on held-out tasks, and runs the control arm (the warm start's SFT continued for a given
 wall time).
 
+Under torchrun (:mod:`swarmrl.trainer.parallel`) every rank holds a :class:`Learner`: ``trained``
+is its FSDP2-sharded policy, and the leader also keeps ``policy``, a whole copy refreshed after
+every step (what is evaluated, published and loaded into engines). The other ranks evaluate
+nothing. As one process ``policy`` and ``trained`` are the same module.
+
 Knows nothing about where rollouts come from or where new versions go (that is the rollout
 source's business, :mod:`swarmrl.trainer.source`).
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,8 +31,10 @@ from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.interface import Engine
 from swarmrl.model.prompts import check_prompts_encodable
 from swarmrl.trainer.batch import Group, collate
+from swarmrl.trainer.checkpoint import Checkpointer, Resumed
 from swarmrl.trainer.engines import policy_engine
 from swarmrl.trainer.evaluate import evaluate
+from swarmrl.trainer.parallel import Parallel, full_state_dict, shard
 from swarmrl.trainer.step import StepStats, make_optimizer, policy_step
 from swarmrl.trainer.warmstart import (
     WarmStart,
@@ -54,10 +62,16 @@ class Learner:
         config: SwarmConfig,
         env: Environment,
         on_sft_step: Callable[[int, float], None] | None = None,
+        parallel: Parallel | None = None,
     ) -> None:
         self.config, self.env = config, env
-        self.device = resolve_device(config.run.device)
-        self.warm: WarmStart = ensure_warm_start(config, env, on_step=on_sft_step)
+        self.parallel = parallel or Parallel(device=resolve_device(config.run.device))
+        self.device = self.parallel.device
+        if self.parallel.leader:  # the leader trains the warm start; the others then load it
+            self.warm: WarmStart = ensure_warm_start(config, env, on_step=on_sft_step)
+        self.parallel.barrier()
+        if not self.parallel.leader:
+            self.warm = ensure_warm_start(config, env)
         self.policy: PreTrainedModel
         self.tokenizer: PreTrainedTokenizerBase
         self.policy, self.tokenizer = load_start_policy(config, self.warm, self.device)
@@ -67,9 +81,17 @@ class Learner:
         self.reference = (
             copy.deepcopy(self.policy).eval() if config.rl.kl_coef > 0 else None
         )  # frozen π_ref of the KL term
+        sharded = self.parallel.sharded
+        self.trained = (
+            copy.deepcopy(self.policy) if sharded and self.parallel.leader else self.policy
+        )
+        shard(self.trained, self.parallel, config.trainer)
+        if self.reference is not None:
+            shard(self.reference, self.parallel, config.trainer)
         torch.manual_seed(config.run.seed)
-        self.optimizer = make_optimizer(self.policy, config.rl)
-        self.version = 0  # optimizer steps taken
+        self.optimizer = make_optimizer(self.trained, config.rl)
+        self.version = 0  # optimizer steps taken (a resumed run may skip published numbers)
+        self.first_step = 0  # the loop's first step: > 0 when resumed from a checkpoint
         self._eval_engine: Engine | None = None  # vLLM only: started once, reloaded per eval
 
     @property
@@ -80,17 +102,48 @@ class Learner:
     def step(self, groups: list[Group]) -> StepStats:
         """One optimizer step on ``groups``; the ratio is against their behaviour log-probs."""
         rl = self.config.rl
-        batch = collate(groups, self.pad_id, rl.advantage)
-        stats = policy_step(self.policy, self.optimizer, batch, rl, self.reference, rl.micro_batch)
+        batch = self.parallel.rows(collate(groups, self.pad_id, rl.advantage)).to(self.device)
+        stats = policy_step(
+            self.trained,
+            self.optimizer,
+            batch,
+            rl,
+            self.reference,
+            rl.micro_batch,
+            self.parallel.all_sum,
+        )
         self.version += 1
+        self.refresh_policy()
         return stats
 
+    def save_checkpoint(self, checkpointer: Checkpointer, step: int, source_state: Any) -> None:
+        """Checkpoint after ``step`` loop steps (collective: every rank calls it)."""
+        checkpointer.save(self.trained, self.optimizer, step, self.version, source_state)
+
+    def resume(self, checkpointer: Checkpointer, path: Path) -> Resumed:
+        """Load checkpoint ``path``: weights, optimizer, RNG, version, next step. Collective."""
+        resumed = checkpointer.load(path, self.trained, self.optimizer)
+        self.version, self.first_step = resumed.version, resumed.step
+        self.refresh_policy()
+        return resumed
+
+    def refresh_policy(self) -> None:
+        """Copy the sharded weights into the leader's whole ``policy``. Collective."""
+        if self.parallel.sharded:
+            state = full_state_dict(self.trained, self.parallel)
+            if self.parallel.leader:
+                self.policy.load_state_dict(state)
+
     def evaluate(self) -> dict[str, Any]:
-        """Held-out greedy accuracy and sampled pass@1 of the current policy."""
+        """Held-out greedy accuracy and sampled pass@1 of the current policy (leader only)."""
+        if not self.parallel.leader:
+            return {}
         return self._evaluate(self._engine_for(self.policy, self.tokenizer))
 
     def control(self, seconds: float) -> dict[str, Any]:
         """The control arm: the warm start's SFT continued for ``seconds``, then evaluated."""
+        if not self.parallel.leader:
+            return {}
         model, tokenizer, steps = continue_warm_start(self.config, self.env, self.warm, seconds)
         return {**self._evaluate(self._engine_for(model, tokenizer)), "sft_steps": steps}
 

@@ -96,7 +96,7 @@ def train(
     result.evals["before"] = _evaluate(learner, hooks, "before")
     hooks.on_phase("rl")
     start, eval_seconds, every = time.monotonic(), 0.0, config.eval.every
-    for step in range(config.rl.steps):
+    for step in range(learner.first_step, config.rl.steps):  # first_step > 0: resumed
         row = train_step(learner, source, step, start)
         result.history.append(row)
         hooks.on_step(row)

@@ -9,11 +9,16 @@
 Micro-batches accumulate gradients of Σ ℓ·mask / (loss tokens of the *whole* batch), so the
 result equals one pass over the full batch. Returns the numbers a run logs per step.
 
+Data parallel: each rank passes its slice of the batch and ``all_sum`` (a sum over ranks,
+:meth:`swarmrl.trainer.parallel.Parallel.all_sum`); the loss-token count and the logged sums
+are then those of the whole batch, and gradients are summed across ranks by the sharding.
+
 Knows nothing about where rollouts came from or how weights are published.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +39,10 @@ class StepStats:
     loss_tokens: int
 
 
+def _this_process(values: torch.Tensor) -> torch.Tensor:
+    return values
+
+
 def make_optimizer(model: PreTrainedModel, rl: RLConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=rl.lr, weight_decay=rl.weight_decay)
 
@@ -45,10 +54,12 @@ def policy_step(
     rl: RLConfig,
     reference: PreTrainedModel | None = None,
     micro_batch: int = 256,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] = _this_process,
 ) -> StepStats:
     """Compute the loss over ``batch``, backpropagate, clip, step. See the module docstring."""
     temperature = rl.sampling.temperature
-    total_tokens = max(batch.loss_tokens, 1)
+    loss_tokens = int(all_sum(torch.tensor([float(batch.loss_tokens)]))[0])
+    total_tokens = max(loss_tokens, 1)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0}
@@ -82,11 +93,13 @@ def policy_step(
     grad_norm = clip_grad_norm(model.parameters(), rl.grad_clip)
     optimizer.step()
     model.eval()
+    total = all_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
+    loss, clipped, entropy_sum, kl_sum = total
     return StepStats(
-        loss=sums["loss"],
-        clip_fraction=sums["clipped"] / total_tokens,
+        loss=loss,
+        clip_fraction=clipped / total_tokens,
         grad_norm=grad_norm,
-        entropy=sums["entropy"] / total_tokens,
-        kl=sums["kl"] / total_tokens,
-        loss_tokens=batch.loss_tokens,
+        entropy=entropy_sum / total_tokens,
+        kl=kl_sum / total_tokens,
+        loss_tokens=loss_tokens,
     )

@@ -17,6 +17,15 @@ One step ``n`` (DESIGN.md §2–3):
    orchestrator, so leases and staleness checks move on; then acknowledge the rollouts the
    step used up (unacknowledged ones return to the orchestrator's queue).
 
+Under ``torchrun --nproc-per-node N -m swarmrl.cli trainer …`` (or ``[trainer] nproc = N`` in
+``swarmrl run``) every rank runs the loop on its shard of the model; rank 0 alone talks to the
+orchestrator and publishes.
+
+Checkpoints (``[trainer] checkpoint_every``; default directory ``RUN_DIR/trainer/checkpoints``)
+hold the model, optimizer, RNG, step, version and where the trainer is in the rollout stream; a
+restarted trainer continues from the newest one, skipping (never reusing) version numbers
+published after it.
+
 Version 0 is published before the loop starts. At the end the process writes
 ``RUN_DIR/trainer/summary.json``: the loop's result (``training``: the same record a colocated
 run reports), what the origin published (``origin``) and the submissions it acknowledged.
@@ -40,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", required=True, help="where the origin store and report go")
     parser.add_argument("--origin-host", default="127.0.0.1", help="address the origin binds")
     parser.add_argument("--origin-port", type=int, default=8470, help="origin port; 0 = any")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="require a checkpoint to continue from (one found is resumed even without this)",
+    )
     return parser
 
 

@@ -2,6 +2,13 @@
 
 See :mod:`swarmrl.roles.trainer.cli` for the command line; this module imports torch and
 transformers, which the command line does not need for ``--help``.
+
+Under ``torchrun --nproc-per-node N -m swarmrl.cli trainer …`` (or ``[trainer] nproc = N`` in
+``swarmrl run``) every rank runs the loop on its shard of the model (FSDP2,
+:mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin,
+publishes, and writes the status file and summary. Checkpoints (:mod:`swarmrl.trainer.
+checkpoint`) are saved by every rank after each due step; a restarted trainer resumes from the
+newest.
 """
 
 from __future__ import annotations
@@ -9,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from swarmrl.config import SwarmConfig
 from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.envs import build_env
+from swarmrl.errors import MissingPathError
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.model.io import save_policy
 from swarmrl.pool.client import PoolClient
@@ -38,8 +48,16 @@ from swarmrl.shardcast import Publisher
 from swarmrl.shardcast.catalog import Catalog
 from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
-from swarmrl.trainer.learner import Learner
+from swarmrl.trainer.checkpoint import Checkpointer
+from swarmrl.trainer.learner import Learner, resolve_device
 from swarmrl.trainer.loop import Hooks, TrainingResult, train
+from swarmrl.trainer.parallel import (
+    FollowerSource,
+    LeaderSource,
+    Parallel,
+    close_parallel,
+    init_parallel,
+)
 from swarmrl.trainer.trackers import Trackers, tracked
 
 
@@ -87,14 +105,67 @@ def start(args: argparse.Namespace) -> int:
     log_config(log, config)
     keypair = load_keypair(args.key)
     torch.set_num_threads(config.run.threads)
-    status = StatusReporter("trainer", name, args.status_dir, config.swarm.status_interval_s)
-    serve_role_metrics(status, args, log)
+    leader = os.environ.get("RANK", "0") == "0"  # other torchrun ranks keep no status file
+    status_dir = args.status_dir if leader else None
+    status = StatusReporter("trainer", name, status_dir, config.swarm.status_interval_s)
+    if leader:
+        serve_role_metrics(status, args, log)
     with terminate_as_interrupt(), status:
+        rows = config.rl.prompts_per_step * config.rl.group_size
+        parallel = init_parallel(resolve_device(config.run.device), config.trainer, rows)
         try:
-            return run(args, config, keypair, log, status)
+            checkpoints, latest = find_checkpoint(args, config, parallel)
+            if not parallel.leader:
+                return follow(config, parallel, checkpoints, latest)
+            return run(args, config, keypair, log, status, parallel, checkpoints, latest)
         except KeyboardInterrupt:
             log.info("stopping")
             return 130
+        finally:
+            close_parallel(parallel)
+
+
+def find_checkpoint(
+    args: argparse.Namespace, config: SwarmConfig, parallel: Parallel
+) -> tuple[Checkpointer, Path | None]:
+    """The run's checkpointer and the checkpoint to resume (checked before anything is
+    written: a mismatch or a missing ``--resume`` checkpoint stops the role at start)."""
+    root = config.trainer.checkpoint_dir or Path(args.run_dir) / "trainer" / "checkpoints"
+    checkpoints = Checkpointer(Path(root), config, parallel)
+    latest = checkpoints.latest()
+    if args.resume and latest is None:
+        raise MissingPathError(f"--resume: no checkpoint in {root}")
+    return checkpoints, latest
+
+
+def checkpointing(
+    hooks: Hooks,
+    checkpoints: Checkpointer,
+    learner: Learner,
+    last_step: int,
+    extra: Callable[[], Any],
+) -> Hooks:
+    """``hooks`` plus a checkpoint after each step that is due (every rank saves its part)."""
+
+    def on_step(row: dict[str, Any]) -> None:
+        hooks.on_step(row)
+        done = row["step"] + 1
+        if checkpoints.due(done, last_step):
+            learner.save_checkpoint(checkpoints, done, extra())
+
+    return replace(hooks, on_step=on_step)
+
+
+def follow(
+    config: SwarmConfig, parallel: Parallel, checkpoints: Checkpointer, latest: Path | None
+) -> int:
+    """A rank other than 0: the same loop on its shard, over the leader's broadcast batches."""
+    learner = Learner(config, build_env(config.env), parallel=parallel)
+    if latest is not None:
+        learner.resume(checkpoints, latest)
+    hooks = checkpointing(Hooks(), checkpoints, learner, config.rl.steps, lambda: None)
+    train(config, learner, FollowerSource(parallel), hooks)
+    return 0
 
 
 def calibrate_verifier(
@@ -147,12 +218,23 @@ def run(
     keypair: KeyPair,
     log: logging.Logger,
     status: StatusReporter,
+    parallel: Parallel,
+    checkpoints: Checkpointer,
+    latest: Path | None,
 ) -> int:
     work = Path(args.run_dir) / "trainer"
     work.mkdir(parents=True, exist_ok=True)
     env = build_env(config.env)
     status.set(state="warm start")
-    learner = Learner(config, env)
+    learner = Learner(config, env, parallel=parallel)
+    if parallel.sharded:
+        log.info("rank 0 of %d (FSDP2 on %s)", parallel.world, parallel.device)
+    saved: dict[str, Any] = {"source": None, "history": []}
+    if latest is not None:
+        saved = learner.resume(checkpoints, latest).source_state
+        log.info(
+            "resumed from %s: step %d, version %d", latest, learner.first_step, learner.version
+        )
     warm = learner.warm
     log.info("warm start %s (%s)", warm.path, "cached" if warm.cached else f"{warm.seconds:.0f} s")
     calibrate_verifier(config, warm.path, Path(args.run_dir), status, log)
@@ -161,13 +243,27 @@ def run(
     try:
         with PoolClient(args.orchestrator, keypair, config.swarm.peer_timeout_s) as pool:
             announce = announcer(origin, pool, args.pool, learner, work, config, log, status)
-            announce(0)
             source = PoolSource(
                 pool, args.pool, env, learner.tokenizer, config, log, status, announce
             )
-            hooks = role_hooks(log, status, work / "steps.jsonl")
+            if latest is None:
+                announce(0)
+            else:
+                continue_versions(learner, origin, source, pool, args.pool, config, log)
+                source.restore(saved["source"])
+            history: list[dict[str, Any]] = list(saved["history"])
+            hooks = role_hooks(log, status, work / "steps.jsonl", history)
+            hooks = checkpointing(
+                hooks,
+                checkpoints,
+                learner,
+                config.rl.steps,
+                lambda: {"source": source.state(), "history": list(history)},
+            )
             with Trackers(config, Path(args.run_dir)) as trackers:
-                result = train(config, learner, source, tracked(hooks, trackers))
+                leading = LeaderSource(source, parallel)
+                result = train(config, learner, leading, tracked(hooks, trackers))
+            result.history = history
             write_summary(work / "summary.json", result, origin, source)
             status.set(state="done")
     finally:
@@ -204,13 +300,52 @@ def announcer(
     return announce
 
 
-def role_hooks(log: logging.Logger, status: StatusReporter, steps_file: Path) -> Hooks:
+def continue_versions(
+    learner: Learner,
+    origin: Origin,
+    source: PoolSource,
+    pool: PoolClient,
+    pool_id: str,
+    config: SwarmConfig,
+    log: logging.Logger,
+) -> None:
+    """After a resume: versions published after the checkpoint are skipped, never reused; the
+    orchestrator is told the current one again (idempotent)."""
+    published = origin.publisher.latest()
+    if published is not None and published > learner.version:
+        log.info(
+            "versions %d..%d were published after the checkpoint; next is %d",
+            learner.version + 1,
+            published,
+            published + 1,
+        )
+        learner.version = published
+    source.announced = learner.version
+    swarm = config.swarm
+    retry(
+        lambda: pool.set_version(pool_id, learner.version),
+        f"announce v{learner.version}",
+        log,
+        give_up_s=swarm.give_up_s,
+        pause_s=swarm.retry_s,
+    )
+
+
+def role_hooks(
+    log: logging.Logger,
+    status: StatusReporter,
+    steps_file: Path,
+    history: list[dict[str, Any]],
+) -> Hooks:
     """What the loop's progress does to this role's log, status file and ``steps_file`` (one
-    JSON line per step as it ends, the rows ``metrics.jsonl`` gets at the end of the run)."""
+    JSON line per step as it ends, the rows ``metrics.jsonl`` gets at the end of the run);
+    rows also go to ``history``, which holds the rows of the steps before a resume."""
     waited = [0.0, 0.0]  # seconds waiting for rollouts, seconds in steps
-    steps_file.write_text("")
+    with steps_file.open("w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in history)
 
     def on_step(row: dict[str, Any]) -> None:
+        history.append(row)
         with steps_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
         waited[0] += row["rollout_s"]

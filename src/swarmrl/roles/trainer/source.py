@@ -28,6 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -146,6 +147,26 @@ class PoolSource:
         if self._outstanding[submission_id] == 0:
             del self._outstanding[submission_id]
             self._finished.append(submission_id)
+
+    def state(self) -> dict[str, Any]:
+        """Where this source is in the rollout stream, for a checkpoint taken after a commit:
+        the groups held over, the submissions not yet used up (unacknowledged: the pool serves
+        them again once their lease runs out, and ``served`` makes sure they are used once),
+        and the acknowledged ones."""
+        return {
+            "carry": list(self.carry),
+            "consumed": list(self.consumed),
+            "outstanding": dict(self._outstanding),
+            "finished": list(self._finished),
+            "served": sorted(self._served),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's :meth:`state`."""
+        self.carry, self.consumed = list(state["carry"]), list(state["consumed"])
+        self._outstanding = dict(state["outstanding"])
+        self._finished = list(state["finished"])
+        self._served = set(state["served"])
 
     def _take(self, step: int) -> list[TrainableSubmission]:
         """One answer of ``/batches`` for ``step``, leased to this process."""

@@ -1,0 +1,74 @@
+"""A swarm whose trainer is SIGKILLed mid-run and restarted: it resumes from its checkpoint.
+
+The run still finishes every step once, no version number is published twice, no accepted
+submission is trained twice, and the ledger verifies. Every role is a real process.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from swarmrl.launch.display import LiveDisplay
+from swarmrl.launch.swarm import prepare, start_all, start_trainer, swarm_facts, watch
+from swarmrl.rolekit.supervisor import Supervisor
+from test_swarm_e2e import _config, _summary, cache_dir  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 5
+
+
+def _manifests(run_dir: Path) -> dict[str, bytes]:
+    store = run_dir / "trainer" / "origin"
+    return {p.parent.parent.name: p.read_bytes() for p in store.glob("v*/_shardcast/manifest.json")}
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_killed_trainer_resumes_from_its_checkpoint(
+    tmp_path: Path,
+    cache_dir: Path,  # noqa: F811
+    nproc: int,
+) -> None:
+    config = _config(
+        cache_dir,
+        f"rl.steps={STEPS}",
+        "swarm.workers=1",
+        "trainer.checkpoint_every=1",
+        f"trainer.nproc={nproc}",
+    )
+    run_dir = tmp_path / "run"
+    plan = prepare(config, run_dir)
+    latest = run_dir / "trainer" / "checkpoints" / "latest"
+    before_kill: dict[str, bytes] = {}
+
+    with LiveDisplay(enabled=False) as live, Supervisor(run_dir, 5) as sup:
+        start_all(sup, plan)
+
+        def kill_once(statuses) -> None:
+            trainer = statuses.get("trainer")
+            step = trainer.metrics.get("step", 0) if trainer else 0
+            if not before_kill and step >= 2 and latest.is_file():
+                before_kill.update(_manifests(run_dir))
+                sup.stop("trainer", signal.SIGKILL)
+                start_trainer(sup, plan)
+
+        watch(sup, plan, live, timeout_s=900, on_tick=kill_once)
+        facts = swarm_facts(plan)
+
+    assert before_kill, "the trainer finished before it could be killed"
+    summary = _summary(run_dir)
+    history = summary["training"]["history"]
+    assert [row["step"] for row in history] == list(range(STEPS))  # each step once
+    versions = [row["policy_version"] for row in history]
+    assert versions == sorted(set(versions))  # strictly increasing: none reused
+    after = _manifests(run_dir)
+    for version, manifest in before_kill.items():  # nothing published before was replaced
+        if version in after:
+            assert after[version] == manifest, version
+    consumed = summary["consumed_submissions"]
+    assert consumed and len(consumed) == len(set(consumed))
+    assert facts["ledger"]["verified"] is True
+    assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()
