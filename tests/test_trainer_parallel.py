@@ -42,14 +42,18 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_policy(model, tokenizer, tmp_path_factory.mktemp("tiny") / "policy")
 
 
-def test_two_rank_step_equals_one_process_step(tiny_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "activation-checkpointing"])
+def test_two_rank_step_equals_one_process_step(
+    tiny_dir: Path, tmp_path: Path, recompute: bool
+) -> None:
     sys.path.insert(0, str(SCRIPTS))
     try:
         from sharded_step import run_step
     finally:
         sys.path.remove(str(SCRIPTS))
     run_step(str(tiny_dir), str(tmp_path / "one.pt"))
-    torchrun(2, SCRIPTS / "sharded_step.py", str(tiny_dir), str(tmp_path / "two.pt"))
+    extra = ["ac"] if recompute else []
+    torchrun(2, SCRIPTS / "sharded_step.py", str(tiny_dir), str(tmp_path / "two.pt"), *extra)
     one = torch.load(tmp_path / "one.pt")
     two = torch.load(tmp_path / "two.pt")
     assert (one["world"], two["world"]) == (1, 2)

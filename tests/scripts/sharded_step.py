@@ -1,7 +1,9 @@
 """One policy step of a saved tiny model on a fixed batch, as one process or under torchrun.
 
     python sharded_step.py MODEL_DIR OUT.pt              # one process
-    torchrun --nproc-per-node 2 sharded_step.py MODEL_DIR OUT.pt
+    torchrun --nproc-per-node 2 sharded_step.py MODEL_DIR OUT.pt [ac]
+
+``ac``: with activation checkpointing.
 
 Writes (from rank 0) the whole updated state dict and the step's numbers to OUT.pt.
 """
@@ -34,9 +36,14 @@ def fixed_batch(vocab: int) -> TrainBatch:
     return TrainBatch(ids, mask, behaviour, adv)
 
 
-def run_step(model_dir: str, out: str) -> None:
+def run_step(model_dir: str, out: str, recompute: bool = False) -> None:
     torch.manual_seed(0)
-    config = SwarmConfig.model_validate({"rl": {"lr": 1e-3, "grad_clip": 0.1, "micro_batch": 2}})
+    config = SwarmConfig.model_validate(
+        {
+            "rl": {"lr": 1e-3, "grad_clip": 0.1, "micro_batch": 2},
+            "trainer": {"activation_checkpointing": recompute},
+        }
+    )
     parallel = init_parallel("cpu", config.trainer, ROWS)
     model, _ = load_policy(Path(model_dir))
     shard(model, parallel, config.trainer)
@@ -52,4 +59,4 @@ def run_step(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    run_step(sys.argv[1], sys.argv[2])
+    run_step(sys.argv[1], sys.argv[2], sys.argv[3:] == ["ac"])
