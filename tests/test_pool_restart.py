@@ -100,3 +100,45 @@ def test_restart_restores_everything(tmp_path):
     assert report.ok, report.reason
     assert len(out.read_text().splitlines()) - 1 == report.entries >= 4  # pool, join, 2 submits
     assert report.contributions[node.node_id].submissions == 2
+
+
+def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_temporary_file(
+    tmp_path, monkeypatch
+):
+    """The store cannot write (ENOSPC): the submit is a 503 the worker may retry, nothing is
+    recorded, no ``*.tmp`` file is left; once there is room the same lease is submitted."""
+    import errno
+
+    import fsspec.implementations.local as local_fs
+
+    from swarmrl.errors import PeerUnavailable
+    from swarmrl.testing.pool_nodes import local_orchestrator
+
+    orch, owner, node = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    spec = PoolSpec(
+        pool_id="p1", owner_key=owner.public_key_hex, task_count=10,
+        sampling=SamplingParams(max_new_tokens=3), validators=[KeyPair.generate().public_key_hex],
+    )  # fmt: skip
+    real_open = local_fs.LocalFileSystem._open
+    full = {"on": True}
+
+    def open_or_full(self, path, mode="rb", *args, **kwargs):
+        if full["on"] and "w" in mode and str(path).endswith(".tmp"):
+            handle = real_open(self, path, mode, *args, **kwargs)  # the file appears, then
+            handle.close()  # the disk fills up while writing it
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(self, path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(local_fs.LocalFileSystem, "_open", open_or_full)
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        client = PoolClient(server.url, node)
+        client.join("p1", CPU_NODE, make_invite(owner, "p1", 600))
+        work = client.lease("p1").work
+        body = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+        with pytest.raises(PeerUnavailable, match="503"):
+            client.submit("p1", body)
+        assert list((tmp_path / "run").rglob("*.tmp")) == []
+        full["on"] = False
+        receipt = client.submit("p1", body)  # the refused attempt recorded nothing
+        assert receipt.tokens > 0

@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from swarmrl import __version__
-from swarmrl.errors import Malformed, OversizedRequest, PeerError
+from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
 from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, judging, penalties, rejections, service, work
@@ -164,6 +164,12 @@ def build_app(ctx: Context) -> FastAPI:
     @app.exception_handler(PeerError)
     async def _peer_error(_: Request, exc: PeerError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(InfraError)
+    async def _infra_error(_: Request, exc: InfraError) -> JSONResponse:
+        # our own fault (a full disk): the request changed nothing; the peer may try again
+        body = {"error": {"code": "unavailable", "message": str(exc)}}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

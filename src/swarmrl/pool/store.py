@@ -15,6 +15,7 @@ Knows nothing about leases or verdicts.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import uuid
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from swarmrl.errors import DiskWriteError
 from swarmrl.identity.keys import canonical_json
 from swarmrl.protocol.pool import Sample
 
@@ -66,12 +68,21 @@ class RolloutStore:
     def _write(self, key: str, table: pa.Table) -> None:
         buffer = io.BytesIO()
         pq.write_table(table, buffer, compression="zstd")
-        path = self._path(key)
+        self._write_bytes(self._path(key), buffer.getvalue())
+
+    def _write_bytes(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` through a temporary file renamed into place; a failed
+        write (a full disk) leaves no temporary file and is one :class:`DiskWriteError`."""
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open(tmp, "wb") as handle:
-            handle.write(buffer.getvalue())
-        self.fs.mv(tmp, path)
+        try:
+            with self.fs.open(tmp, "wb") as handle:
+                handle.write(data)
+            self.fs.mv(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.fs.rm(tmp)
+            raise DiskWriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
     def put_samples(self, key: str, samples: list[Sample]) -> None:
         columns: dict[str, list[Any]] = {name: [] for name in ROLLOUT_SCHEMA.names}
@@ -103,11 +114,8 @@ class RolloutStore:
 
     def put_request(self, key: str, body: bytes) -> None:
         """Keep the request body a node signed for the submission stored under ``key``."""
-        path = self._path(key + ".request.zst")
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open(tmp, "wb") as handle:
-            handle.write(zstandard.ZstdCompressor(level=3).compress(body))
-        self.fs.mv(tmp, path)
+        compressed = zstandard.ZstdCompressor(level=3).compress(body)
+        self._write_bytes(self._path(key + ".request.zst"), compressed)
 
     def get_request(self, key: str) -> bytes:
         """The signed request body kept by :meth:`put_request`."""
