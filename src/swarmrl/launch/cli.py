@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 from swarmrl.config.args import add_override_args
@@ -49,28 +50,54 @@ def _quiet_libraries() -> None:
 
 
 def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
-    from swarmrl.launch.report import ProgressView, RunRecorder, record_training
+    """A colocated run recorded as it goes; Ctrl-C (or an error) still leaves report.json with
+    status ``interrupted`` (``failed``), every finished step and evaluation, and policy/ once
+    RL is over."""
+    from swarmrl.launch.report import ProgressView, RunRecorder
     from swarmrl.model.io import save_policy
+    from swarmrl.rolekit.supervisor import terminate_as_interrupt
     from swarmrl.trainer.colocated import run_colocated
+    from swarmrl.trainer.learner import Learner
     from swarmrl.trainer.loop import Hooks
     from swarmrl.trainer.trackers import Trackers, tracked
 
     _quiet_libraries()
-    started = time.perf_counter()
-    recorder = RunRecorder(config)
+    recorder = RunRecorder(config, mode="colocated")
     view = ProgressView(config.rl.steps, config.sft.steps)
     if quiet:
         view.live = None
         view.console.quiet = True
-    with Trackers(config, recorder.dir) as trackers, view:
-        hooks = Hooks(
-            on_phase=view.on_phase,
-            on_step=lambda row: (recorder.log_step(row), view.on_step(row)),
-            on_eval=view.on_eval,
-        )
-        run = run_colocated(config, tracked(hooks, trackers), on_sft_step=view.on_sft_step)
-    save_policy(run.policy, run.tokenizer, recorder.dir / "policy")
-    report = record_training(recorder, "colocated", run.result, time.perf_counter() - started)
+
+    def on_step(row: dict[str, Any]) -> None:
+        recorder.log_step(row)
+        recorder.progress()
+        view.on_step(row)
+
+    def on_eval(name: str, result: dict[str, Any]) -> None:
+        recorder.progress()
+        view.on_eval(name, result)
+
+    def on_rl_end(learner: Learner) -> None:
+        save_policy(learner.policy, learner.tokenizer, recorder.dir / "policy")
+
+    hooks = Hooks(
+        on_phase=view.on_phase,
+        on_step=on_step,
+        on_eval=on_eval,
+        on_start=recorder.follow,
+        on_rl_end=on_rl_end,
+    )
+    try:
+        with terminate_as_interrupt(), Trackers(config, recorder.dir) as trackers, view:
+            run_colocated(config, tracked(hooks, trackers), on_sft_step=view.on_sft_step)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through terminate_as_interrupt
+        recorder.finish("interrupted")
+        print(f"interrupted; what had finished is in {recorder.dir}", file=sys.stderr)
+        raise
+    except BaseException:
+        recorder.finish("failed")
+        raise
+    report = recorder.finish("completed")
     ev = report["eval"]
     control = ev.get("control", {}).get("accuracy")
     print(

@@ -5,9 +5,14 @@ Every run writes ``runs/<name>-<UTC timestamp>/``::
     config.json     the resolved config
     metrics.jsonl   one JSON object per RL step, the training loop's row
                     (``swarmrl.trainer.loop.ROW_KEYS``: the same keys in every mode)
-    report.json     mode, steps, wall_seconds, rl_seconds, warm start, seed, env,
+    report.json     status, mode, steps, wall_seconds, rl_seconds, warm start, seed, env,
                     eval.{n, before, after, control, during}; a swarm run adds its swarm facts
+    policy/         the trained policy, saved as soon as RL is over (before the control)
     report.png      reward and accuracy per step, with the held-out evals as marked points
+
+``metrics.jsonl`` and ``report.json`` are written as the run goes: report.json's ``status`` is
+``running`` until the run ends ``completed``, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``;
+an interrupted or failed report still holds every step and evaluation already finished.
 
 The colocated and the swarm modes both turn the loop's ``TrainingResult`` into these files
 with :func:`record_training`; knows nothing about how steps are computed.
@@ -18,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.live import Live
@@ -41,44 +46,93 @@ def new_run_dir(config: SwarmConfig) -> Path:
     return path
 
 
-class RunRecorder:
-    """Writes a run directory: config first, then one metrics line per step, then the report."""
+RunStatus = Literal["running", "completed", "interrupted", "failed"]
 
-    def __init__(self, config: SwarmConfig, run_dir: Path | None = None) -> None:
-        self.config = config
+
+class RunRecorder:
+    """Writes a run directory as the run goes: config and a ``running`` report.json first, one
+    metrics line per step, the report again after each step and evaluation, and the final
+    report (with its plot) when the run ends, however it ends."""
+
+    def __init__(self, config: SwarmConfig, run_dir: Path | None = None, mode: str = "") -> None:
+        self.config, self.mode = config, mode
         self.dir = run_dir if run_dir is not None else new_run_dir(config)
         self.dir.mkdir(parents=True, exist_ok=True)
         save_config(config, self.dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.metrics_path.write_text("")
         self.rows: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+        self.result = TrainingResult()  # the loop's, once it is handed over (``follow``)
+        self.write_report({"status": "running", "mode": mode}, plot=False)
+
+    def follow(self, result: TrainingResult) -> None:
+        """The loop's result as it fills in (``Hooks.on_start``); reported from now on."""
+        self.result = result
+        self.progress()
 
     def log_step(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
-    def write_report(self, report: dict[str, Any]) -> Path:
+    def progress(self, extra: dict[str, Any] | None = None) -> None:
+        """report.json with status ``running`` from what the loop has finished so far."""
+        self.finish("running", extra)
+
+    def finish(self, status: RunStatus, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the rows not yet logged and report.json with ``status`` (the plot too, once
+        the run has ended); returns the report."""
+        return record_training(
+            self, self.mode, self.result, time.monotonic() - self.started, extra, status
+        )
+
+    def write_report(self, report: dict[str, Any], plot: bool = True) -> Path:
         path = self.dir / "report.json"
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        plot_report(self.rows, report.get("eval", {}), self.dir / "report.png")
+        scratch = path.with_suffix(".json.partial")  # a reader never sees half a report
+        scratch.write_text(json.dumps(report, indent=2) + "\n")
+        scratch.replace(path)
+        if plot:
+            plot_report(self.rows, report.get("eval", {}), self.dir / "report.png")
         return path
 
 
 def training_report(
-    config: SwarmConfig, mode: str, result: TrainingResult, wall_seconds: float
+    config: SwarmConfig,
+    mode: str,
+    result: TrainingResult,
+    wall_seconds: float,
+    status: RunStatus = "completed",
 ) -> dict[str, Any]:
-    """report.json's common part, from the training loop's result (same keys in every mode)."""
+    """report.json's common part, from the training loop's result (same keys in every mode);
+    a run that did not complete reports the steps and evaluations it finished."""
+    n = result.evals.get("before", {}).get("n", config.eval.n)
+    evals: dict[str, Any] = {"n": n, **result.evals, "during": result.during}
+    if "control" not in evals:
+        evals["control_skipped"] = control_skipped(config)
     return {
+        "status": status,
         "mode": mode,
         "steps": result.steps,
         "wall_seconds": wall_seconds,
         "rl_seconds": result.rl_seconds,
         "warm_start": result.warm_start,
-        "eval": {"n": result.evals["before"]["n"], **result.evals, "during": result.during},
+        "eval": evals,
         "seed": config.run.seed,
         "env": config.env.name,
     }
+
+
+def control_skipped(config: SwarmConfig) -> str:
+    """Why report.json has no control arm, and how to get one."""
+    if config.model.path is not None and not config.model.warm_start:
+        return "model.path without model.warm_start: there is no warm-start SFT to continue"
+    if not config.eval.control:
+        return (
+            "eval.control=false; add --set eval.control=true to also continue the warm start's "
+            "SFT for the RL wall time and evaluate it (costs about as much as the RL)"
+        )
+    return "the run ended before the control finished"
 
 
 def record_training(
@@ -87,12 +141,14 @@ def record_training(
     result: TrainingResult,
     wall_seconds: float,
     extra: dict[str, Any] | None = None,
+    status: RunStatus = "completed",
 ) -> dict[str, Any]:
-    """Write any step rows not yet logged, then report.json (plus ``extra``) and the plot."""
+    """Write any step rows not yet logged, then report.json (plus ``extra``) and, unless the
+    run is still going, the plot."""
     for row in result.history[len(recorder.rows) :]:
         recorder.log_step(row)
-    report = training_report(recorder.config, mode, result, wall_seconds) | (extra or {})
-    recorder.write_report(report)
+    report = training_report(recorder.config, mode, result, wall_seconds, status) | (extra or {})
+    recorder.write_report(report, plot=status != "running")
     return report
 
 

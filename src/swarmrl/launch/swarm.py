@@ -35,12 +35,18 @@ import tomli_w
 
 from swarmrl.config import SwarmConfig, save_config
 from swarmrl.config.toploc import THRESHOLDS_FILE
-from swarmrl.errors import WaitTimeout
+from swarmrl.errors import SwarmError, WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
+from swarmrl.launch.report import RunRecorder, RunStatus
 from swarmrl.protocol import NodeView, PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
-from swarmrl.rolekit.supervisor import Supervisor, free_port, torchrun_command
+from swarmrl.rolekit.supervisor import (
+    Supervisor,
+    free_port,
+    terminate_as_interrupt,
+    torchrun_command,
+)
 
 POOL_ID = "swarm"
 HOST = "127.0.0.1"
@@ -308,6 +314,7 @@ def watch(
         for name, status in statuses.items():
             if status.state == "banned" and name in sup.roles:
                 sup.retire(name)  # a banned worker leaves; the swarm goes on without it
+        stop_generating(sup, plan, statuses)
         if on_tick is not None:
             on_tick(statuses)
         if trainer.popen.poll() == 0:
@@ -319,6 +326,20 @@ def watch(
                 f"{plan.config.rl.steps} steps; logs in {sup.log_dir}"
             )
         time.sleep(plan.config.swarm.status_interval_s)
+
+
+def stop_generating(sup: Supervisor, plan: SwarmPlan, statuses: dict[str, RoleStatus]) -> None:
+    """Once the trainer reports RL over, stop the workers and validators: their rollouts can no
+    longer be trained on, and they would only compete with the evaluations for the CPU."""
+    trainer = statuses.get("trainer")
+    if trainer is None or not trainer.metrics.get("rl_done"):
+        return
+    running = [
+        name
+        for name in [*plan.workers, *plan.validators]
+        if name in sup.roles and name not in sup.retired and sup.roles[name].alive()
+    ]
+    sup.stop_soon(running)
 
 
 # --- the whole run ---------------------------------------------------------------------------
@@ -442,42 +463,84 @@ def trainer_summary(plan: SwarmPlan) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def write_report(plan: SwarmPlan, facts: dict, wall_seconds: float) -> dict:
-    """report.json, metrics.jsonl and report.png from the training loop's result, as a
-    colocated run writes them, plus the swarm's own facts (submissions, bans, versions, bytes,
-    ledger); returns the report."""
-    from swarmrl.launch.report import RunRecorder, record_training
+def follow_trainer(recorder: RunRecorder, plan: SwarmPlan) -> None:
+    """Take the trainer's summary as it stands into ``recorder`` (its loop's result so far)."""
     from swarmrl.trainer.loop import TrainingResult
 
-    result = TrainingResult.from_dict(trainer_summary(plan)["training"])
-    recorder = RunRecorder(plan.config, plan.run_dir)
-    return record_training(recorder, "swarm", result, wall_seconds, facts)
+    training = trainer_summary(plan).get("training")
+    if training:
+        recorder.result = TrainingResult.from_dict(training)
 
 
 def run_swarm(
     config: SwarmConfig, run_dir: Path, *, display: bool = True, timeout_s: float = 3600.0
 ) -> dict:
-    """Start a whole local swarm, wait for the trainer to finish, write the report; returns it."""
-    started = time.monotonic()
+    """Start a whole local swarm, wait for the trainer to finish, write the report; returns it.
+
+    report.json and metrics.jsonl follow the trainer's summary while the run goes (status
+    ``running``). Ctrl-C (or SIGTERM) stops the trainer first, so it records what it finished,
+    then the report is written with status ``interrupted`` (``failed`` when a role died or time
+    ran out) and the interrupt goes on up."""
     plan = prepare(config, run_dir)
-    with (
-        LiveDisplay(enabled=display) as live,
-        Supervisor(
-            run_dir,
-            config.swarm.shutdown_grace_s,
-            config.swarm.max_restarts,
-            config.swarm.restart_backoff_s,
-        ) as sup,
-    ):
-        start_all(sup, plan)
-        watch(sup, plan, live, timeout_s)
-        facts = swarm_facts(plan)
-    return write_report(plan, facts, time.monotonic() - started)
+    recorder = RunRecorder(plan.config, plan.run_dir, mode="swarm")
+    seen = [0.0]  # mtime of the trainer summary last taken in
+
+    def on_tick(statuses: dict[str, RoleStatus]) -> None:
+        path = plan.run_dir / "trainer" / "summary.json"
+        if path.is_file() and path.stat().st_mtime != seen[0]:
+            seen[0] = path.stat().st_mtime
+            follow_trainer(recorder, plan)
+            recorder.progress()
+
+    status: RunStatus = "completed"
+    facts: dict = {}
+    try:
+        with (
+            terminate_as_interrupt(),
+            LiveDisplay(enabled=display) as live,
+            Supervisor(
+                run_dir,
+                config.swarm.shutdown_grace_s,
+                config.swarm.max_restarts,
+                config.swarm.restart_backoff_s,
+            ) as sup,
+        ):
+            try:
+                start_all(sup, plan)
+                watch(sup, plan, live, timeout_s, on_tick)
+            except KeyboardInterrupt:
+                status = "interrupted"
+                raise
+            except BaseException:
+                status = "failed"
+                raise
+            finally:
+                if status != "completed" and "trainer" in sup.roles:
+                    sup.stop("trainer")  # it writes what it finished into its summary
+                facts = _facts_if_reachable(plan, status)
+    finally:
+        follow_trainer(recorder, plan)
+        report = recorder.finish(status, facts)
+    return report
+
+
+def _facts_if_reachable(plan: SwarmPlan, status: str) -> dict:
+    """The swarm's facts; after an early end, ``{}`` when the orchestrator cannot give them."""
+    import httpx
+
+    if status == "completed":
+        return swarm_facts(plan)
+    try:
+        return swarm_facts(plan)
+    except (OSError, SwarmError, httpx.HTTPError):
+        return {}
 
 
 # `swarmrl demo`: the embedded config as a swarm, plus one worker that starts cheating after
-# three honest submissions, to show it being caught, banned and kept out of training.
-DEMO_OVERRIDES = ("swarm.cheaters=['corrupt_weights_after:3']",)
+# three honest submissions, to show it being caught, banned and kept out of training. The SFT
+# control costs about as much as the RL it controls for, so the demo runs it only on request
+# (`--set eval.control=true`); its report says so under eval.control_skipped.
+DEMO_OVERRIDES = ("swarm.cheaters=['corrupt_weights_after:3']", "eval.control=false")
 
 
 def summary_text(report: dict) -> str:

@@ -254,6 +254,13 @@ class Supervisor:
             self._signal_group(role, signal.SIGKILL)
             return role.popen.wait(timeout=self.grace_s)
 
+    def stop_soon(self, names: Sequence[str]) -> None:
+        """SIGTERM the process groups of ``names`` without waiting for them (they finish what
+        they are doing and exit; :meth:`shutdown` collects them at the end)."""
+        for name in names:
+            self.retired.add(name)
+            self._signal_group(self.roles[name], signal.SIGTERM)
+
     def kill(self, name: str) -> int:
         """SIGKILL role ``name`` at once (fault tests: a machine that vanishes)."""
         role = self.roles[name]

@@ -58,13 +58,18 @@ class Hooks:
     on_phase: Callable[[str], None] = lambda phase: None
     on_step: Callable[[dict[str, Any]], None] = lambda row: None
     on_eval: Callable[[str, dict[str, Any]], None] = lambda name, result: None
+    # the result the loop fills in as it goes, handed over before the first eval, so a caller
+    # interrupted mid-run can still record everything already finished
+    on_start: Callable[[TrainingResult], None] = lambda result: None
+    # RL is over and the after-RL eval done (before the control): the policy is final
+    on_rl_end: Callable[[Learner], None] = lambda learner: None
 
 
 @dataclass
 class TrainingResult:
     """Everything a run's report says about training; the same in every mode."""
 
-    steps: int = 0
+    steps: int = 0  # steps finished (rl.steps once the loop is through)
     rl_seconds: float = 0.0
     warm_start: dict[str, Any] = field(default_factory=dict)  # path, cached, seconds, steps
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # before, after[, control]
@@ -93,26 +98,34 @@ def train(
             "steps": warm.steps,
         }
     )
-    result.evals["before"] = _evaluate(learner, hooks, "before")
+    hooks.on_start(result)
+    _evaluate(learner, hooks, "before", result.evals.__setitem__)
     hooks.on_phase("rl")
     start, eval_seconds, every = time.monotonic(), 0.0, config.eval.every
     for step in range(learner.first_step, config.rl.steps):  # first_step > 0: resumed
         row = train_step(learner, source, step, start)
         result.history.append(row)
+        result.steps, result.rl_seconds = step + 1, row["wall_time"] - eval_seconds
         hooks.on_step(row)
         if every and (step + 1) % every == 0 and step + 1 < config.rl.steps:
             eval_start = time.monotonic()
-            held = _evaluate(learner, hooks, f"after {step + 1} steps")
-            result.during.append({"step": step + 1, "wall_time": row["wall_time"], **held})
+            at = {"step": step + 1, "wall_time": row["wall_time"]}
+            _evaluate(
+                learner,
+                hooks,
+                f"after {step + 1} steps",
+                lambda name, held, at=at: result.during.append({**at, **held}),
+            )
             eval_seconds += time.monotonic() - eval_start
             hooks.on_phase("rl")
     result.steps = config.rl.steps
     result.rl_seconds = time.monotonic() - start - eval_seconds
-    result.evals["after"] = _evaluate(learner, hooks, "after")
+    _evaluate(learner, hooks, "after", result.evals.__setitem__)
+    hooks.on_rl_end(learner)
     if config.eval.control and (config.model.path is None or config.model.warm_start):
         hooks.on_phase("control")
         result.evals["control"] = learner.control(result.rl_seconds)
-        hooks.on_eval("control", result.evals["control"])
+        hooks.on_eval("control", result.evals["control"])  # recorded before the hook hears
     return result
 
 
@@ -161,8 +174,12 @@ def step_metrics(stats: StepStats | None) -> dict[str, float | None]:
     return {key: None if stats is None else getattr(stats, key) for key in _STEP_STATS}
 
 
-def _evaluate(learner: Learner, hooks: Hooks, name: str) -> dict[str, Any]:
+def _evaluate(
+    learner: Learner, hooks: Hooks, name: str, record: Callable[[str, dict[str, Any]], None]
+) -> None:
+    """Evaluate; ``record`` puts the result into the loop's result before the hook hears of
+    it, so a caller writing the result on ``on_eval`` writes it with this evaluation in."""
     hooks.on_phase(f"eval {name}")
     result = learner.evaluate()
+    record(name, result)
     hooks.on_eval(name, result)
-    return result

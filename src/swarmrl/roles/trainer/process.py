@@ -222,7 +222,11 @@ def run(
     checkpoints: Checkpointer,
     latest: Path | None,
 ) -> int:
-    work = Path(args.run_dir) / "trainer"
+    """Warm start, calibrate, publish version 0, train; ``summary.json`` is written after every
+    step and evaluation (``status``: running, then completed, interrupted or failed) and
+    ``RUN_DIR/policy/`` as soon as RL is over."""
+    run_dir = Path(args.run_dir)
+    work = run_dir / "trainer"
     work.mkdir(parents=True, exist_ok=True)
     env = build_env(config.env)
     status.set(state="warm start")
@@ -237,9 +241,10 @@ def run(
         )
     warm = learner.warm
     log.info("warm start %s (%s)", warm.path, "cached" if warm.cached else f"{warm.seconds:.0f} s")
-    calibrate_verifier(config, warm.path, Path(args.run_dir), status, log)
+    calibrate_verifier(config, warm.path, run_dir, status, log)
     origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port)
     log.info("origin serving %s at %s", origin.store_dir, origin.server.url)
+    summary = Summary(work / "summary.json", origin)
     try:
         with PoolClient(args.orchestrator, keypair, config.swarm.peer_timeout_s) as pool:
             announce = announcer(origin, pool, args.pool, learner, work, config, log, status)
@@ -252,7 +257,10 @@ def run(
                 continue_versions(learner, origin, source, pool, args.pool, config, log)
                 source.restore(saved["source"])
             history: list[dict[str, Any]] = list(saved["history"])
-            hooks = role_hooks(log, status, work / "steps.jsonl", history)
+            summary.source, summary.history = source, history
+            hooks = role_hooks(
+                log, status, work / "steps.jsonl", history, summary, run_dir / "policy"
+            )
             hooks = checkpointing(
                 hooks,
                 checkpoints,
@@ -260,12 +268,23 @@ def run(
                 config.rl.steps,
                 lambda: {"source": source.state(), "history": list(history)},
             )
-            with Trackers(config, Path(args.run_dir)) as trackers:
+            with Trackers(config, run_dir) as trackers:
                 leading = LeaderSource(source, parallel)
-                result = train(config, learner, leading, tracked(hooks, trackers))
-            result.history = history
-            write_summary(work / "summary.json", result, origin, source)
+                train(config, learner, leading, tracked(hooks, trackers))
+            summary.write("completed")
             status.set(state="done")
+            log.info(
+                "run finished: %d steps; policy in %s, summary in %s",
+                summary.result.steps,
+                run_dir / "policy",
+                summary.path,
+            )
+    except KeyboardInterrupt:
+        summary.write("interrupted")
+        raise
+    except BaseException:
+        summary.write("failed")
+        raise
     finally:
         origin.stop()
         learner.close()
@@ -336,10 +355,12 @@ def role_hooks(
     status: StatusReporter,
     steps_file: Path,
     history: list[dict[str, Any]],
+    summary: Summary,
+    policy_dir: Path,
 ) -> Hooks:
-    """What the loop's progress does to this role's log, status file and ``steps_file`` (one
-    JSON line per step as it ends, the rows ``metrics.jsonl`` gets at the end of the run);
-    rows also go to ``history``, which holds the rows of the steps before a resume."""
+    """What the loop's progress does to this role's log, status file, ``steps_file`` (one
+    JSON line per step as it ends) and summary; rows also go to ``history``, which holds the
+    rows of the steps before a resume; ``policy_dir`` gets the policy once RL ends."""
     waited = [0.0, 0.0]  # seconds waiting for rollouts, seconds in steps
     with steps_file.open("w") as f:
         f.writelines(json.dumps(row) + "\n" for row in history)
@@ -364,24 +385,57 @@ def role_hooks(
         status.add(idle_seconds=row["rollout_s"], update_seconds=row["update_s"])
         rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
         log.info("step %d: %s", row["step"], json.dumps(rounded))
+        summary.write("running")
 
     def on_eval(name: str, result: dict[str, Any]) -> None:
         log.info("held-out %s: accuracy %.3f", name, result["accuracy"])
         if name != "control":
             status.set(accuracy=result["accuracy"])
+        summary.write("running")
 
-    return Hooks(on_phase=lambda phase: status.set(state=phase), on_step=on_step, on_eval=on_eval)
+    def on_rl_end(learner: Learner) -> None:
+        save_policy(learner.policy, learner.tokenizer, policy_dir)
+        status.set(rl_done=1)
+        status.event(f"RL finished; policy saved to {policy_dir}")
+        log.info("RL finished; trained policy saved to %s", policy_dir)
+        summary.write("running")
+
+    return Hooks(
+        on_phase=lambda phase: status.set(state=phase),
+        on_step=on_step,
+        on_eval=on_eval,
+        on_start=summary.follow,
+        on_rl_end=on_rl_end,
+    )
 
 
-def write_summary(path: Path, result: TrainingResult, origin: Origin, source: PoolSource) -> None:
-    """The loop's result, what the origin published, and the submissions trained on."""
-    summary = {
-        "training": result.to_dict(),
-        "origin": {
-            "versions_published": len(origin.versions),
-            "bytes_full": origin.bytes_full,
-            "bytes_delta": origin.bytes_delta,
-        },
-        "consumed_submissions": source.consumed,
-    }
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+class Summary:
+    """``RUN_DIR/trainer/summary.json``, rewritten as the run goes: ``status``, the loop's
+    result (``training``: the same record a colocated run reports), what the origin published
+    (``origin``) and the submissions trained on. After a resume the loop's own history holds
+    only the steps since; ``history`` holds them all."""
+
+    def __init__(self, path: Path, origin: Origin) -> None:
+        self.path, self.origin = path, origin
+        self.result = TrainingResult()
+        self.source: PoolSource | None = None
+        self.history: list[dict[str, Any]] | None = None
+
+    def follow(self, result: TrainingResult) -> None:
+        self.result = result
+
+    def write(self, status: str) -> None:
+        summary = {
+            "status": status,
+            "training": self.result.to_dict()
+            | ({"history": self.history} if self.history is not None else {}),
+            "origin": {
+                "versions_published": len(self.origin.versions),
+                "bytes_full": self.origin.bytes_full,
+                "bytes_delta": self.origin.bytes_delta,
+            },
+            "consumed_submissions": self.source.consumed if self.source else [],
+        }
+        scratch = self.path.with_suffix(".json.partial")
+        scratch.write_text(json.dumps(summary, indent=2) + "\n")
+        scratch.replace(self.path)
