@@ -72,3 +72,62 @@ def test_non_terminal_display_prints_changed_lines_only():
         display.update(_statuses(), {})
         display.update(_statuses(), {})
     assert out.getvalue().count("step 7") == 1
+
+
+def test_render_shows_live_orchestrator_relay_and_per_worker_verdicts():
+    statuses = _statuses()
+    node = "ab" * 16
+    statuses["validator"].metrics |= {f"accepted.{node}": 12, f"rejected.{node}": 2}
+    statuses["orchestrator"] = RoleStatus(
+        role="orchestrator",
+        name="orchestrator",
+        state="serving",
+        policy_version=7,
+        metrics={"submissions": 55, "pending": 4, "accepted": 3, "trained": 40, "rejected": 3},
+    )
+    statuses["relay-0"] = RoleStatus(role="relay", name="relay-0", state="serving", policy_version=7)
+    text = _text(render(statuses, {"orchestrator": True, "relay-0": True}))
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 3}
+    assert "serving" in rows["orchestrator"] and "55 submissions" in rows["orchestrator"]
+    assert "43 / 3" in rows["orchestrator"]
+    assert "serving" in rows["relay-0"] and "starting" not in rows["relay-0"]
+    assert "12 / 2" in rows["worker-0"]  # the validators' verdicts on this worker's node
+
+
+def _trainer(state: str, step: float, **metrics: float) -> RoleStatus:
+    return RoleStatus(
+        role="trainer", name="trainer", state=state, metrics={"step": step, **metrics}
+    )
+
+
+def test_piped_output_tells_phases_steps_and_events_once_without_wrapping():
+    out = io.StringIO()
+    clock = [0.0]
+    with LiveDisplay(Console(file=out, width=40)) as display:
+        display._narrator.clock = lambda: clock[0]
+        for sft_step in range(0, 101, 5):  # a warm start of 100 steps, 1 step a second
+            clock[0] = float(sft_step)
+            status = _trainer("warm start", 0, sft_step=sft_step, sft_steps=100, sft_loss=1.5)
+            display.update({"trainer": status}, {})
+        statuses = _statuses()
+        for step in (1, 2):
+            statuses["trainer"] = _trainer(f"training step {step}", step, reward_mean=0.5)
+            display.update(statuses, {}, 20)
+            statuses["trainer"] = _trainer(f"waiting for step {step + 1} rollouts", step)
+            display.update(statuses, {}, 20)
+        statuses["trainer"] = _trainer("control", 2)
+        for _ in range(188):  # the control phase: nothing new to tell
+            display.update(statuses, {}, 20)
+        statuses["trainer"] = _trainer("done", 2)
+        display.update(statuses, {}, 20)
+    lines = out.getvalue().splitlines()
+    warm = [line for line in lines if "warm start step" in line]
+    assert 5 <= len(warm) <= 11, lines  # progress, not one line per SFT step
+    assert "step 10/100" in warm[0] and "about 90 s left" in warm[0]
+    steps = [line for line in lines if "submissions accepted" in line]
+    assert [line.split()[2] for line in steps] == ["1/20", "2/20"]  # one line per step
+    assert len(lines) == len(set(lines)), lines  # nothing told twice
+    assert sum("banned node cdcdcdcd" in line for line in lines) == 1
+    assert "trainer: control" in lines and "trainer: done" in lines
+    assert not any("waiting for step" in line or "generating" in line for line in lines)
+    assert any(len(line) > 40 for line in lines)  # long lines are not wrapped at the width

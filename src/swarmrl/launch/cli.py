@@ -115,8 +115,12 @@ def run_swarm_cli(config: SwarmConfig, quiet: bool) -> Path:
 
     _quiet_libraries()
     run_dir = new_run_dir(config)
-    report = run_swarm(config, run_dir, display=not quiet)
-    print(summary_text(report) + f"; run directory: {run_dir}")
+    try:
+        report = run_swarm(config, run_dir, display=not quiet)
+    except KeyboardInterrupt:
+        print(f"interrupted; what had finished is in {run_dir}", file=sys.stderr)
+        raise
+    print(summary_text(report) + f"\nrun directory: {run_dir}")
     return run_dir
 
 

@@ -229,6 +229,7 @@ class ProgressView:
         self.console = console or Console(stderr=True)
         self.total, self.sft_total = total_steps, sft_steps
         self.phase, self.sft = "starting", ""
+        self.sft_began: tuple[float, int] | None = None  # (clock, step) at the first SFT step
         self.row: dict[str, Any] = {}
         self.evals: dict[str, str] = {}
         self.live = (
@@ -271,15 +272,22 @@ class ProgressView:
         if self.live is not None:
             self.live.update(self._table())
         elif line:
-            self.console.print(line, highlight=False, markup=False)
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     def on_phase(self, phase: str) -> None:
         self.phase = phase
         self._refresh(f"[{phase}]")
 
     def on_sft_step(self, step: int, loss: float) -> None:
-        self.sft = f"step {step}/{self.sft_total}  loss {loss:.3f}"
-        self._refresh(None if step % 50 else f"warm start {self.sft}")
+        now = time.monotonic()
+        if self.sft_began is None:
+            self.sft_began = (now, step)
+        began, first = self.sft_began
+        rate = (step - first) / (now - began) if now > began else 0.0
+        left = f"  about {(self.sft_total - step) / rate:.0f} s left" if rate > 0 else ""
+        self.sft = f"step {step}/{self.sft_total}  loss {loss:.3f}{left}"
+        every = max(1, self.sft_total // 10)
+        self._refresh(None if step % every else f"warm start {self.sft}")
 
     def on_step(self, row: dict[str, Any]) -> None:
         self.row = row

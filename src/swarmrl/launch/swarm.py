@@ -193,6 +193,7 @@ def start_orchestrator(sup: Supervisor, plan: SwarmPlan) -> None:
         "--port", str(plan.orchestrator_port),
         "--pool", str(plan.run_dir / "pool.json"),
         "--ui-run-dir", str(plan.run_dir),
+        "--status-dir", str(plan.status_dir),
     ]  # fmt: skip
     sup.start_role("orchestrator", "orchestrator", args)
     sup.wait_http(
@@ -246,6 +247,7 @@ def start_relay(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
         "--store", str(plan.run_dir / name),
         "--host", HOST,
         "--port", str(plan.relay_ports[name]),
+        "--status-dir", str(plan.status_dir),
     ]  # fmt: skip
     sup.start_role(name, "relay", args)
     sup.wait_http(name, f"{plan.relay_url(name)}/health", plan.config.swarm.ready_timeout_s)
@@ -382,6 +384,10 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 "dropped": by_status.get("dropped", 0),
                 "pending": by_status.get("pending", 0),
                 "rejected_honest": sum(c["rejected"] for n, c in judged.items() if n in honest),
+                # rejected by a validator yet acknowledged by the trainer: must stay 0
+                "rejected_trained": len(
+                    rejected_ids(ledger) & set(summary.get("consumed_submissions", []))
+                ),
             },
             "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
             "versions_published": origin.get("versions_published"),
@@ -395,34 +401,49 @@ def swarm_facts(plan: SwarmPlan) -> dict:
             "entries": entries,
             "verified": verified.ok,
             "file": str(ledger_file),
+            "orchestrator_key": orchestrator_key,
             "credited_tokens": metrics.credited_tokens,
         },
     }
 
 
-def verdict_counts(ledger: list[dict]) -> dict[str, dict[str, int]]:
+def verdict_counts(ledger: list[dict]) -> dict[str, dict[str, Any]]:
     """node id → accepted, rejected (hard: judged dishonest) and expired (soft: dropped
     without blame, e.g. its version was pruned before anyone could replay it) verdicts, from
-    the ledger's verdict entries."""
-    judged: dict[str, dict[str, int]] = {}
+    the ledger's verdict entries, and the reason given for the first hard rejection (``""``
+    when none)."""
+    judged: dict[str, dict[str, Any]] = {}
     for entry in ledger:
         if entry["kind"] == "verdict":
             counts = judged.setdefault(
-                entry["node_id"], {"accepted": 0, "rejected": 0, "expired": 0}
+                entry["node_id"],
+                {"accepted": 0, "rejected": 0, "expired": 0, "first_rejection": ""},
             )
             body = entry["body"]
             outcome = "accepted" if body.get("accept") else "rejected"
             if outcome == "rejected" and body.get("severity") == "soft":
                 outcome = "expired"
             counts[outcome] += 1
+            if outcome == "rejected" and not counts["first_rejection"]:
+                reasons = body.get("reasons") or ["no reason given"]
+                counts["first_rejection"] = str(reasons[0])[:300]
     return judged
+
+
+def rejected_ids(ledger: list[dict]) -> set[str]:
+    """Ids of the submissions a validator rejected, from the ledger's verdict entries."""
+    return {
+        e["body"]["submission_id"]
+        for e in ledger
+        if e["kind"] == "verdict" and not e["body"].get("accept")
+    }
 
 
 def worker_rows(
     plan: SwarmPlan,
     nodes: list[NodeView],
     names: dict[str, str],
-    judged: dict[str, dict[str, int]],
+    judged: dict[str, dict[str, Any]],
 ) -> list[dict]:
     """One row per pool node: name, state, cheat, verdicts, throughput, rollouts."""
     statuses = RoleStatus.read_dir(plan.status_dir)
@@ -438,6 +459,7 @@ def worker_rows(
                 "model_version": n.model_version,
                 "accepted": judged.get(n.node_id, {}).get("accepted", 0),
                 "rejected": judged.get(n.node_id, {}).get("rejected", 0),
+                "first_rejection": judged.get(n.node_id, {}).get("first_rejection", ""),
                 "measured_tokens_per_s": n.measured_tokens_per_s,
                 "rollouts": statuses[name].metrics.get("rollouts", 0) if name in statuses else None,
             }
@@ -544,18 +566,43 @@ DEMO_OVERRIDES = ("swarm.cheaters=['corrupt_weights_after:3']", "eval.control=fa
 
 
 def summary_text(report: dict) -> str:
-    """One line a person reads at the end of a swarm run."""
-    ev, swarm = report["eval"], report["swarm"]
+    """What happened, in words, for a person at the end of a swarm run: learning, who cheated
+    and how they were caught, what was rejected, and how to check the ledger oneself."""
+    ev, swarm, ledger = report["eval"], report["swarm"], report["ledger"]
     subs = swarm["submissions"]
-    banned = [w["name"] for w in swarm["workers"] if w["state"] == "banned"]
     control = ev.get("control", {}).get("accuracy")
-    return (
-        f"held-out accuracy (n={ev['n']}): {ev['before']['accuracy']:.1%} -> "
-        f"{ev['after']['accuracy']:.1%}"
-        + (f" (control, SFT continued: {control:.1%})" if control is not None else "")
-        + f" in {report['wall_seconds']:.0f} s; submissions accepted {subs['accepted']}, "
-        f"rejected {subs['rejected']} (honest {subs['rejected_honest']}), "
-        f"expired {subs.get('expired', 0)}; "
-        f"banned: {', '.join(banned) or 'none'}; "
-        f"ledger {'verified' if report['ledger']['verified'] else 'INVALID'}"
+    lines = [
+        f"held-out accuracy (n={ev['n']}): {ev['before']['accuracy']:.1%} before RL, "
+        f"{ev['after']['accuracy']:.1%} after {report['steps']} RL steps "
+        f"({report['rl_seconds']:.0f} s of {report['wall_seconds']:.0f} s)"
+        + (
+            f"; the control (the warm start's SFT continued as long): {control:.1%}"
+            if control is not None
+            else f"; no control: {ev.get('control_skipped', 'not run')}"
+        )
+    ]
+    for w in swarm["workers"]:
+        if w["cheat"] or w["state"] == "banned":
+            lines.append(
+                f"{w['name']} cheated ({w['cheat'] or 'not planted by this run'}): "
+                f"{w['accepted']} submissions accepted before it was caught, then "
+                f"{w['rejected']} rejected by a validator that replayed them"
+                + (f" ({w['first_rejection']})" if w["first_rejection"] else "")
+                + f"; {'banned' if w['state'] == 'banned' else 'state ' + w['state']}"
+            )
+    lines.append(
+        f"submissions: {subs['accepted']} accepted, {subs['rejected']} rejected "
+        f"({subs['rejected_honest']} of them from honest workers), "
+        f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on; "
+        + (
+            "none of the rejected reached the trainer"
+            if not subs["rejected_trained"]
+            else f"{subs['rejected_trained']} REJECTED SUBMISSIONS WERE TRAINED ON"
+        )
     )
+    verified = "verifies" if ledger["verified"] else "DOES NOT VERIFY"
+    lines.append(
+        f"the ledger ({ledger['entries']} signed entries) {verified}; check it yourself: "
+        f"swarmrl ledger verify {ledger['file']} --orchestrator-key {ledger['orchestrator_key']}"
+    )
+    return "\n".join(lines)

@@ -46,6 +46,8 @@ class StatusCollector:
         snap = self.reporter.snapshot()
         role = snap.status.role
         for key, value in sorted(snap.status.metrics.items()):
+            if "." in key:  # per-node numbers (``accepted.<node id>``) are for the status file
+                continue
             if key in snap.counters:
                 yield CounterMetricFamily(metric_name(role, key), f"{role} {key}", value=value)
             else:

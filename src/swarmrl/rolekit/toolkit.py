@@ -27,6 +27,7 @@ import tenacity
 from swarmrl.config import SwarmConfig
 from swarmrl.config.args import add_config_args, config_from_args, config_line
 from swarmrl.errors import InfraError, RateLimited, WaitTimeout
+from swarmrl.logs import configure_logging
 from swarmrl.protocol.swarm import RoleName, RoleStatus
 
 T = TypeVar("T")
@@ -75,16 +76,9 @@ def log_config(log: logging.Logger, config: SwarmConfig) -> None:
 
 
 def setup_logging(name: str, level: str = "INFO") -> logging.Logger:
-    """Log lines ``HH:MM:SS name: message`` on stderr (the supervisor captures them)."""
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s {name}: %(message)s",
-        datefmt="%H:%M:%S",
-        force=True,
-    )
-    for noisy in ("httpx", "httpcore", "uvicorn.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    return logging.getLogger(f"swarmrl.{name}")
+    """Log lines ``HH:MM:SS name: message`` on stderr (the supervisor captures them), the same
+    format in every role (:mod:`swarmrl.logs`), without library progress bars."""
+    return configure_logging(name, level)
 
 
 class _Stopped(Exception):
@@ -175,8 +169,12 @@ class StatusReporter:
         status_dir: str | Path | None,
         interval_s: float = 1.0,
         node_id: str | None = None,
+        refresh: Callable[[StatusReporter], None] | None = None,
     ) -> None:
+        """``refresh``, when given, runs before each periodic write to bring the numbers up to
+        date (a role whose numbers live elsewhere, e.g. the orchestrator's database)."""
         self.status = RoleStatus(role=role, name=name, node_id=node_id)
+        self.refresh = refresh
         self.status_dir = Path(status_dir) if status_dir else None
         self.interval_s = interval_s
         self._events: deque[str] = deque(maxlen=8)
@@ -237,6 +235,11 @@ class StatusReporter:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.refresh is not None:
+                try:
+                    self.refresh(self)
+                except Exception as exc:  # a failed refresh must not end the reports
+                    self.set(state=f"status refresh failed: {type(exc).__name__}")
             self.flush()
 
     def __enter__(self) -> StatusReporter:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from collections.abc import Sequence
 
 from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.identity.keys import parse_public_keys
+from swarmrl.logs import configure_logging
 
 
 def _common_args(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _shardcast(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("shardcast", args.log_level)
     cfg = config_from_args(args).shardcast
 
     if args.command == "publish":

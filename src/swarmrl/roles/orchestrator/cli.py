@@ -21,7 +21,7 @@ from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity.keys import load_keypair
 from swarmrl.pool.cli import read_spec
-from swarmrl.rolekit.toolkit import log_config, setup_logging
+from swarmrl.rolekit.toolkit import StatusReporter, log_config, setup_logging
 
 if TYPE_CHECKING:
     from swarmrl.pool.service import Context
@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
         help="run directory whose curves, role status and weight stores the /ui dashboard shows",
     )
     parser.add_argument("--no-ui", action="store_true", help="do not serve the /ui dashboard")
+    parser.add_argument(
+        "--status-dir", default=None, help="write <name>.json status reports into this directory"
+    )
     return parser
 
 
@@ -84,8 +87,37 @@ def main(verb: str, argv: Sequence[str]) -> int:
                     file=sys.stderr,
                 )
     mounts = {} if args.no_ui else {"/ui": dashboard_app(ctx, args)}
-    serve_forever(ctx, args.host, args.port, args.port_file, mounts)
+    pools = [read_spec(path).pool_id for path in args.pool]
+    reporter = StatusReporter(
+        "orchestrator",
+        args.name,
+        args.status_dir,
+        2.0,  # each refresh queries the database: every 2 s is live enough for a display
+        refresh=lambda r: report_pools(r, ctx, pools),
+    )
+    with reporter:
+        reporter.set(state="serving")
+        serve_forever(ctx, args.host, args.port, args.port_file, mounts)
+        reporter.set(state="stopped")
     return 0
+
+
+def report_pools(reporter: StatusReporter, ctx: Context, pool_ids: list[str]) -> None:
+    """The status numbers of the hosted pools, summed: version, nodes, submissions."""
+    from swarmrl.pool import service
+
+    total: dict[str, float] = {}
+    version = 0
+    for pool_id in pool_ids:
+        m = service.metrics(ctx, pool_id)
+        version = max(version, m.current_version)
+        subs = m.submissions_by_status
+        for key in ("pending", "accepted", "leased", "rejected", "trained", "dropped"):
+            total[key] = total.get(key, 0.0) + subs.get(key, 0)
+        total["submissions"] = total.get("submissions", 0.0) + sum(subs.values())
+        total["nodes"] = total.get("nodes", 0.0) + sum(m.nodes_by_state.values())
+        total["banned"] = total.get("banned", 0.0) + m.nodes_by_state.get("banned", 0)
+    reporter.set(version=version, **total)
 
 
 def dashboard_app(ctx: Context, args: argparse.Namespace) -> Any:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from swarmrl.config import SwarmConfig
 from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.identity.keys import parse_public_keys
-from swarmrl.rolekit.toolkit import log_config, setup_logging
+from swarmrl.rolekit.toolkit import StatusReporter, log_config, setup_logging
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8471)
     parser.add_argument("--name", default="relay", help="name shown in logs")
     parser.add_argument("--log-level", default="INFO", help="logging level (INFO, DEBUG, …)")
+    parser.add_argument(
+        "--status-dir", default=None, help="write <name>.json status reports into this directory"
+    )
     return parser
 
 
@@ -64,5 +67,18 @@ def main(verb: str, argv: Sequence[str]) -> int:
     from swarmrl.shardcast.server import serve_until_signal
 
     app, follower = build(args, config)
-    follower.start()
-    return serve_until_signal(app, args.host, args.port, on_stop=follower.stop)
+
+    def refresh(reporter: StatusReporter) -> None:
+        latest = follower.catalog.latest(complete_only=True)
+        reporter.set(
+            state="serving" if latest is not None else "waiting for the first version",
+            version=latest,
+            replication_errors=len(follower.errors),
+        )
+
+    reporter = StatusReporter(
+        "relay", args.name, args.status_dir, config.swarm.status_interval_s, refresh=refresh
+    )
+    with reporter:
+        follower.start()
+        return serve_until_signal(app, args.host, args.port, on_stop=follower.stop)

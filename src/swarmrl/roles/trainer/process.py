@@ -229,8 +229,13 @@ def run(
     work = run_dir / "trainer"
     work.mkdir(parents=True, exist_ok=True)
     env = build_env(config.env)
-    status.set(state="warm start")
-    learner = Learner(config, env, parallel=parallel)
+    status.set(state="warm start", sft_steps=config.sft.steps)
+    learner = Learner(
+        config,
+        env,
+        lambda step, loss: status.set(sft_step=step, sft_loss=loss),
+        parallel=parallel,
+    )
     if parallel.sharded:
         log.info("rank 0 of %d (FSDP2 on %s)", parallel.world, parallel.device)
     saved: dict[str, Any] = {"source": None, "history": []}

@@ -133,6 +133,8 @@ def run(
                         outcome="accepted" if verdict.accept else "rejected",
                         severity="none" if verdict.accept else verdict.severity,
                     )
+                    verdict_of = "accepted" if verdict.accept else "rejected"
+                    status.add(**{f"{verdict_of}.{sub.node_id}": 1})  # per node: the display
                     if verdict.accept:
                         status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
                         if result.rewards:
