@@ -23,6 +23,7 @@ from swarmrl.launch.swarm import (
     prepare,
     run_swarm,
     start_all,
+    summary_text,
     swarm_facts,
     watch,
 )
@@ -121,6 +122,12 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     assert swarm["submissions"]["rejected_honest"] == 0
     assert swarm["versions_published"] == 4  # v0 + one per step
     assert facts["ledger"]["verified"] is True
+    assert facts["status"] == "completed"
+    assert facts["swarm"]["submissions"]["rejected_trained"] == 0
+    assert (run_dir / "policy" / "config.json").is_file()  # the trainer's final policy
+    told = summary_text(facts)
+    assert "worker-1 cheated (corrupt_weights_after:1)" in told and "banned" in told
+    assert f"swarmrl ledger verify {run_dir / 'ledger.jsonl'} --orchestrator-key" in told
     # validators judged with thresholds calibrated at run start, recorded in the run
     recorded = run_dir / "toploc-thresholds.json"
     saved = json.loads((run_dir / "config.json").read_text())
