@@ -96,6 +96,10 @@ def test_bad_requests_are_400_with_the_openai_error_body(server: str):
     assert too_long.value.body["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="arith-20260101-000000", prompt="1", temperature=-1)
+    for prompts in ([], ["1"] * 33):
+        with pytest.raises(openai.BadRequestError) as many:
+            client.completions.create(model="arith-20260101-000000", prompt=prompts)
+        assert many.value.body["param"] == "prompt"
     with pytest.raises(openai.BadRequestError) as streamed:
         client.chat.completions.create(
             model="arith-20260101-000000", messages=[{"role": "user", "content": "1"}], stream=True

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from transformers import PreTrainedTokenizerBase
 
 from swarmrl.errors import BadRequest
@@ -39,6 +39,7 @@ from swarmrl.model.prompts import decode_completion, encode_prompt, has_chat_tem
 from swarmrl.protocol import SamplingParams
 
 MAX_CHOICES = 8
+MAX_PROMPTS = 32  # one request may not queue unbounded work on the single engine
 
 
 class _Sampling(BaseModel):
@@ -57,7 +58,14 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    prompt: str | list[str] = Field(description="one prompt, or up to MAX_PROMPTS of them")
+
+    @field_validator("prompt")
+    @classmethod
+    def _few_prompts(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not 1 <= len(value) <= MAX_PROMPTS:
+            raise ValueError(f"give 1 to {MAX_PROMPTS} prompts")
+        return value
 
 
 class ChatMessage(BaseModel):
@@ -204,8 +212,6 @@ def build_app(policy: Policy) -> FastAPI:
     def completions(req: CompletionRequest) -> dict[str, Any]:
         _check_model(req)
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        if not prompts:
-            raise BadRequest("prompt must not be empty", "prompt")
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for prompt in prompts:
             ids = text_prompt(policy.tokenizer, prompt)
