@@ -201,7 +201,11 @@ def start_orchestrator(sup: Supervisor, plan: SwarmPlan) -> None:
     )
 
 
-def start_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
+def start_trainer(
+    sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None
+) -> None:
+    """Start the trainer and wait until its origin lists version 0 (``on_wait`` runs at each
+    look: the display shows the warm start meanwhile)."""
     args = _common(plan, "trainer") + [
         "--key", str(plan.key("trainer")),
         "--orchestrator", plan.orchestrator_url,
@@ -219,6 +223,7 @@ def start_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
         sup.start_role("trainer", "trainer", args)
 
     def published() -> bool:
+        on_wait()
         try:
             import httpx
 
@@ -284,9 +289,11 @@ def start_worker(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
     sup.start_role(name, "worker", args)
 
 
-def start_all(sup: Supervisor, plan: SwarmPlan) -> None:
+def start_all(
+    sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None
+) -> None:
     start_orchestrator(sup, plan)
-    start_trainer(sup, plan)
+    start_trainer(sup, plan, on_wait)
     for name in plan.relays:
         start_relay(sup, plan, name)
     for name in plan.validators:
@@ -328,6 +335,13 @@ def watch(
                 f"{plan.config.rl.steps} steps; logs in {sup.log_dir}"
             )
         time.sleep(plan.config.swarm.status_interval_s)
+
+
+def redraw(display: LiveDisplay, sup: Supervisor, plan: SwarmPlan) -> None:
+    """One redraw of the display from the status files and the process table."""
+    alive = {name: role.alive() for name, role in sup.roles.items()}
+    statuses = RoleStatus.read_dir(plan.status_dir)
+    display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}")
 
 
 def stop_generating(sup: Supervisor, plan: SwarmPlan, statuses: dict[str, RoleStatus]) -> None:
@@ -528,7 +542,7 @@ def run_swarm(
             ) as sup,
         ):
             try:
-                start_all(sup, plan)
+                start_all(sup, plan, lambda: redraw(live, sup, plan))
                 watch(sup, plan, live, timeout_s, on_tick)
             except KeyboardInterrupt:
                 status = "interrupted"
