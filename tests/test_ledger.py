@@ -145,3 +145,36 @@ def test_ledger_cli_export_and_verify(ledger_db, tmp_path, capsys):
     )
     text = capsys.readouterr().out
     assert "INVALID: first bad entry 5 (line 7): entry_hash does not match" in text
+
+
+def test_an_attested_export_cut_short_is_detected(ledger_db, tmp_path):
+    """The chain alone cannot show a cut at the end; the orchestrator's signed head can: a file
+    cut short (header rewritten to match) fails, as do a forged or foreign attestation."""
+    from swarmrl.identity.keys import canonical_json
+    from swarmrl.ledger.chain import attest
+    from swarmrl.ledger.export import write_entries
+    from swarmrl.ledger.verify import export_lines
+
+    key, engine, plain = ledger_db
+    entries = read_entries(engine)
+    head = attest(key, len(entries), entries[-1]["entry_hash"])
+    full = tmp_path / "attested.jsonl"
+    write_entries(entries, full, head)
+    report = verify_export(full, key.public_key_hex)
+    assert report.ok and report.attested
+    assert not verify_export(plain, key.public_key_hex).attested  # straight from the database
+
+    cut = export_lines(entries[:-2], head)  # the tail removed, the header counts rewritten
+    report = verify_lines(cut, key.public_key_hex)
+    assert not report.ok and report.first_bad == "header" and "attested 10 entries" in report.reason
+    assert verify_lines(export_lines(entries[:-2]), key.public_key_hex).ok  # unattested: unseen
+
+    forged = attest(KeyPair.generate(), len(entries), entries[-1]["entry_hash"])
+    report = verify_lines(export_lines(entries, forged), key.public_key_hex)
+    assert not report.ok and "not signed by the orchestrator" in report.reason
+    bent = {**head, "at": head["at"] + 1}
+    assert not verify_lines(export_lines(entries, bent), key.public_key_hex).ok
+    lines = export_lines(entries, head)
+    header = json.loads(lines[0])
+    header["attestation"] = "yes"
+    assert not verify_lines([canonical_json(header), *lines[1:]], key.public_key_hex).ok

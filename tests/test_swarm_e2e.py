@@ -121,7 +121,7 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     assert swarm["submissions"]["rejected"] >= 1
     assert swarm["submissions"]["rejected_honest"] == 0
     assert swarm["versions_published"] == 4  # v0 + one per step
-    assert facts["ledger"]["verified"] is True
+    assert facts["ledger"]["verified"] is True and facts["ledger"]["attested"] is True
     assert facts["status"] == "completed"
     assert facts["swarm"]["submissions"]["rejected_trained"] == 0
     assert (run_dir / "policy" / "config.json").is_file()  # the trainer's final policy

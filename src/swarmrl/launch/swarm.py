@@ -375,9 +375,9 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     with PoolClient(plan.orchestrator_url, trainer_key, plan.config.swarm.peer_timeout_s) as pool:
         metrics = pool.metrics(POOL_ID)
         nodes = pool.nodes(POOL_ID)
-        ledger = pool.ledger()
+        ledger, attestation = pool.attested_ledger()
     ledger_file = plan.run_dir / "ledger.jsonl"
-    entries = write_entries(ledger, ledger_file)
+    entries = write_entries(ledger, ledger_file, attestation)
     orchestrator_key = load_keypair(plan.key("orchestrator")).public_key_hex
     verified = verify_export(ledger_file, orchestrator_key)
     judged = verdict_counts(ledger)
@@ -414,6 +414,7 @@ def swarm_facts(plan: SwarmPlan) -> dict:
         "ledger": {
             "entries": entries,
             "verified": verified.ok,
+            "attested": verified.attested,  # the file's head signed by the orchestrator
             "file": str(ledger_file),
             "orchestrator_key": orchestrator_key,
             "credited_tokens": metrics.credited_tokens,

@@ -117,3 +117,20 @@ class Ledger:
             ),
         )
         return seq
+
+
+def attestation_message(entries: int, last_hash: str, at: float) -> bytes:
+    """What the orchestrator signs to attest that its ledger held ``entries`` entries ending
+    in ``last_hash`` at time ``at``: the bytes an export header's attestation is checked on."""
+    return canonical_json(
+        {"kind": "ledger-head", "entries": entries, "last_hash": last_hash, "at": at}
+    )
+
+
+def attest(
+    signer: KeyPair, entries: int, last_hash: str, at: float | None = None
+) -> dict[str, Any]:
+    """A signed statement of the ledger's head, for an export header."""
+    at = round(time.time() if at is None else at, 3)
+    signature = signer.sign(attestation_message(entries, last_hash, at))
+    return {"entries": entries, "last_hash": last_hash, "at": at, "signature": signature}

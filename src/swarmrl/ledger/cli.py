@@ -73,7 +73,13 @@ def main(verb: str, argv: Sequence[str]) -> int:
     if report.ok:
         console.print(
             f"OK: {report.entries} entries, chain and signatures valid; "
-            f"last hash {report.last_hash}"
+            f"last hash {report.last_hash}; "
+            + (
+                "head attested by the orchestrator"
+                if report.attested
+                else "head not attested (an export from a database: a cut at its end would not "
+                "show; compare the last hash with the orchestrator's /ledger/attestation)"
+            )
         )
         return 0
     console.print(

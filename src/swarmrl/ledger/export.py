@@ -76,11 +76,14 @@ def write_export(engine: sa.Engine, out: str | Path) -> int:
     return write_entries(read_entries(engine), out)
 
 
-def write_entries(entries: list[dict[str, Any]], out: str | Path) -> int:
-    """Write ``entries`` (export form, in sequence order) as an export file, atomically."""
+def write_entries(
+    entries: list[dict[str, Any]], out: str | Path, attestation: dict[str, Any] | None = None
+) -> int:
+    """Write ``entries`` (export form, in sequence order) as an export file, atomically, with
+    the orchestrator's ``attestation`` of that head in the header when given."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries)))
+    tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries, attestation)))
     os.replace(tmp, out)
     return len(entries)

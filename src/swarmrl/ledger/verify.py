@@ -9,8 +9,12 @@ byte-for-byte canonical (so no byte can change without notice), checks that ever
 assignment secret hashes to its earlier commitment, and names the first bad entry.
 It also sums per-node contributions. Knows nothing about databases (see ``swarmrl.ledger.cli``).
 
-The header is not signed (an export needs no key): a cut at the very end of a file that also
-rewrites the header count goes unnoticed; compare ``last_hash`` with a trusted one to rule it out.
+The chain alone cannot show a cut at the very end of a file (a shorter chain is still a valid
+chain). So an export made through the orchestrator carries, in its header, the orchestrator's
+signed ``attestation`` of the head it exported (entries, last hash, time): a file cut short, or
+with a header rewritten to match, fails against it. An export written straight from a database
+(``swarmrl ledger export --db``) has no attestation; the report says so (``attested``), and the
+end of such a file is only as trustworthy as the copy it came from.
 """
 
 from __future__ import annotations
@@ -22,16 +26,21 @@ from typing import Any
 
 from swarmrl.errors import BadSignature
 from swarmrl.identity.keys import canonical_json, digest_hex, verify_signature
-from swarmrl.ledger.chain import GENESIS_HASH, entry_core, entry_hash
+from swarmrl.ledger.chain import GENESIS_HASH, attestation_message, entry_core, entry_hash
 from swarmrl.ledger.reputation import reputation
 
 EXPORT_FORMAT = "swarmrl-ledger-v1"
 
 
-def export_lines(entries: list[dict[str, Any]]) -> list[bytes]:
-    """Canonical lines of an export (header first), each without its newline."""
+def export_lines(
+    entries: list[dict[str, Any]], attestation: dict[str, Any] | None = None
+) -> list[bytes]:
+    """Canonical lines of an export (header first, with the orchestrator's ``attestation`` of
+    this head when given), each without its newline."""
     last = entries[-1]["entry_hash"] if entries else GENESIS_HASH
-    header = {"format": EXPORT_FORMAT, "entries": len(entries), "last_hash": last}
+    header: dict[str, Any] = {"format": EXPORT_FORMAT, "entries": len(entries), "last_hash": last}
+    if attestation is not None:
+        header["attestation"] = attestation
     return [canonical_json(header)] + [canonical_json(e) for e in entries]
 
 
@@ -64,6 +73,7 @@ class VerifyReport:
     reason: str = ""
     last_hash: str = GENESIS_HASH
     contributions: dict[str, Contribution] = field(default_factory=dict)
+    attested: bool = False  # the header's head is signed by the orchestrator (see module doc)
 
 
 def _tally(contrib: dict[str, Contribution], entry: dict[str, Any]) -> None:
@@ -146,7 +156,7 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
         return VerifyReport(False, 0, "header", f"header is not JSON ({exc})")
     if not isinstance(header, dict) or canonical_json(header) != lines[0]:
         return VerifyReport(False, 0, "header", "header is not canonical JSON")
-    if set(header) != {"format", "entries", "last_hash"}:
+    if set(header) - {"attestation"} != {"format", "entries", "last_hash"}:
         return VerifyReport(False, 0, "header", f"header fields {sorted(header)} are not expected")
     if header["format"] != EXPORT_FORMAT:
         return VerifyReport(False, 0, "header", f"format {header['format']!r} unknown")
@@ -170,7 +180,28 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
     elif header["last_hash"] != report.last_hash:
         report.ok, report.first_bad = False, "header"
         report.reason = "header last_hash differs from the last entry's hash"
+    elif "attestation" in header:
+        reason = _check_attestation(header["attestation"], report, orchestrator_key)
+        report.ok, report.attested = not reason, not reason
+        report.first_bad, report.reason = ("header", reason) if reason else (None, "")
     return report
+
+
+def _check_attestation(att: Any, report: VerifyReport, orchestrator_key: str) -> str:
+    """Why the header's attestation does not vouch for this file's head ("" when it does)."""
+    if not isinstance(att, dict) or set(att) != {"entries", "last_hash", "at", "signature"}:
+        return "attestation is not {entries, last_hash, at, signature}"
+    try:
+        message = attestation_message(att["entries"], att["last_hash"], att["at"])
+        verify_signature(orchestrator_key, message, str(att["signature"]))
+    except (BadSignature, TypeError, ValueError) as exc:
+        return f"attestation is not signed by the orchestrator ({exc})"
+    if (att["entries"], att["last_hash"]) != (report.entries, report.last_hash):
+        return (
+            f"the orchestrator attested {att['entries']} entries ending {att['last_hash'][:12]}…, "
+            f"the file holds {report.entries}"
+        )
+    return ""
 
 
 def verify_export(path: str | Path, orchestrator_key: str) -> VerifyReport:

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from swarmrl import __version__
 from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
 from swarmrl.identity.requests import RequestVerifier, SignedRequest
+from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, judging, penalties, rejections, service, work
 from swarmrl.pool.db import WalCheckpointer
@@ -330,6 +331,14 @@ def build_app(ctx: Context) -> FastAPI:
         """The latest ledger entries (public: the ledger is meant to be auditable)."""
 
         return await on_db(read_entries, ctx.engine, limit)
+
+    @app.get("/ledger/attestation")
+    async def ledger_attestation() -> dict[str, Any]:
+        """The orchestrator's signed statement of the ledger's head (entry count, last hash,
+        time), which an export's header carries so a file cut short cannot pass (public)."""
+        last = await on_db(read_entries, ctx.engine, 1)
+        count, head = (last[0]["seq"] + 1, last[0]["entry_hash"]) if last else (0, GENESIS_HASH)
+        return attest(ctx.key, count, head)
 
     @app.get("/ledger/entries")
     async def ledger_entries(

@@ -144,6 +144,14 @@ class PoolClient(_Base):
         """At most ``limit`` ledger entries with ``seq ≥ start``, in sequence order."""
         return self._call("GET", f"/ledger/entries?start={start}&limit={limit}", None, None)
 
+    def attested_ledger(self, page: int = 500) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The orchestrator's signed head, then exactly the entries it vouches for."""
+        attestation = self._call("GET", "/ledger/attestation", None, None)
+        entries: list[dict[str, Any]] = []
+        while len(entries) < attestation["entries"]:
+            entries += self.ledger_entries(len(entries), page)
+        return entries[: attestation["entries"]], attestation
+
     def ledger(self, page: int = 500) -> list[dict[str, Any]]:
         """The whole ledger in sequence order, fetched ``page`` entries per request."""
         entries: list[dict[str, Any]] = []
