@@ -138,3 +138,25 @@ def test_a_tokenizer_that_cannot_encode_a_prompt_is_refused_at_start(tmp_path: P
     )
     with pytest.raises(ConfigError, match="cannot encode"):
         Learner(config, build_env(config.env))
+
+
+def test_saving_onto_a_full_disk_is_one_error_and_leaves_no_partial_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer saving a version when the disk is full: a one-line DiskWriteError (the CLI
+    prints it as one line), and no half-written checkpoint directory left to be mistaken."""
+    import errno
+
+    from swarmrl.errors import DiskWriteError
+
+    tokenizer = build_char_tokenizer("0123456789")
+    model = create_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32),
+                              tokenizer)  # fmt: skip
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(type(model), "save_pretrained", full)
+    with pytest.raises(DiskWriteError, match="No space left on device"):
+        save_policy(model, tokenizer, tmp_path / "v3")
+    assert not (tmp_path / "v3").exists()

@@ -10,6 +10,7 @@ Knows nothing about versions, signatures or sharding (see ``swarmrl.shardcast``)
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -21,7 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from swarmrl.errors import MissingPathError
+from swarmrl.errors import DiskWriteError, MissingPathError
 
 DType = Literal["float32", "bfloat16", "float16"]
 _DTYPES: dict[str, torch.dtype] = {
@@ -72,9 +73,18 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 def save_policy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
 ) -> Path:
-    """Write model and tokenizer into ``out_dir`` (created if needed) and return its path."""
+    """Write model and tokenizer into ``out_dir`` (created if needed) and return its path.
+
+    A write that fails (a full disk) removes what it wrote of a directory it created and is one
+    :class:`DiskWriteError`, not a traceback from deep inside transformers."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+    except OSError as exc:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise DiskWriteError(f"cannot save the policy to {out}: {exc.strerror or exc}") from exc
     return out
