@@ -18,15 +18,8 @@ import sqlalchemy as sa
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.identity import load_keypair
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.launch.swarm import (
-    POOL_ID,
-    prepare,
-    run_swarm,
-    start_all,
-    summary_text,
-    swarm_facts,
-    watch,
-)
+from swarmrl.launch.facts import POOL_ID, summary_text, swarm_facts
+from swarmrl.launch.swarm import prepare, run_swarm, start_all, watch
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.db import make_engine, sqlite_url
 from swarmrl.rolekit.supervisor import Supervisor, wait_until

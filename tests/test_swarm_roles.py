@@ -121,7 +121,7 @@ def test_a_submission_whose_version_was_pruned_everywhere_is_dropped_softly(setu
 def test_a_soft_verdict_counts_as_expired_not_as_a_rejection():
     """The run's report blames a node only for hard rejections; a unit dropped softly (its
     version pruned before anyone could replay it) is counted apart, as expired."""
-    from swarmrl.launch.swarm import verdict_counts
+    from swarmrl.launch.facts import verdict_counts
 
     def verdict(node: str, accept: bool, severity: str = "hard") -> dict:
         return {"kind": "verdict", "node_id": node, "body": {"accept": accept, "severity": severity}}
@@ -130,7 +130,10 @@ def test_a_soft_verdict_counts_as_expired_not_as_a_rejection():
         verdict("a", True), verdict("a", False, "soft"), verdict("a", False, "soft"),
         verdict("b", False, "hard"), {"kind": "slash", "node_id": "b", "body": {}},
     ]  # fmt: skip
-    assert verdict_counts(ledger) == {
+    counts = verdict_counts(ledger)
+    outcomes = {n: {k: c[k] for k in ("accepted", "rejected", "expired")} for n, c in counts.items()}
+    assert outcomes == {
         "a": {"accepted": 1, "rejected": 0, "expired": 2},
         "b": {"accepted": 0, "rejected": 1, "expired": 0},
     }
+    assert counts["a"]["first_rejection"] == ""  # an expiry is no reason to blame a node

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from swarmrl.launch.display import LiveDisplay
-from swarmrl.launch.swarm import prepare, start_all, start_trainer, swarm_facts, watch
+from swarmrl.launch.facts import swarm_facts
+from swarmrl.launch.swarm import prepare, start_all, start_trainer, watch
 from swarmrl.rolekit.supervisor import Supervisor
 from test_swarm_e2e import _config, _summary, cache_dir  # noqa: F401 (fixture)
 

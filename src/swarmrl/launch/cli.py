@@ -110,8 +110,9 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
 
 
 def run_swarm_cli(config: SwarmConfig, quiet: bool) -> Path:
+    from swarmrl.launch.facts import summary_text
     from swarmrl.launch.report import new_run_dir
-    from swarmrl.launch.swarm import run_swarm, summary_text
+    from swarmrl.launch.swarm import run_swarm
 
     _quiet_libraries()
     run_dir = new_run_dir(config)

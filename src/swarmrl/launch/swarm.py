@@ -24,7 +24,6 @@ Knows how to wire roles together; nothing about what they compute.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,8 +37,9 @@ from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.errors import SwarmError, WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
+from swarmrl.launch.facts import POOL_ID, swarm_facts, trainer_summary
 from swarmrl.launch.report import RunRecorder, RunStatus
-from swarmrl.protocol import NodeView, PoolSpec, SamplingParams
+from swarmrl.protocol import PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.rolekit.supervisor import (
     Supervisor,
@@ -48,7 +48,6 @@ from swarmrl.rolekit.supervisor import (
     torchrun_command,
 )
 
-POOL_ID = "swarm"
 HOST = "127.0.0.1"
 
 
@@ -361,145 +360,6 @@ def stop_generating(sup: Supervisor, plan: SwarmPlan, statuses: dict[str, RoleSt
 # --- the whole run ---------------------------------------------------------------------------
 
 
-def swarm_facts(plan: SwarmPlan) -> dict:
-    """What the run did as a swarm: submissions, bans, versions, bytes, and the ledger check.
-
-    Everything about the pool comes from the orchestrator's API (metrics, nodes, the whole
-    ledger), never from its database; the ledger export is then verified offline against the
-    orchestrator's key."""
-    from swarmrl.ledger.export import write_entries
-    from swarmrl.ledger.verify import verify_export
-    from swarmrl.pool.client import PoolClient
-
-    trainer_key = load_keypair(plan.key("trainer"))
-    with PoolClient(plan.orchestrator_url, trainer_key, plan.config.swarm.peer_timeout_s) as pool:
-        metrics = pool.metrics(POOL_ID)
-        nodes = pool.nodes(POOL_ID)
-        ledger, attestation = pool.attested_ledger()
-    ledger_file = plan.run_dir / "ledger.jsonl"
-    entries = write_entries(ledger, ledger_file, attestation)
-    orchestrator_key = load_keypair(plan.key("orchestrator")).public_key_hex
-    verified = verify_export(ledger_file, orchestrator_key)
-    judged = verdict_counts(ledger)
-    names = {load_keypair(plan.key(w)).node_id: w for w in plan.workers}
-    honest = {n for n, name in names.items() if name not in plan.cheats}
-    by_status = metrics.submissions_by_status
-    summary = trainer_summary(plan)
-    origin = summary.get("origin", {})
-    return {
-        "swarm": {
-            "workers": worker_rows(plan, nodes, names, judged),
-            "submissions": {
-                # verdicts from the ledger; trained/dropped/pending from the pool's state
-                "accepted": sum(c["accepted"] for c in judged.values()),
-                "rejected": sum(c["rejected"] for c in judged.values()),
-                "expired": sum(c["expired"] for c in judged.values()),
-                "trained": by_status.get("trained", 0),
-                "dropped": by_status.get("dropped", 0),
-                "pending": by_status.get("pending", 0),
-                "rejected_honest": sum(c["rejected"] for n, c in judged.items() if n in honest),
-                # rejected by a validator yet acknowledged by the trainer: must stay 0
-                "rejected_trained": len(
-                    rejected_ids(ledger) & set(summary.get("consumed_submissions", []))
-                ),
-            },
-            "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
-            "versions_published": origin.get("versions_published"),
-            **trainer_idle(summary),
-        },
-        "shardcast": {
-            "bytes_full": origin.get("bytes_full"),
-            "bytes_delta": origin.get("bytes_delta"),
-        },
-        "ledger": {
-            "entries": entries,
-            "verified": verified.ok,
-            "attested": verified.attested,  # the file's head signed by the orchestrator
-            "file": str(ledger_file),
-            "orchestrator_key": orchestrator_key,
-            "credited_tokens": metrics.credited_tokens,
-        },
-    }
-
-
-def verdict_counts(ledger: list[dict]) -> dict[str, dict[str, Any]]:
-    """node id → accepted, rejected (hard: judged dishonest) and expired (soft: dropped
-    without blame, e.g. its version was pruned before anyone could replay it) verdicts, from
-    the ledger's verdict entries, and the reason given for the first hard rejection (``""``
-    when none)."""
-    judged: dict[str, dict[str, Any]] = {}
-    for entry in ledger:
-        if entry["kind"] == "verdict":
-            counts = judged.setdefault(
-                entry["node_id"],
-                {"accepted": 0, "rejected": 0, "expired": 0, "first_rejection": ""},
-            )
-            body = entry["body"]
-            outcome = "accepted" if body.get("accept") else "rejected"
-            if outcome == "rejected" and body.get("severity") == "soft":
-                outcome = "expired"
-            counts[outcome] += 1
-            if outcome == "rejected" and not counts["first_rejection"]:
-                reasons = body.get("reasons") or ["no reason given"]
-                counts["first_rejection"] = str(reasons[0])[:300]
-    return judged
-
-
-def rejected_ids(ledger: list[dict]) -> set[str]:
-    """Ids of the submissions a validator rejected, from the ledger's verdict entries."""
-    return {
-        e["body"]["submission_id"]
-        for e in ledger
-        if e["kind"] == "verdict" and not e["body"].get("accept")
-    }
-
-
-def worker_rows(
-    plan: SwarmPlan,
-    nodes: list[NodeView],
-    names: dict[str, str],
-    judged: dict[str, dict[str, Any]],
-) -> list[dict]:
-    """One row per pool node: name, state, cheat, verdicts, throughput, rollouts."""
-    statuses = RoleStatus.read_dir(plan.status_dir)
-    rows = []
-    for n in nodes:
-        name = names.get(n.node_id)
-        rows.append(
-            {
-                "name": name or n.node_id[:8],
-                "node_id": n.node_id,
-                "state": n.state,
-                "cheat": plan.cheats.get(name or "", ""),
-                "model_version": n.model_version,
-                "accepted": judged.get(n.node_id, {}).get("accepted", 0),
-                "rejected": judged.get(n.node_id, {}).get("rejected", 0),
-                "first_rejection": judged.get(n.node_id, {}).get("first_rejection", ""),
-                "measured_tokens_per_s": n.measured_tokens_per_s,
-                "rollouts": statuses[name].metrics.get("rollouts", 0) if name in statuses else None,
-            }
-        )
-    return rows
-
-
-def trainer_idle(summary: dict) -> dict:
-    """The trainer's idle time: seconds its steps spent waiting for accepted rollouts."""
-    training = summary.get("training", {})
-    history, rl_seconds = training.get("history", []), training.get("rl_seconds")
-    idle_s = sum(row["rollout_s"] for row in history) if history else None
-    return {
-        "trainer_idle_s": idle_s,
-        "trainer_idle_fraction": idle_s / rl_seconds if idle_s and rl_seconds else None,
-    }
-
-
-def trainer_summary(plan: SwarmPlan) -> dict:
-    """What the trainer wrote at its end (``{}`` while it has not): the training loop's result
-    (``training``), what its origin published (``origin``) and the submissions it consumed."""
-    path = plan.run_dir / "trainer" / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def follow_trainer(recorder: RunRecorder, plan: SwarmPlan) -> None:
     """Take the trainer's summary as it stands into ``recorder`` (its loop's result so far)."""
     from swarmrl.trainer.loop import TrainingResult
@@ -578,46 +438,3 @@ def _facts_if_reachable(plan: SwarmPlan, status: str) -> dict:
 # control costs about as much as the RL it controls for, so the demo runs it only on request
 # (`--set eval.control=true`); its report says so under eval.control_skipped.
 DEMO_OVERRIDES = ("swarm.cheaters=['corrupt_weights_after:3']", "eval.control=false")
-
-
-def summary_text(report: dict) -> str:
-    """What happened, in words, for a person at the end of a swarm run: learning, who cheated
-    and how they were caught, what was rejected, and how to check the ledger oneself."""
-    ev, swarm, ledger = report["eval"], report["swarm"], report["ledger"]
-    subs = swarm["submissions"]
-    control = ev.get("control", {}).get("accuracy")
-    lines = [
-        f"held-out accuracy (n={ev['n']}): {ev['before']['accuracy']:.1%} before RL, "
-        f"{ev['after']['accuracy']:.1%} after {report['steps']} RL steps "
-        f"({report['rl_seconds']:.0f} s of {report['wall_seconds']:.0f} s)"
-        + (
-            f"; the control (the warm start's SFT continued as long): {control:.1%}"
-            if control is not None
-            else f"; no control: {ev.get('control_skipped', 'not run')}"
-        )
-    ]
-    for w in swarm["workers"]:
-        if w["cheat"] or w["state"] == "banned":
-            lines.append(
-                f"{w['name']} cheated ({w['cheat'] or 'not planted by this run'}): "
-                f"{w['accepted']} submissions accepted before it was caught, then "
-                f"{w['rejected']} rejected by a validator that replayed them"
-                + (f" ({w['first_rejection']})" if w["first_rejection"] else "")
-                + f"; {'banned' if w['state'] == 'banned' else 'state ' + w['state']}"
-            )
-    lines.append(
-        f"submissions: {subs['accepted']} accepted, {subs['rejected']} rejected "
-        f"({subs['rejected_honest']} of them from honest workers), "
-        f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on; "
-        + (
-            "none of the rejected reached the trainer"
-            if not subs["rejected_trained"]
-            else f"{subs['rejected_trained']} REJECTED SUBMISSIONS WERE TRAINED ON"
-        )
-    )
-    verified = "verifies" if ledger["verified"] else "DOES NOT VERIFY"
-    lines.append(
-        f"the ledger ({ledger['entries']} signed entries) {verified}; check it yourself: "
-        f"swarmrl ledger verify {ledger['file']} --orchestrator-key {ledger['orchestrator_key']}"
-    )
-    return "\n".join(lines)
