@@ -19,7 +19,7 @@ from test_swarm_e2e import _config, _summary, cache_dir  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 
-STEPS = 5
+STEPS = 10  # enough steps that the kill lands mid-run even on a fast, quiet machine
 
 
 def _manifests(run_dir: Path) -> dict[str, bytes]:
@@ -51,7 +51,9 @@ def test_killed_trainer_resumes_from_its_checkpoint(
         def kill_once(statuses) -> None:
             trainer = statuses.get("trainer")
             step = trainer.metrics.get("step", 0) if trainer else 0
-            if not before_kill and step >= 2 and latest.is_file():
+            # mid-run only: a trainer that already finished (or is about to) is not "killed"
+            mid_run = 2 <= step <= STEPS - 3 and sup.roles["trainer"].alive()
+            if not before_kill and mid_run and latest.is_file():
                 before_kill.update(_manifests(run_dir))
                 sup.stop("trainer", signal.SIGKILL)
                 start_trainer(sup, plan)
