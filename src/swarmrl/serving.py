@@ -12,9 +12,11 @@ Knows nothing about routes or the apps it serves.
 from __future__ import annotations
 
 import errno
+import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -73,6 +75,20 @@ class ThreadServer:
                 raise WaitTimeout(f"{self.name} on {self.url} did not start within {timeout_s} s")
             time.sleep(0.02)
         return self
+
+    def run_until_stopped(self, port_file: str | None = None) -> None:
+        """The command-line verbs' loop: write the bound port to ``port_file`` (atomically)
+        when given, serve until SIGTERM, Ctrl-C or the server thread ends, then stop."""
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        if port_file:
+            tmp = Path(port_file + ".tmp")
+            tmp.write_text(f"{self.port}\n")
+            tmp.replace(port_file)
+        try:
+            while self.alive():
+                self.thread.join(0.5)
+        finally:
+            self.stop()
 
     def alive(self) -> bool:
         return self.thread.is_alive()

@@ -14,7 +14,6 @@ Knows how to find a run's pieces; the pages are the dashboard package's.
 from __future__ import annotations
 
 import argparse
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,16 +70,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
         raise MissingPathError(f"no such run directory: {run_dir}")
     server = ThreadServer(run_app(run_dir, args.db), args.host, args.port, name="dashboard")
     server.start()
-    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     print(f"dashboard of {run_dir} at {server.url}/ui/", flush=True)
     print(f"admin token (node logs): {run_dir / 'orchestrator' / TOKEN_FILE}", flush=True)
-    if args.port_file:
-        tmp = Path(args.port_file + ".tmp")
-        tmp.write_text(f"{server.port}\n")
-        tmp.replace(args.port_file)
-    try:
-        while server.alive():
-            server.thread.join(0.5)
-    finally:
-        server.stop()
+    server.run_until_stopped(args.port_file)
     return 0

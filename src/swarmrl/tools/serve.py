@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,15 +74,6 @@ def main(verb: str, argv: Sequence[str]) -> int:
     engine = TorchEngine(model, tokenizer, args.device)
     app = build_app(Policy(engine, tokenizer, name, args.max_tokens))
     server = ThreadServer(app, args.host, args.port, name="serve").start()
-    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     print(f"serving {name!r} from {policy} at {server.url}/v1", flush=True)
-    if args.port_file:
-        tmp = Path(args.port_file + ".tmp")
-        tmp.write_text(f"{server.port}\n")
-        tmp.replace(args.port_file)
-    try:
-        while server.alive():
-            server.thread.join(0.5)
-    finally:
-        server.stop()
+    server.run_until_stopped(args.port_file)
     return 0
