@@ -1,5 +1,5 @@
-"""Pure pieces of the pool: the task draw, lease sizing, throughput estimate, validation
-sampling, and the rollout store on a local directory and an fsspec URL."""
+"""Pure pieces of the pool: the task draw, lease sizing, throughput estimate, and the rollout
+store on a local directory and an fsspec URL (spot-check sampling: tests/test_pool_spotcheck.py)."""
 
 import hashlib
 
@@ -7,7 +7,6 @@ import pytest
 
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.store import RolloutStore
-from swarmrl.pool.work import _selected
 from swarmrl.protocol.pool import Sample
 
 
@@ -38,14 +37,6 @@ def test_lease_size_follows_measured_throughput_within_bounds():
     assert lease_size(float("nan"), 30.0, 4, 25, 2, 16) == 2
     assert update_throughput(None, 100, 2.0) == 50.0
     assert update_throughput(50.0, 100, 1.0) == pytest.approx(0.7 * 50 + 0.3 * 100)
-
-
-def test_validation_sampling_hits_the_configured_fraction():
-    ids = [f"{i:032x}" for i in range(2000)]
-    assert all(_selected(i, 1.0) for i in ids) and not any(_selected(i, 0.0) for i in ids)
-    share = sum(_selected(i, 0.25) for i in ids) / len(ids)
-    assert 0.2 < share < 0.3
-    assert [_selected(i, 0.25) for i in ids] == [_selected(i, 0.25) for i in ids]
 
 
 @pytest.mark.parametrize("where", ["dir", "memory"])

@@ -39,8 +39,8 @@ class PoolConfig(Section):
     probation_submissions: int = Field(
         3,
         ge=0,
-        description="a node's first accepted submissions this many are all validated and their "
-        "credit held until the last of them passes (pools with validators)",
+        description="a node's credit stays held until this many of its spot checks passed "
+        "(pools with validators; a new node is checked at rate 1, see `swarm.spot_check_decay`)",
     )
     batch_lease_s: float = Field(
         300.0, gt=0, description="an unacknowledged trainer batch returns to the queue after, s"

@@ -42,6 +42,34 @@ class SwarmSection(Section):
     lease_timeout_s: float = Field(
         60.0, gt=0, description="a leased unit not submitted within this is reassigned"
     )
+    spot_check_floor: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description=(
+            "least share of a worker's submissions validators check (the pool's "
+            "`validated_fraction`); unchecked ones train only after a later check of the same "
+            "worker passed; 1 = check everything"
+        ),
+    )
+    spot_check_decay: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description=(
+            "a worker's check rate is max(`spot_check_floor`, this ** checks passed since its "
+            "last failed one): 1 for a new worker, back to 1 after a failure"
+        ),
+    )
+    quorum: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "validators that judge a rejected submission before it counts (more than half must "
+            "reject); 1 = the first verdict is final; at most `validators`"
+        ),
+    )
     units_per_version: int = Field(
         16,
         ge=0,

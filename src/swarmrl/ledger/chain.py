@@ -32,6 +32,8 @@ EntryKind = Literal[
     "credit",
     "assignment_commit",
     "assignment_reveal",
+    "vote",  # one validator's verdict on a disputed submission (swarmrl.pool.spotcheck)
+    "release",  # unchecked submissions made trainable by a later passed check
 ]
 ENTRY_KINDS: tuple[str, ...] = EntryKind.__args__  # type: ignore[attr-defined]
 

@@ -81,6 +81,10 @@ def main(verb: str, argv: Sequence[str]) -> int:
                 "show; compare the last hash with the orchestrator's /ledger/attestation)"
             )
         )
+        console.print(
+            f"spot checks: {report.spot_checks_verified} selections re-derived from revealed "
+            f"secrets, {report.spot_checks_unrevealed} await their epoch's reveal"
+        )
         return 0
     console.print(
         f"INVALID: first bad {report.first_bad}: {report.reason} "

@@ -6,7 +6,8 @@ change unnoticed either) then one canonical-JSON line per entry (the hashed part
 ``entry_hash`` and ``signature``), in sequence order. :func:`verify_export` re-derives every hash,
 checks the chain and each ed25519 signature against the orchestrator key, insists each line is
 byte-for-byte canonical (so no byte can change without notice), checks that every revealed
-assignment secret hashes to its earlier commitment, and names the first bad entry.
+assignment secret hashes to its earlier commitment, re-derives every spot-check decision whose
+secret is revealed (``swarmrl.ledger.spotchecks``), and names the first bad entry.
 It also sums per-node contributions. Knows nothing about databases (see ``swarmrl.ledger.cli``).
 
 The chain alone cannot show a cut at the very end of a file (a shorter chain is still a valid
@@ -28,6 +29,7 @@ from swarmrl.errors import BadSignature
 from swarmrl.identity.keys import canonical_json, digest_hex, verify_signature
 from swarmrl.ledger.chain import GENESIS_HASH, attestation_message, entry_core, entry_hash
 from swarmrl.ledger.reputation import reputation
+from swarmrl.ledger.spotchecks import SpotCheckReplay
 
 EXPORT_FORMAT = "swarmrl-ledger-v1"
 
@@ -74,6 +76,8 @@ class VerifyReport:
     last_hash: str = GENESIS_HASH
     contributions: dict[str, Contribution] = field(default_factory=dict)
     attested: bool = False  # the header's head is signed by the orchestrator (see module doc)
+    spot_checks_verified: int = 0  # submission draws recomputed from revealed secrets
+    spot_checks_unrevealed: int = 0  # draws whose epoch secret is not revealed yet
 
 
 def _tally(contrib: dict[str, Contribution], entry: dict[str, Any]) -> None:
@@ -162,10 +166,11 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
         return VerifyReport(False, 0, "header", f"format {header['format']!r} unknown")
     report = VerifyReport(True, 0)
     commits: dict[tuple[Any, Any], str] = {}
+    spot = SpotCheckReplay()
     for line_no, raw in enumerate(lines[1:], start=2):
         entry, reason = _check_entry(raw, report.entries, report.last_hash, orchestrator_key)
         if entry is not None:
-            reason = _check_assignment(commits, entry)
+            reason = _check_assignment(commits, entry) or spot.feed(entry)
             entry = None if reason else entry
         if entry is None:
             report.ok, report.reason = False, reason
@@ -174,7 +179,11 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
         _tally(report.contributions, entry)
         report.entries += 1
         report.last_hash = entry["entry_hash"]
-    if header["entries"] != report.entries:
+    reason = spot.finish()
+    report.spot_checks_verified, report.spot_checks_unrevealed = spot.verified, len(spot.unrevealed)
+    if reason:
+        report.ok, report.first_bad, report.reason = False, "spot checks", reason
+    elif header["entries"] != report.entries:
         report.ok, report.first_bad = False, "header"
         report.reason = f"header says {header['entries']!r} entries, file holds {report.entries}"
     elif header["last_hash"] != report.last_hash:

@@ -12,7 +12,10 @@ whole chain against its key and re-derives from the ledger what those tables mus
 - a submission the ledger says was rejected is ``rejected`` and one it says was accepted is not;
   an accepted unit the ledger shows no verdict for was credited by the orchestrator;
 - every credit row has its ``credit`` entry with the same tokens, and is dropped exactly when a
-  ``slash`` entry names it.
+  ``slash`` entry names it;
+- a submission's status agrees with its recorded spot-check decision, and unchecked work is
+  trainable only after a ``release`` entry names it (the decisions themselves are re-derived
+  by the chain verification, ``swarmrl.ledger.spotchecks``).
 
 Any disagreement is a :class:`LedgerMismatch` naming the first few, and the orchestrator does not
 start. :func:`check_node_signature` re-checks, from what is stored, that a node really signed a
@@ -50,14 +53,23 @@ class LedgerFacts:
     credits: dict[str, int] = field(default_factory=dict)  # submission id → tokens
     slashed: set[str] = field(default_factory=set)  # submission ids whose credit was dropped
     counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (pool, node, what)
+    checked: dict[str, bool] = field(default_factory=dict)  # submission id → spot-checked
+    released: set[str] = field(default_factory=set)  # unchecked, made trainable by a check
+    validated_pools: set[str] = field(default_factory=set)  # pools with validators
 
     def add(self, entry: dict[str, Any]) -> None:
         kind, body, pool = entry["kind"], entry["body"], entry["pool_id"]
         who = (pool, entry["node_id"])
         if kind == "pool_created":
             self.pools.add(pool)
+            if body["spec"].get("validators"):
+                self.validated_pools.add(pool)
         elif kind == "submission":
             self.submissions.add(body["submission_id"])
+            if "check" in body:
+                self.checked[body["submission_id"]] = bool(body["check"]["checked"])
+        elif kind == "release":
+            self.released.update(body["submission_ids"])
         elif kind == "verdict":
             self.verdicts[body["submission_id"]] = bool(body["accept"])
             self.counts[(*who, "accepted")] += bool(body["accept"])
@@ -97,7 +109,9 @@ def _disagreements(conn: sa.Connection, facts: LedgerFacts) -> list[str]:
         banned = facts.counts[(n.pool_id, n.node_id, "hard")] > 0
         if (n.state == "banned") != banned:
             out.append(f"node {n.node_id} is {n.state}; the ledger says banned = {banned}")
-    subs = conn.execute(sa.select(db.submissions.c.submission_id, db.submissions.c.status)).all()
+    subs = conn.execute(
+        sa.select(db.submissions.c.submission_id, db.submissions.c.pool_id, db.submissions.c.status)
+    ).all()
     rows = {s.submission_id for s in subs}
     for sid in sorted(rows ^ facts.submissions)[:SHOWN]:
         where = "ledger" if sid in rows else "submissions table"
@@ -111,12 +125,34 @@ def _disagreements(conn: sa.Connection, facts: LedgerFacts) -> list[str]:
         elif verdict is None and s.status in ("accepted", "leased", "trained"):
             if s.submission_id not in facts.credits:
                 out.append(f"submission {s.submission_id} is {s.status} without a verdict")
+    out += _spot_check_disagreements(subs, facts)
     for c in conn.execute(sa.select(db.credits)).all():
         tokens = facts.credits.get(c.submission_id)
         if tokens != c.tokens:
             out.append(f"credit of {c.submission_id}: {c.tokens} tokens, ledger says {tokens}")
         if c.dropped != (c.submission_id in facts.slashed):
             out.append(f"credit of {c.submission_id}: dropped = {c.dropped} disagrees with ledger")
+    return out
+
+
+def _spot_check_disagreements(subs: list[Any], facts: LedgerFacts) -> list[str]:
+    """A submission's status must agree with the spot-check decision its ledger entry records:
+    unchecked work is trainable only once a ``release`` entry names it
+    (``swarmrl.pool.spotcheck``)."""
+    out = []
+    for s in subs:
+        checked = facts.checked.get(s.submission_id)
+        if checked is None:
+            continue
+        if s.status == "unchecked" and checked:
+            out.append(f"submission {s.submission_id} is unchecked; the ledger says checked")
+        if checked or s.pool_id not in facts.validated_pools:
+            continue
+        if s.status in ("pending", "disputed"):
+            out.append(f"submission {s.submission_id} is {s.status}; the ledger says unchecked")
+        trainable = s.status in ("accepted", "leased", "trained")
+        if trainable and s.submission_id not in facts.released:
+            out.append(f"submission {s.submission_id} is {s.status} but was never released")
     return out
 
 

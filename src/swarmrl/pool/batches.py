@@ -44,12 +44,18 @@ def set_version(ctx: Context, pool_id: str, version: int) -> int:
 
 
 def _trainable(ctx: Context, r: Any) -> TrainableSubmission:
+    """A checked submission carries the validator's replayed log-probs; an unchecked one that a
+    later passed check released (``swarmrl.pool.spotcheck``) the worker's declared ones."""
+    samples = ctx.store.get_samples(r.rollout_key)
+    behaviour = (
+        ctx.store.get_behaviour(r.rollout_key) if r.validated else [s.logprobs for s in samples]
+    )
     return TrainableSubmission(
         submission_id=r.submission_id,
         node_id=r.node_id,
         task_indices=WorkUnit.model_validate_json(r.work).task_indices,
-        samples=ctx.store.get_samples(r.rollout_key),
-        behaviour_logprobs=ctx.store.get_behaviour(r.rollout_key),
+        samples=samples,
+        behaviour_logprobs=behaviour,
     )
 
 
@@ -89,6 +95,7 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
                 db.submissions.c.submission_id,
                 db.submissions.c.node_id,
                 db.submissions.c.rollout_key,
+                db.submissions.c.validated,
                 db.leases.c.work,
             )
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)

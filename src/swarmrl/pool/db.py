@@ -87,8 +87,10 @@ submissions = sa.Table(
     sa.Column("tokens", sa.Integer, nullable=False),
     sa.Column("min_version", sa.Integer, nullable=False),
     sa.Column("auth", sa.Text, nullable=False),  # node key, signature, body digest (JSON)
-    # pending → accepted | rejected | quarantined (unservable); accepted → leased (in a batch)
-    # → trained (acknowledged) or back to accepted (lease expired); accepted → dropped
+    # pending (to be checked) → accepted | rejected | disputed (a rejection awaiting its quorum)
+    # | quarantined (unservable); unchecked (not selected) → accepted once a later check of its
+    # node passes (swarmrl.pool.spotcheck); accepted → leased (in a batch) → trained
+    # (acknowledged) or back to accepted (lease expired); any untrained one → dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),
     sa.Column("claimed_by", sa.String(64), nullable=True),
@@ -132,6 +134,25 @@ batch_leases = sa.Table(
     sa.Column("holder", sa.String(64), nullable=False),
     sa.Column("step", sa.Integer, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False, index=True),
+)
+
+# per-node spot-check record: checks passed since the node's last failed one, which sets its
+# check rate (swarmrl.pool.spotcheck)
+spot_rates = sa.Table(
+    "spot_rates",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("node_id", sa.String(32), primary_key=True),
+    sa.Column("clean", sa.Integer, nullable=False),
+)
+
+# validators' votes on a disputed submission (a rejection awaiting its quorum)
+spot_votes = sa.Table(
+    "spot_votes",
+    metadata,
+    sa.Column("submission_id", sa.String(32), primary_key=True),
+    sa.Column("validator", sa.String(64), primary_key=True),
+    sa.Column("accept", sa.Boolean, nullable=False),
 )
 
 # (key, nonce) pairs of signed requests, kept until their timestamp leaves the request window, so

@@ -1,11 +1,13 @@
 """Validation: validators claim pending submissions and post verdicts on them.
 
-Every submission selected for validation is judged, whether or not the trainer can still use
-it: one that went stale while it waited is still claimed (after the fresh ones), so a worker
-that cheats just before a version bump is judged and penalised like any other; being stale, it
-is never served to the trainer (``swarmrl.pool.batches``). Each function is one database
-transaction (see ``swarmrl.pool.service``); a claim commits only once its reply is built
-(``swarmrl.pool.replies``). Knows nothing about HTTP or what a proof bundle holds.
+Validators see only the submissions the spot check selected (``swarmrl.pool.spotcheck``, which
+also holds the quorum rule for disputed ones). Every selected submission is judged, whether or
+not the trainer can still use it: one that went stale while it waited is still claimed (after
+the fresh ones), so a worker that cheats just before a version bump is judged and penalised
+like any other; being stale, it is never served to the trainer (``swarmrl.pool.batches``).
+Each function is one database transaction (see ``swarmrl.pool.service``); a claim commits only
+once its reply is built (``swarmrl.pool.replies``). Knows nothing about HTTP or what a proof
+bundle holds.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from swarmrl.pool import db
+from swarmrl.pool import db, spotcheck
 from swarmrl.pool.penalties import invalidate_in
 from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
 from swarmrl.pool.replies import json_object, serialise_rows
@@ -55,7 +57,7 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
             .where(
                 db.submissions.c.pool_id == pool_id,
-                db.submissions.c.status == "pending",
+                spotcheck.claimable(validator_key),
                 sa.or_(
                     db.submissions.c.claimed_by.is_(None),
                     db.submissions.c.claim_expires_at < now,
@@ -107,7 +109,7 @@ def record_verdict(
         ).first()
         if row is None:
             raise NotFound(f"unknown submission {verdict.submission_id} in pool {pool_id!r}")
-        if row.status != "pending":
+        if row.status not in ("pending", "disputed"):
             raise Conflict(f"submission {verdict.submission_id} is {row.status}, not pending")
         samples = ctx.store.get_samples(row.rollout_key) if verdict.accept else []
         if verdict.accept:
@@ -121,6 +123,10 @@ def record_verdict(
                     )
             if verdict.measured_tokens > row.tokens:
                 raise Invalid(f"measured_tokens {verdict.measured_tokens} > {row.tokens} submitted")
+        if not spotcheck.vote(ctx, conn, spec, row, validator_key, verdict):
+            return VerdictReceipt(
+                submission_id=row.submission_id, status="disputed", credited_tokens=0
+            )
         record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"})
         conn.execute(
             db.submissions.update()
@@ -160,7 +166,9 @@ def record_verdict(
                 )
             assert verdict.behaviour_logprobs is not None
             ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
+            spotcheck.passed(ctx, conn, pool_id, row)
         else:
+            spotcheck.failed(conn, pool_id, row.node_id)
             reason = "; ".join(verdict.reasons) or "rejected by validator"
             state = node_row(conn, pool_id, row.node_id).state
             if state != "banned":

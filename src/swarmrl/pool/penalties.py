@@ -1,8 +1,9 @@
 """Penalties: hard and soft invalidation of a node, and the credits they take back.
 
-Hard: the node is banned, its leases are released, its untrained work is dropped and every
-credit still inside its lock window is taken back (one ``slash`` entry). Soft: one unit is
-dropped (and its credit, if still locked). Each writes an ``invalidation`` ledger entry in the
+Hard: the node is banned, its leases are released, its untrained work (checked or not) is
+dropped and listed in the ``invalidation`` entry, and every credit still inside its lock window
+is taken back (one ``slash`` entry). Soft: one unit is dropped (and its credit, if still
+locked). Each writes an ``invalidation`` ledger entry in the
 caller's transaction. Knows nothing about HTTP.
 """
 
@@ -17,6 +18,8 @@ from swarmrl.pool.rejections import Conflict, NotFound
 from swarmrl.pool.service import Context, _node_view, node_row, release_leases
 from swarmrl.protocol.pool import NodeView
 
+# statuses of work not yet handed to a trainer (swarmrl.pool.db): an invalidation drops it
+UNTRAINED = ("pending", "disputed", "unchecked", "accepted")
 
 def _drop_credits(
     ctx: Context, conn: sa.Connection, pool_id: str, node_id: str, where: Any, reason: str
@@ -50,29 +53,30 @@ def invalidate_in(
     reason: str,
     submission_id: str | None,
 ) -> None:
-    """Hard: ban, drop all locked credits and untrained work. Soft: drop one unit."""
+    """Hard: ban, drop all locked credits and untrained work (named in the ``invalidation``
+    entry). Soft: drop one unit."""
     now = ctx.clock()
-    body = {"severity": severity, "reason": reason, "submission_id": submission_id}
-    ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
+    body: dict[str, Any] = {"severity": severity, "reason": reason, "submission_id": submission_id}
     node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
     sub_where = sa.and_(db.submissions.c.pool_id == pool_id, db.submissions.c.node_id == node_id)
     if severity == "hard":
+        # a leased unit is in the trainer's hands already; an accepted one is not (even if a
+        # lease on it ran out), nor is work waiting for a check or for a later passed check
+        # (swarmrl.pool.spotcheck), so none of those is ever served again
+        untrained = sa.and_(sub_where, db.submissions.c.status.in_(UNTRAINED))
+        dropped = sorted(
+            conn.execute(sa.select(db.submissions.c.submission_id).where(untrained)).scalars()
+        )
+        body["dropped_submissions"] = dropped
+        ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
         conn.execute(
             db.nodes.update().where(node_where).values(state="banned", hard=db.nodes.c.hard + 1)
         )
         release_leases(conn, pool_id, node_id)
-        conn.execute(
-            db.submissions.update()
-            .where(
-                sub_where,
-                # a leased unit is in the trainer's hands already; an accepted one is not
-                # (even if a lease on it ran out), so it is never served again
-                db.submissions.c.status.in_(("pending", "accepted")),
-            )
-            .values(status="dropped")
-        )
+        conn.execute(db.submissions.update().where(untrained).values(status="dropped"))
         _drop_credits(ctx, conn, pool_id, node_id, sa.true(), f"hard invalidation: {reason}")
         return
+    ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
     conn.execute(db.nodes.update().where(node_where).values(soft=db.nodes.c.soft + 1))
     if submission_id is not None:
         conn.execute(
@@ -80,7 +84,7 @@ def invalidate_in(
             .where(
                 sub_where,
                 db.submissions.c.submission_id == submission_id,
-                db.submissions.c.status.in_(("pending", "accepted")),
+                db.submissions.c.status.in_(UNTRAINED),
             )
             .values(status="dropped")
         )

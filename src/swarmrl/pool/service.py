@@ -147,6 +147,8 @@ def create_pool(ctx: Context, spec: PoolSpec) -> PoolInfo:
     if spec.validated_fraction > 0 and not spec.validators:
         # otherwise submissions would wait forever for a validator that cannot exist
         raise Invalid("validated_fraction > 0 needs at least one validator key")
+    if spec.quorum > max(1, len(spec.validators)):
+        raise Invalid(f"quorum {spec.quorum} exceeds the pool's {len(spec.validators)} validators")
     now = ctx.clock()
     with ctx.engine.begin() as conn:
         exists = conn.execute(

@@ -15,9 +15,9 @@ from collections import Counter
 
 import sqlalchemy as sa
 
-from swarmrl.identity.keys import canonical_json, digest_hex
+from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
-from swarmrl.pool import assignments, db
+from swarmrl.pool import assignments, db, spotcheck
 from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.service import (
@@ -183,17 +183,13 @@ def check_samples(
     return tokens
 
 
-def _selected(submission_id: str, fraction: float) -> bool:
-    """Deterministic Bernoulli(fraction) draw for validation, from the submission id."""
-    return int(digest_hex(submission_id.encode())[:13], 16) / 16**13 < fraction
-
-
 HELD_UNTIL = 1e18  # unlock_at of a credit held while its node is on probation
 
 
 def on_probation(ctx: Context, spec: PoolSpec, accepted: int) -> bool:
-    """A node with fewer than ``probation_submissions`` accepted verdicts is on probation: every
-    submission of it is validated and its credits are held (``HELD_UNTIL``) until it passes."""
+    """A node with fewer than ``probation_submissions`` accepted verdicts is on probation: its
+    credits are held (``HELD_UNTIL``) until it passes (its check rate is
+    ``swarmrl.pool.spotcheck``'s)."""
     return bool(spec.validators) and accepted < ctx.config.probation_submissions
 
 
@@ -258,9 +254,7 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
         work = WorkUnit.model_validate_json(row.work)
         version = current_version(conn, pool_id)
         tokens = check_samples(spec, work, sub.samples, version, ctx.config.max_proof_bytes)
-        selected = _selected(sid, spec.validated_fraction) or on_probation(
-            ctx, spec, member.accepted
-        )
+        check = spotcheck.decide(ctx, conn, spec, node_id, sid)
         auth = {
             "node_key": signed.public_key.hex,
             "signature": signed.signature,
@@ -284,7 +278,7 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
                     tokens=tokens,
                     min_version=min((s.policy_version for s in sub.samples), default=version),
                     auth=json.dumps(auth),
-                    status="pending" if selected else "accepted",
+                    status=check.status,
                     validated=False,
                 ),
             )
@@ -307,13 +301,13 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
                 "n_samples": len(sub.samples),
                 "tokens": tokens,
                 **auth,
+                "check": check.record(),
             }
             ctx.ledger.append(conn, "submission", body, pool_id=pool_id, node_id=node_id, ts=now)
-            if not selected:
-                credit(ctx, conn, spec, sid, node_id, tokens, "orchestrator")
+            if not check.checked:
+                held = on_probation(ctx, spec, member.accepted)
+                credit(ctx, conn, spec, sid, node_id, tokens, "orchestrator", held)
         except BaseException:
             ctx.store.delete(key)
             raise
-    return SubmissionReceipt(
-        submission_id=sid, status="pending" if selected else "accepted", tokens=tokens
-    )
+    return SubmissionReceipt(submission_id=sid, status="pending", tokens=tokens)

@@ -68,7 +68,25 @@ class PoolSpec(Message):
     seed: int = Field(0, ge=0, lt=2**63, description="pool seed of the per-node task draw")
     async_level: int = Field(2, ge=0, le=1000, description="accept versions ≥ current − this")
     validated_fraction: float = Field(
-        1.0, ge=0, le=1, description="share of submissions sent to validators"
+        1.0,
+        ge=0,
+        le=1,
+        description="floor of a node's spot-check rate: the least share of its submissions "
+        "that validators check (swarmrl.pool.spotcheck)",
+    )
+    check_rate_decay: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="a node's check rate is max(validated_fraction, this ** checks passed since "
+        "its last failed one): 1 for a new node, back to 1 after a failure",
+    )
+    quorum: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="validators that judge a disputed (rejected) submission; it is rejected "
+        "when more than half of them reject; 1 = the first verdict is final",
     )
     min_tasks_per_lease: int = Field(1, gt=0, le=4096, description="smallest work unit, tasks")
     max_tasks_per_lease: int = Field(16, gt=0, le=4096, description="largest work unit, tasks")
@@ -216,8 +234,9 @@ class Submission(Message):
 
 class SubmissionReceipt(Message):
     submission_id: str
-    status: Literal["pending", "accepted"] = Field(
-        description="pending = awaits a validator; accepted = not selected for validation"
+    status: Literal["pending"] = Field(
+        description="not yet trainable: it awaits a spot check or a later passed check of the "
+        "node, and which of the two is not told (so a node cannot learn which are checked)"
     )
     tokens: int = Field(description="output tokens counted in the submission")
 
@@ -267,7 +286,9 @@ class Verdict(Message):
 
 class VerdictReceipt(Message):
     submission_id: str
-    status: Literal["accepted", "rejected"]
+    status: Literal["accepted", "rejected", "disputed"] = Field(
+        description="disputed = a rejection recorded as one vote; the quorum is not complete"
+    )
     credited_tokens: int
 
 

@@ -1,0 +1,175 @@
+"""Spot-check arithmetic, and its re-verification from a ledger alone.
+
+Which submissions a validator checks is decided by two numbers:
+
+- the node's *check rate* ``p = max(floor, decay ** clean)``, with ``clean`` the number of its
+  checks passed since its last failed check (since it joined, if none failed): 1 for a new node,
+  falling geometrically with a clean record toward ``floor``, and back to 1 after any failure;
+- the submission's *draw* ``u = HMAC-SHA256(secret, "spot-check/<pool>/<submission id>") / 2^256``
+  in [0, 1), keyed with the secret of the assignment epoch open when the submission arrived
+  (``swarmrl.pool.assignments``: committed in the ledger when the epoch opens, revealed when it
+  closes).
+
+The submission is checked exactly when ``u < p``. The node cannot predict ``u`` (it never holds
+the secret before the epoch closes, and the submission id is drawn by the orchestrator after the
+request arrives), so it cannot learn or grind which of its submissions will be checked.
+
+:class:`SpotCheckReplay` folds ledger entries in order and re-derives, for every submission
+entry, the rate it must have been checked at and, once its epoch's secret is revealed, whether
+it must have been checked; it also checks that every ``release`` entry (unchecked work made
+trainable) follows a passed check of a later submission of the same node. Knows nothing about
+databases or HTTP; ``floor`` and ``decay`` come from the pool's ``pool_created`` entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarmrl.protocol.pool import PoolSpec
+
+DRAW_BITS = 256
+
+
+def check_rate(clean: int, floor: float, decay: float) -> float:
+    """Check rate of a node with ``clean`` passed checks since its last failure:
+    ``max(floor, decay ** clean)`` (1.0 for a new node; ``0 ** 0`` is 1)."""
+    return max(floor, decay**clean)
+
+
+def draw(secret: str, pool_id: str, submission_id: str) -> float:
+    """The submission's uniform draw in [0, 1): HMAC-SHA256 under the epoch secret."""
+    message = f"spot-check/{pool_id}/{submission_id}".encode()
+    mac = hmac.new(secret.encode(), message, hashlib.sha256).digest()
+    return int.from_bytes(mac, "big") / 2**DRAW_BITS
+
+
+def is_checked(secret: str, pool_id: str, submission_id: str, rate: float) -> bool:
+    return draw(secret, pool_id, submission_id) < rate
+
+
+@dataclass
+class _Pool:
+    floor: float
+    decay: float
+    has_validators: bool
+    clean: dict[str, int] = field(default_factory=dict)  # node → passed checks since a failure
+    checked: dict[str, tuple[str, bool]] = field(default_factory=dict)  # sid → (node, checked)
+    order: dict[str, int] = field(default_factory=dict)  # sid → seq of its submission entry
+    passed: set[str] = field(default_factory=set)  # checked submissions whose check passed
+
+
+@dataclass
+class SpotCheckReplay:
+    """Re-derives spot-check decisions from ledger entries fed in sequence order.
+
+    ``feed`` returns "" or why the entry contradicts the rules (module docstring). Draws whose
+    epoch secret is not revealed yet are listed in ``unrevealed`` and checked by :meth:`finish`
+    against any reveal that came later.
+    """
+
+    pools: dict[str | None, _Pool] = field(default_factory=dict)
+    secrets: dict[tuple[str | None, int], str] = field(default_factory=dict)
+    open_epoch: dict[str | None, int] = field(default_factory=dict)  # newest committed epoch
+    unrevealed: list[tuple[str | None, int, str, float, bool]] = field(default_factory=list)
+    verified: int = 0  # submission draws recomputed and matching
+
+    def feed(self, entry: dict[str, Any]) -> str:
+        kind, body, pool_id = entry["kind"], entry["body"], entry["pool_id"]
+        if not isinstance(body, dict):
+            return ""
+        if kind == "pool_created":
+            spec = body.get("spec", {})
+            fields = PoolSpec.model_fields
+            self.pools[pool_id] = _Pool(
+                float(spec.get("validated_fraction", fields["validated_fraction"].default)),
+                float(spec.get("check_rate_decay", fields["check_rate_decay"].default)),
+                bool(spec.get("validators")),
+            )
+            return ""
+        if kind == "assignment_commit":
+            self.open_epoch[pool_id] = int(body.get("epoch", -1))
+            return ""
+        if kind == "assignment_reveal":
+            self.secrets[(pool_id, int(body.get("epoch", -1)))] = str(body.get("secret"))
+            return ""
+        pool = self.pools.get(pool_id)
+        if pool is None:
+            return ""
+        if kind == "submission":
+            return self._submission(pool, pool_id, entry)
+        if kind == "verdict":
+            return self._verdict(pool, entry)
+        if kind == "release":
+            return self._release(pool, entry)
+        return ""
+
+    def _submission(self, pool: _Pool, pool_id: str | None, entry: dict[str, Any]) -> str:
+        body, node = entry["body"], str(entry["node_id"])
+        sid, check = str(body.get("submission_id")), body.get("check")
+        pool.order[sid] = int(entry["seq"])
+        if check is None:  # written before spot checks existed: every one was judged or not
+            return ""
+        want = check_rate(pool.clean.get(node, 0), pool.floor, pool.decay)
+        rate, checked = check.get("rate"), bool(check.get("checked"))
+        if not pool.has_validators:
+            want = 0.0
+        if rate != want:
+            return (
+                f"submission {sid} was checked at rate {rate!r}; the ledger's record gives {want!r}"
+            )
+        pool.checked[sid] = (node, checked)
+        key = (pool_id, int(check.get("epoch", -1)))
+        if key[1] != self.open_epoch.get(pool_id):
+            return f"submission {sid} was drawn in epoch {key[1]}, not the open one"
+        if key in self.secrets:
+            return self._draw(pool_id, key[1], sid, want, checked, self.secrets[key])
+        self.unrevealed.append((pool_id, key[1], sid, want, checked))
+        return ""
+
+    def _draw(
+        self, pool_id: str | None, epoch: int, sid: str, rate: float, checked: bool, secret: str
+    ) -> str:
+        if is_checked(secret, str(pool_id), sid, rate) != checked:
+            return (
+                f"submission {sid}: recorded checked = {checked}, but the draw under the revealed "
+                f"secret of epoch {epoch} says {not checked}"
+            )
+        self.verified += 1
+        return ""
+
+    def _verdict(self, pool: _Pool, entry: dict[str, Any]) -> str:
+        body, node = entry["body"], str(entry["node_id"])
+        sid = str(body.get("submission_id"))
+        if body.get("accept"):
+            pool.clean[node] = pool.clean.get(node, 0) + 1
+            pool.passed.add(sid)
+        else:
+            pool.clean[node] = 0
+        if pool.checked.get(sid, (node, True))[1] is False:
+            return f"verdict on submission {sid}, which was not selected for a check"
+        return ""
+
+    def _release(self, pool: _Pool, entry: dict[str, Any]) -> str:
+        body, node = entry["body"], str(entry["node_id"])
+        by = str(body.get("by"))
+        if by not in pool.passed or pool.checked.get(by, ("", False))[0] != node:
+            return f"release by {by}, which is no passed check of node {node}"
+        for sid in body.get("submission_ids", []):
+            owner, checked = pool.checked.get(str(sid), ("", True))
+            if owner != node or checked or pool.order.get(str(sid), 1 << 62) > pool.order[by]:
+                return f"release of {sid}: not an earlier unchecked submission of node {node}"
+        return ""
+
+    def finish(self) -> str:
+        """Check the draws whose secret was revealed after their submission entry."""
+        for pool_id, epoch, sid, rate, checked in self.unrevealed:
+            secret = self.secrets.get((pool_id, epoch))
+            if secret is not None:
+                reason = self._draw(pool_id, epoch, sid, rate, checked, secret)
+                if reason:
+                    return reason
+        self.unrevealed = [u for u in self.unrevealed if (u[0], u[1]) not in self.secrets]
+        return ""

@@ -1,0 +1,163 @@
+"""Spot checks: which submissions validators check, and when unchecked work may train.
+
+Selection (the arithmetic lives in ``swarmrl.ledger.spotchecks``): a submission is checked when
+its draw ``u = HMAC(epoch secret, submission id)`` is below its node's check rate
+``p = max(validated_fraction, check_rate_decay ** clean)``, ``clean`` being the node's checks
+passed since its last failed one. The decision is taken when the submission is stored, from a
+secret the node does not hold, and is not told to the node (its receipt says ``pending``
+either way); the submission's ledger entry records ``{"epoch", "rate", "checked"}``, so once
+the epoch's secret is revealed anyone holding the ledger can recompute it.
+
+Trainability: a checked submission trains once its check passes (with the validator's
+behaviour log-probs). An unchecked one is stored as ``unchecked`` and becomes trainable (with
+the worker's declared log-probs) only when a check of a *later* submission of the same node
+passes; that release is a ``release`` ledger entry naming what it freed. A failed hard check
+bans the node and drops all its untrained work, unchecked included (``swarmrl.pool.penalties``).
+So no unchecked unit trains unless a check the node could not foresee passed after it was
+submitted; what can slip through is a falsified unit followed by an honest checked one
+(docs/pool.md bounds it).
+
+Quorum: with ``quorum`` k > 1 a rejection is one vote (``vote`` ledger entry) and the
+submission waits as ``disputed`` for other validators; it is rejected once more than half of k
+validators reject, accepted once that can no longer happen. An acceptance of an undisputed
+submission is final at once. Runs inside the caller's transaction; knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from swarmrl.ledger.spotchecks import check_rate, is_checked
+from swarmrl.pool import assignments, db
+from swarmrl.pool.rejections import Conflict
+from swarmrl.pool.service import Context
+from swarmrl.protocol.pool import PoolSpec, Verdict
+
+
+@dataclass(frozen=True)
+class Check:
+    """The spot-check decision on one submission, as its ledger entry records it."""
+
+    epoch: int
+    rate: float
+    checked: bool
+    has_validators: bool = True
+
+    @property
+    def status(self) -> str:
+        """Status of the stored submission: ``pending`` (to be checked), ``unchecked`` (waits
+        for a later passed check), or ``accepted`` in a pool without validators (trusted)."""
+        if self.checked:
+            return "pending"
+        return "unchecked" if self.has_validators else "accepted"
+
+    def record(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "rate": self.rate, "checked": self.checked}
+
+
+def _clean(conn: sa.Connection, pool_id: str, node_id: str) -> int:
+    t = db.spot_rates
+    row = conn.execute(
+        sa.select(t.c.clean).where(t.c.pool_id == pool_id, t.c.node_id == node_id)
+    ).first()
+    return 0 if row is None else int(row.clean)
+
+
+def _set_clean(conn: sa.Connection, pool_id: str, node_id: str, clean: int) -> None:
+    t = db.spot_rates
+    where = sa.and_(t.c.pool_id == pool_id, t.c.node_id == node_id)
+    if conn.execute(t.update().where(where).values(clean=clean)).rowcount == 0:
+        conn.execute(t.insert(), dict(pool_id=pool_id, node_id=node_id, clean=clean))
+
+
+def node_rate(conn: sa.Connection, spec: PoolSpec, node_id: str) -> float:
+    """The node's current check rate (0 in a pool without validators)."""
+    if not spec.validators:
+        return 0.0
+    return check_rate(
+        _clean(conn, spec.pool_id, node_id), spec.validated_fraction, spec.check_rate_decay
+    )
+
+
+def decide(ctx: Context, conn: sa.Connection, spec: PoolSpec, node_id: str, sid: str) -> Check:
+    """Draw whether submission ``sid`` of ``node_id`` is checked (module docstring)."""
+    epoch, secret = assignments.current(ctx, conn, spec.pool_id)
+    rate = node_rate(conn, spec, node_id)
+    return Check(epoch, rate, is_checked(secret, spec.pool_id, sid, rate), bool(spec.validators))
+
+
+def passed(ctx: Context, conn: sa.Connection, pool_id: str, row: Any) -> list[str]:
+    """A check of submission ``row`` passed: the node's record grows and its unchecked work
+    submitted before ``row`` becomes trainable; returns the released submission ids."""
+    _set_clean(conn, pool_id, row.node_id, _clean(conn, pool_id, row.node_id) + 1)
+    subs = db.submissions
+    earlier = sa.and_(
+        subs.c.pool_id == pool_id,
+        subs.c.node_id == row.node_id,
+        subs.c.status == "unchecked",
+        subs.c.received_at < row.received_at,
+    )
+    ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(earlier)).scalars())
+    if ids:
+        conn.execute(subs.update().where(subs.c.submission_id.in_(ids)).values(status="accepted"))
+        body = {"by": row.submission_id, "submission_ids": ids}
+        ctx.ledger.append(
+            conn, "release", body, pool_id=pool_id, node_id=row.node_id, ts=ctx.clock()
+        )
+    return ids
+
+
+def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
+    """A check of the node failed: its rate goes back to 1."""
+    _set_clean(conn, pool_id, node_id, 0)
+
+
+def claimable(validator_key: str) -> sa.ColumnElement[bool]:
+    """Submissions a validator may claim: pending ones, and disputed ones it has not voted on."""
+    subs, votes = db.submissions, db.spot_votes
+    voted = sa.exists().where(
+        votes.c.submission_id == subs.c.submission_id, votes.c.validator == validator_key
+    )
+    return sa.or_(subs.c.status == "pending", sa.and_(subs.c.status == "disputed", ~voted))
+
+
+def vote(
+    ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, validator: str, verdict: Verdict
+) -> bool:
+    """Count ``verdict`` toward the quorum of submission ``row``; True when it settles it (the
+    caller then records it as the verdict), False while the submission stays ``disputed``."""
+    if spec.quorum <= 1 or (row.status == "pending" and verdict.accept):
+        return True
+    votes = db.spot_votes
+    if conn.execute(
+        sa.select(votes.c.validator).where(
+            votes.c.submission_id == row.submission_id, votes.c.validator == validator
+        )
+    ).first():
+        raise Conflict(f"validator {validator[:16]}… already voted on {row.submission_id}")
+    conn.execute(
+        votes.insert(),
+        dict(submission_id=row.submission_id, validator=validator, accept=verdict.accept),
+    )
+    tally = conn.execute(
+        sa.select(votes.c.accept, sa.func.count())
+        .where(votes.c.submission_id == row.submission_id)
+        .group_by(votes.c.accept)
+    ).all()
+    counts = {bool(a): int(n) for a, n in tally}
+    rejects, accepts = counts.get(False, 0), counts.get(True, 0)
+    majority = spec.quorum // 2 + 1
+    settled = rejects >= majority or accepts > spec.quorum - majority
+    record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"})
+    body = {**record, "validator": validator, "rejects": rejects, "accepts": accepts}
+    ctx.ledger.append(conn, "vote", body, pool_id=spec.pool_id, node_id=row.node_id, ts=ctx.clock())
+    if not settled:
+        conn.execute(
+            db.submissions.update()
+            .where(db.submissions.c.submission_id == row.submission_id)
+            .values(status="disputed", claimed_by=None, claim_expires_at=None)
+        )
+    return settled
