@@ -36,7 +36,7 @@ EXAMPLES = 6
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, module_db_url):
-    orch, owner, validator, node = (KeyPair.generate() for _ in range(4))
+    orch, owner, validator, second, node = (KeyPair.generate() for _ in range(5))
     config = PoolConfig(max_body_bytes=256 << 10, db_url=module_db_url)
     with local_orchestrator(tmp_path_factory.mktemp("fuzz"), orch, config) as server:
         spec = PoolSpec(
@@ -45,8 +45,9 @@ def target(tmp_path_factory, module_db_url):
             task_count=20,
             open=True,
             sampling=SamplingParams(max_new_tokens=2),
-            validators=[validator.public_key_hex],
+            validators=[validator.public_key_hex, second.public_key_hex],
             validated_fraction=0.5,
+            quorum=2,  # a fuzzed rejection is a vote on a disputed submission
         )
         PoolClient(server.url, orch).create_pool(spec)
         client = PoolClient(server.url, node)

@@ -57,6 +57,8 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 "trained": by_status.get("trained", 0),
                 "dropped": by_status.get("dropped", 0),
                 "pending": by_status.get("pending", 0),
+                # not selected for a check and not yet released by a later passed one
+                "unchecked": by_status.get("unchecked", 0),
                 "rejected_honest": sum(c["rejected"] for n, c in judged.items() if n in honest),
                 # rejected by a validator yet acknowledged by the trainer: must stay 0
                 "rejected_trained": len(

@@ -82,8 +82,9 @@ def submission_groups(
 ) -> list[Group]:
     """One accepted pool submission as per-task groups (G completions each), rewards recomputed.
 
-    Behaviour log-probs are the validator's replay of the generating version; a submission that
-    was never validated has none and yields no groups.
+    Behaviour log-probs are the validator's replay of the generating version, or, for an
+    unchecked submission that a later passed spot check released, the worker's declared ones
+    (``swarmrl.pool.spotcheck``); a submission served without any yields no groups.
     """
     if sub.behaviour_logprobs is None:
         return []
