@@ -38,6 +38,12 @@ class ShardcastConfig(Section):
     parallel_downloads: int = Field(
         default=8, ge=1, le=64, description="Shard downloads a client runs at once."
     )
+    direct_writes: bool = Field(
+        default=True,
+        description="Clients write fetched shards to disk with O_DIRECT, around the page cache "
+        "(falls back to ordinary writes where the filesystem refuses it); relays always write "
+        "through the page cache, which they serve from.",
+    )
     request_timeout_s: float = Field(
         default=30.0, gt=0, description="Socket timeout of one HTTP request, seconds."
     )

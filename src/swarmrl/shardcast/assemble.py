@@ -10,8 +10,8 @@ For every file of the manifest, cheapest first:
 
 Whatever path produced a file's bytes, each shard is checked against its signed digest before
 it counts (reused and delta-built files are re-hashed from disk), and a failed reuse or delta
-falls back to downloading. Bytes go straight into the final files (preallocated, ``pwrite``
-at offsets). Marking the version ready is the caller's job, and only after this returns.
+falls back to downloading. Bytes go straight into the final files (preallocated, written at
+offsets by a ``writers.FileWriter``: through the page cache, or around it with ``O_DIRECT``). Marking the version ready is the caller's job, and only after this returns.
 
 Knows nothing about where the version goes afterwards (client dir or relay store).
 """
@@ -40,31 +40,11 @@ from swarmrl.shardcast.transport import (
     SourcePool,
     download_object,
 )
+from swarmrl.shardcast.writers import FileWriter
+
+__all__ = ["Assembly", "AssemblyReport", "FileWriter"]
 
 log = logging.getLogger(__name__)
-
-
-class FileWriter:
-    """Writes received bytes at an offset of an open file (the one place bytes hit the disk).
-
-    One write at a time per file: buffered writes into one file serialise on its inode lock
-    in the kernel, where the waiting downloader threads spin and burn the CPU the sender
-    needs; here they sleep on a lock of ours instead. Bytes go from the receive buffer
-    straight into the page cache (no intermediate copy).
-    """
-
-    _guard = threading.Lock()
-
-    def _lock_for(self, fd: int) -> threading.Lock:
-        with FileWriter._guard:
-            locks: dict[int, threading.Lock] = self.__dict__.setdefault("_locks", {})
-            return locks.setdefault(fd, threading.Lock())
-
-    def write(self, fd: int, offset: int, data: memoryview) -> None:
-        with self._lock_for(fd):
-            while data:
-                written = os.pwrite(fd, data, offset)
-                data, offset = data[written:], offset + written
 
 
 @dataclass
@@ -131,24 +111,36 @@ class Assembly:
             self.report.network_bytes += n
 
     def _download(self, path: str, size: int, digest: str, what: str, fd: int, base: int) -> None:
+        """Fetch one object into ``fd`` at ``base``; every byte is in the file on return."""
+        out = self.writer.sink(fd, base)
+
         def sink(offset: int, data: memoryview) -> None:
-            self.writer.write(fd, base + offset, data)
+            out.write(offset, data)
             self._count(len(data))
 
-        download_object(
-            self.pool,
-            self.conns,
-            path,
-            size,
-            digest,
-            self.m.digest_algorithm,
-            sink,
-            version=self.m.version,
-            what=what,
-            deadline=self.deadline,
-            abort=self.abort,
-            max_attempts=self._max_attempts(),
-        )
+        try:
+            download_object(
+                self.pool,
+                self.conns,
+                path,
+                size,
+                digest,
+                self.m.digest_algorithm,
+                sink,
+                version=self.m.version,
+                what=what,
+                deadline=self.deadline,
+                abort=self.abort,
+                max_attempts=self._max_attempts(),
+            )
+            try:
+                out.finish()
+            except OSError as exc:
+                raise DiskWriteError(
+                    f"v{self.m.version} {what}: writing to disk failed: {exc}"
+                ) from exc
+        finally:
+            out.close()
 
     def run(self) -> AssemblyReport:
         try:

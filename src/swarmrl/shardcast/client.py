@@ -40,10 +40,11 @@ from swarmrl.errors import (
 )
 from swarmrl.protocol.shardcast import Manifest, VersionList
 from swarmrl.shardcast import store
-from swarmrl.shardcast.assemble import Assembly, AssemblyReport, FileWriter
+from swarmrl.shardcast.assemble import Assembly, AssemblyReport
 from swarmrl.shardcast.manifest import parse_manifest, verify_manifest
 from swarmrl.shardcast.recheck import recheck_store
 from swarmrl.shardcast.transport import Connections, CorruptReport, SourcePool
+from swarmrl.shardcast.writers import DirectFileWriter, FileWriter
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,9 @@ class WeightClient:
         self.pool = SourcePool(list(sources))
         self.client_id = client_id or uuid.uuid4().hex[:12]
         self.conns = self._connections()
-        self.writer = writer or FileWriter()
+        if writer is None:  # a fetched checkpoint is read once, by the loader: skip the cache
+            writer = DirectFileWriter() if self.config.direct_writes else FileWriter()
+        self.writer = writer
         self.last_report: AssemblyReport | None = None
         self._advertised: dict[str, int] = {}  # the latest each source listed last time
         self._strikes: dict[str, int] = {}  # unbacked announcements in a row, per source
