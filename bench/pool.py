@@ -254,8 +254,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def request_costs(url: str, pid: int, n: int = 50) -> dict[str, float]:
-    """Server CPU milliseconds per request of each kind, sent one at a time (no queueing)."""
+def request_costs(url: str, pid: int, n: int = 50, rounds: int = 5) -> dict[str, dict]:
+    """Server CPU milliseconds per request of each kind, sent one at a time (no queueing):
+    ``rounds`` rounds of ``n`` requests per kind; the median and range of the rounds' means."""
     clients = [PoolClient(url, KeyPair.generate()) for _ in range(n)]
     for c in clients:
         c.join(POOL, CPU_NODE)
@@ -263,18 +264,28 @@ def request_costs(url: str, pid: int, n: int = 50) -> dict[str, float]:
     def cost(items: list, call) -> tuple[float, list]:  # type: ignore[no-untyped-def]
         cpu0 = cpu_seconds(pid)
         out = [call(x) for x in items]
-        return round((cpu_seconds(pid) - cpu0) / len(items) * 1000, 2), out
+        return (cpu_seconds(pid) - cpu0) / len(items) * 1000, out
 
     beat = Heartbeat(status="ok", model_version=0, log_tail=["step ok"])
-    costs = {"heartbeat": cost(clients * 2, lambda c: c.heartbeat(POOL, beat))[0]}
-    costs["lease"], leased = cost(clients, lambda c: (c, c.lease(POOL).work))
-    subs = [
-        (c, Submission(lease_id=w.lease_id, samples=synthetic_samples(w, 0))) for c, w in leased
-    ]
-    costs["submit"] = cost(subs, lambda cs: cs[0].submit(POOL, cs[1]))[0]
+    seen: dict[str, list[float]] = {"heartbeat": [], "lease": [], "submit": []}
+    for _ in range(rounds):
+        seen["heartbeat"].append(cost(clients * 2, lambda c: c.heartbeat(POOL, beat))[0])
+        spent, leased = cost(clients, lambda c: (c, c.lease(POOL).work))
+        seen["lease"].append(spent)
+        subs = [
+            (c, Submission(lease_id=w.lease_id, samples=synthetic_samples(w, 0))) for c, w in leased
+        ]
+        seen["submit"].append(cost(subs, lambda cs: cs[0].submit(POOL, cs[1]))[0])
     for c in clients:
         c.close()
-    return costs
+    return {
+        kind: {
+            "median": round(percentile(v, 0.5), 2),
+            "min": round(min(v), 2),
+            "max": round(max(v), 2),
+        }
+        for kind, v in seen.items()
+    }
 
 
 def main() -> None:

@@ -53,11 +53,14 @@ ledger_table = sa.Table(
 )
 
 
+# built once: an append runs on most state changes, and building a statement costs as much as
+# running it
 _LAST_ENTRY = (
     sa.select(ledger_table.c.seq, ledger_table.c.entry_hash)
     .order_by(ledger_table.c.seq.desc())
     .limit(1)
 )
+_INSERT = ledger_table.insert()
 
 
 def entry_core(
@@ -105,7 +108,7 @@ class Ledger:
         core = entry_core(seq, ts, kind, pool_id, node_id, body, prev)
         digest = entry_hash(core)
         conn.execute(
-            ledger_table.insert(),
+            _INSERT,
             dict(
                 seq=seq,
                 ts=ts,

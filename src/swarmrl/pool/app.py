@@ -6,7 +6,11 @@ orchestrator key or the pool owner key is admin (pool creation needs the orchest
 database work runs on the event loop's thread, one operation at a time in arrival order, so no
 two operations race and SQLite never sees concurrent writers. (Each operation takes about a
 millisecond; a separate database thread was measured to be slower, because the two threads
-convoy on the GIL: each SQLite call releases it and then waits for the busy loop thread.) Bodies over the size cap are refused before they are parsed.
+convoy on the GIL: each SQLite call releases it and then waits for the busy loop thread.) Bodies
+over the size cap are refused before they are parsed. The three routes nodes call all the time
+(heartbeat, lease, submission) are answered by ``swarmrl.pool.hotroutes`` with the same checks
+in the same order, without FastAPI's per-request machinery; their FastAPI routes document them
+and serve what falls through.
 
 Knows nothing about how the pool rules are implemented (``swarmrl.pool.service`` / ``work``).
 """
@@ -22,6 +26,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from swarmrl import __version__
 from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
@@ -30,6 +35,7 @@ from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, judging, penalties, rejections, service, work
 from swarmrl.pool.db import WalCheckpointer
+from swarmrl.pool.hotroutes import HotRoute, HotRoutes, error_summary
 from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
 from swarmrl.pool.nonces import DatabaseNonceStore
 from swarmrl.pool.rejections import Unauthorized
@@ -110,9 +116,22 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def _json(reply: BaseModel) -> Response:
+    """``reply`` as a JSON response, serialised once: a route returning a model would have
+    FastAPI validate it again against its ``response_model`` (the schema the docs show), which
+    costs the hot routes as much as the database work of a heartbeat."""
+    return Response(reply.model_dump_json(), media_type="application/json")
+
+
 def _error_response(exc: PeerError) -> JSONResponse:
     """The pool's error answer: ``{"error": {"code", "message"}}`` (``swarmrl.pool.rejections``)."""
     return JSONResponse(rejections.answer(exc), rejections.status_of(exc))
+
+
+def _unavailable(exc: InfraError) -> JSONResponse:
+    """Our own fault (a full disk): the request changed nothing; the peer may try again."""
+    body = {"error": {"code": "unavailable", "message": str(exc)}}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
 def build_app(ctx: Context) -> FastAPI:
@@ -158,6 +177,29 @@ def build_app(ctx: Context) -> FastAPI:
             "X-Swarm-Timestamp, X-Swarm-Nonce and X-Swarm-Signature (swarmrl.identity.requests)."
         ),
     )
+
+    async def beat_op(pool_id: str, who: SignedRequest, beat: Heartbeat) -> HeartbeatReply:
+        return await on_db(service.heartbeat, ctx, pool_id, who.node_id, beat)
+
+    async def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
+        return await on_db(work.lease, ctx, pool_id, who.node_id)
+
+    async def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
+        return await on_db(work.submit, ctx, pool_id, who, sub)
+
+    hot = {
+        "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op),
+        "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op),
+        "submissions": HotRoute("/pools/{pool_id}/submissions", Submission, submit_op),
+    }
+    # innermost first: the body limit and the request timer wrap the hot routes too
+    app.add_middleware(
+        HotRoutes,
+        routes=hot,
+        verify=verifier.verify,
+        on_peer_error=_error_response,
+        on_infra_error=_unavailable,
+    )
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     prometheus = OrchestratorMetrics(ctx)
     app.add_middleware(RequestTimer, metrics=prometheus)
@@ -168,18 +210,12 @@ def build_app(ctx: Context) -> FastAPI:
 
     @app.exception_handler(InfraError)
     async def _infra_error(_: Request, exc: InfraError) -> JSONResponse:
-        # our own fault (a full disk): the request changed nothing; the peer may try again
-        body = {"error": {"code": "unavailable", "message": str(exc)}}
-        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        return _unavailable(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # the offending input is left out: it may not even be JSON-serialisable (NaN)
-        parts = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
-            for e in exc.errors()[:5]
-        ]
-        return _error_response(Malformed("; ".join(parts)))
+        return _error_response(Malformed(error_summary(exc.errors())))
 
     async def signed(request: Request) -> SignedRequest:
         raw = request.scope.get("raw_path") or request.url.path.encode()
@@ -242,18 +278,18 @@ def build_app(ctx: Context) -> FastAPI:
     @app.post("/pools/{pool_id}/heartbeat", response_model=HeartbeatReply, responses=ERRORS)
     async def heartbeat(
         pool_id: PoolId, beat: Heartbeat, who: SignedRequest = Depends(signed)
-    ) -> HeartbeatReply:
-        return await on_db(service.heartbeat, ctx, pool_id, who.node_id, beat)
+    ) -> Response:
+        return _json(await beat_op(pool_id, who, beat))
 
     @app.post("/pools/{pool_id}/lease", response_model=LeaseReply, responses=ERRORS)
-    async def lease(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> LeaseReply:
-        return await on_db(work.lease, ctx, pool_id, who.node_id)
+    async def lease(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> Response:
+        return _json(await lease_op(pool_id, who, None))
 
     @app.post("/pools/{pool_id}/submissions", response_model=SubmissionReceipt, responses=ERRORS)
     async def submit(
         pool_id: PoolId, sub: Submission, who: SignedRequest = Depends(signed)
-    ) -> SubmissionReceipt:
-        return await on_db(work.submit, ctx, pool_id, who, sub)
+    ) -> Response:
+        return _json(await submit_op(pool_id, who, sub))
 
     # --- validators ------------------------------------------------------------------------
 

@@ -16,6 +16,14 @@ import sqlalchemy as sa
 
 from swarmrl.pool import db
 
+# built once: a claim runs on every signed request
+_t = db.nonces
+_INSERT = _t.insert()
+_PURGE = _t.delete().where(_t.c.expires_at <= sa.bindparam("now"))
+_KEY = sa.and_(_t.c.public_key == sa.bindparam("k"), _t.c.nonce == sa.bindparam("n"))
+_SEEN = sa.select(_t.c.expires_at).where(_KEY)
+_RENEW = _t.update().where(_KEY).values(expires_at=sa.bindparam("e"))
+
 
 class DatabaseNonceStore:
     """A :class:`swarmrl.identity.requests.NonceStore` over the ``nonces`` table."""
@@ -31,22 +39,21 @@ class DatabaseNonceStore:
 
     def claim(self, public_key_hex: str, nonce: str, expires_at_s: float) -> bool:
         now = self.clock()
-        t = db.nonces
         if now >= self._next_purge_s:
             with self.engine.begin() as conn:
-                conn.execute(t.delete().where(t.c.expires_at <= now))
+                conn.execute(_PURGE, {"now": now})
             self._next_purge_s = now + self.purge_every_s
         row = dict(public_key=public_key_hex, nonce=nonce, expires_at=expires_at_s)
         try:  # the common case, a fresh nonce, is one statement
             with self.engine.begin() as conn:
-                conn.execute(t.insert(), row)
+                conn.execute(_INSERT, row)
             return True
         except sa.exc.IntegrityError:
             pass
-        key = sa.and_(t.c.public_key == public_key_hex, t.c.nonce == nonce)
+        key = {"k": public_key_hex, "n": nonce}
         with self.engine.begin() as conn:
-            seen = conn.execute(sa.select(t.c.expires_at).where(key)).scalar_one_or_none()
+            seen = conn.execute(_SEEN, key).scalar_one_or_none()
             if seen is not None and seen > now:
                 return False
-            conn.execute(t.update().where(key).values(expires_at=expires_at_s))
+            conn.execute(_RENEW, {**key, "e": expires_at_s})
         return True

@@ -133,6 +133,13 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
     return LeaseReply(work=work, retry_after_s=0.0)
 
 
+_SET_THROUGHPUT = (
+    db.nodes.update()
+    .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
+    .values(measured_tps=sa.bindparam("tps"))
+)
+
+
 # --- submissions -----------------------------------------------------------------------------
 
 
@@ -287,14 +294,9 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
                 .where(db.leases.c.lease_id == sub.lease_id)
                 .values(state="submitted")
             )
-            node = node_row(conn, pool_id, node_id)
-            conn.execute(
-                db.nodes.update()
-                .where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
-                .values(
-                    measured_tps=update_throughput(node.measured_tps, tokens, now - row.created_at)
-                )
-            )
+            # ``member`` was read in this transaction, and nothing since changed its throughput
+            throughput = update_throughput(member.measured_tps, tokens, now - row.created_at)
+            conn.execute(_SET_THROUGHPUT, {"p": pool_id, "n": node_id, "tps": throughput})
             body = {
                 "submission_id": sid,
                 "lease_id": sub.lease_id,

@@ -1,0 +1,139 @@
+"""The hot routes (heartbeat, lease, submission) answer exactly as their FastAPI routes do.
+
+A request with a query string is not taken by ``swarmrl.pool.hotroutes`` and reaches FastAPI,
+so each case is sent twice, once to each, signed for its own path: status, error code and
+message must match, and nasty input is a 4xx on both. Runs on SQLite and PostgreSQL.
+"""
+
+import json
+
+import httpx
+import pytest
+
+from swarmrl.config.pool import PoolConfig
+from swarmrl.identity import KeyPair
+from swarmrl.identity.requests import sign_request
+from swarmrl.pool.client import PoolClient
+from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
+
+POOL = "hr"
+BEATS = [
+    b'{"status": "ok", "model_version": 0, "log_tail": ["fine"]}',
+    b'{"status": "bogus"}',
+    b"[]",
+    b'"ok"',
+    b'{"status": "ok", "tokens_per_s": NaN}',
+    b'{"status": "ok", "tokens_per_s": -Infinity}',
+    b'{"status": "ok", "model_version": 99999999999999999999999}',
+    b'{"status": "ok", "log_tail": ["\\ud800 lone", "nul \\u0000"]}',
+    b'{"status": "ok", "log_tail": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    b'{"status": "ok"',
+    b"\xff\xfe not utf-8",
+    b"",
+]
+
+
+@pytest.fixture
+def pool(db_url, tmp_path):
+    orch, owner, node = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        spec = PoolSpec(
+            pool_id=POOL,
+            owner_key=owner.public_key_hex,
+            task_count=50,
+            open=True,
+            sampling=SamplingParams(max_new_tokens=2),
+            validated_fraction=0.0,
+            max_leases_in_flight=64,
+        )
+        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, node).join(POOL, CPU_NODE)
+        yield server, node
+
+
+def post(server, key, path, body, content_type="application/json"):
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    if key is not None:
+        headers |= sign_request(key, "POST", path, body)
+    return httpx.post(server.url + path, content=body, headers=headers, timeout=30)
+
+
+def answer(response: httpx.Response) -> tuple[int, object]:
+    """What a peer learns: the status and the error (a success's body holds fresh ids)."""
+    if response.status_code == 200:
+        return 200, None
+    body = response.json()
+    return response.status_code, body.get("error", body)  # FastAPI's own 400 has no "error"
+
+
+def both(server, key, route, body, content_type="application/json"):
+    """(hot route's answer, FastAPI route's answer) to the same request."""
+    path = f"/pools/{POOL}/{route}"
+    hot = post(server, key, path, body, content_type)
+    slow = post(server, key, path + "?via=fastapi", body, content_type)
+    return answer(hot), answer(slow)
+
+
+@pytest.mark.parametrize("body", BEATS, ids=range(len(BEATS)))
+def test_a_heartbeat_is_answered_alike_by_both_routes(pool, body):
+    server, node = pool
+    hot, slow = both(server, node, "heartbeat", body)
+    assert hot == slow
+    assert hot[0] < 500
+
+
+def test_unsigned_forged_and_replayed_requests_are_refused_alike(pool):
+    server, node = pool
+    beat = BEATS[0]
+    assert both(server, None, "heartbeat", beat) == ((401, _missing_key()), (401, _missing_key()))
+    stranger = KeyPair.generate()  # signs correctly but never joined
+    hot, slow = both(server, stranger, "heartbeat", beat)
+    assert hot == slow and hot[0] == 404
+    path = f"/pools/{POOL}/heartbeat"
+    headers = sign_request(node, "POST", path, beat) | {"Content-Type": "application/json"}
+    first = httpx.post(server.url + path, content=beat, headers=headers, timeout=30)
+    again = httpx.post(server.url + path, content=beat, headers=headers, timeout=30)
+    assert first.status_code == 200
+    assert again.json()["error"]["code"] == "replayed_request"
+    tampered = httpx.post(server.url + path, content=beat[:-1] + b" }", headers=headers)
+    assert tampered.json()["error"]["code"] == "bad_signature"
+
+
+def _missing_key() -> dict:
+    return {"code": "bad_signature", "message": "missing header X-Swarm-Key"}
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/json; charset=utf-8"])
+def test_other_content_types_reach_fastapi_unchanged(pool, content_type):
+    server, node = pool
+    hot, slow = both(server, node, "heartbeat", BEATS[0], content_type)
+    assert hot == slow
+
+
+def test_lease_and_submission_through_the_hot_routes(pool):
+    server, node = pool
+    client = PoolClient(server.url, node)
+    work = client.lease(POOL).work
+    assert work is not None
+    body = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+    receipt = client.submit(POOL, body)
+    assert receipt.tokens > 0
+    payload = body.model_dump_json().encode()
+    hot, slow = both(server, node, "submissions", payload)
+    assert hot == slow and hot[0] == 409  # the lease was answered already
+    work = client.lease(POOL).work
+    broken = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+    payload = json.loads(broken.model_dump_json())
+    payload["samples"][0]["logprobs"][0] = float("nan")
+    payload["samples"][0]["extra"] = "\ud800"
+    hot, slow = both(server, node, "submissions", json.dumps(payload).encode())
+    assert hot == slow and hot[0] == 422
+
+
+def test_hot_routes_are_timed_under_their_route_template(pool):
+    server, node = pool
+    PoolClient(server.url, node).lease(POOL)
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    assert 'route="/pools/{pool_id}/lease"' in text
+    assert "node_id" not in text.split("swarmrl_orchestrator_request_seconds", 1)[1][:2000]
