@@ -128,6 +128,7 @@ class Recorder:
         self.t0, self.t1 = t0, t1
         self.lat: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
+        self.joined_at = float("nan")  # when this process's last node had joined
 
     async def timed(self, kind: str, node: WireNode, path: str, body: bytes) -> Any:
         """``node.call``, timed if it starts in the window; refusals counted, not raised."""
@@ -189,6 +190,7 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
             await node.call(f"/pools/{POOL}/join", JOIN_BODY)
 
     await asyncio.gather(*(join(node) for node in nodes))
+    rec.joined_at = time.time()
     stop = asyncio.Event()
     tasks = [asyncio.create_task(node_life(node, rec, args, stop)) for node in nodes]
     await asyncio.sleep(max(0.0, t1 - time.time()))
@@ -201,10 +203,10 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     return rec
 
 
-def drive_process(job: tuple) -> tuple[dict, dict]:
+def drive_process(job: tuple) -> tuple[dict, dict, float]:
     url, n_nodes, args, t0, t1 = job
     rec = uvloop.run(drive(url, n_nodes, args, t0, t1))
-    return rec.lat, rec.errors
+    return rec.lat, rec.errors, rec.joined_at
 
 
 def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
@@ -216,7 +218,8 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
         results = pool.map(drive_process, [(url, k, args, t0, t1) for k in shares if k])
     lat: dict[str, list[float]] = {}
     errors: dict[str, int] = {}
-    for part_lat, part_errors in results:
+    joined_at = max(r[2] for r in results)
+    for part_lat, part_errors, _ in results:
         for k, v in part_lat.items():
             lat.setdefault(k, []).extend(v)
         for k, v in part_errors.items():
@@ -238,6 +241,8 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
             for k, v in sorted(lat.items())
         },
         "errors": errors,
+        # < unit-s means nodes were still ramping up (first leases) inside the window
+        "joined_s_before_window": round(t0 - joined_at, 1),
     }
 
 
@@ -327,6 +332,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             proc, url = start_orchestrator(Path(tmp), spec)
             try:
+                load0 = os.getloadavg()[0]
                 cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
                 kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 row = run_level(url, n, args)
@@ -335,18 +341,24 @@ def main() -> None:
                 client_cpu = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
                 row["server_cpu_share"] = round((cpu_seconds(proc.pid) - cpu0) / wall, 2)
                 row["client_cpu_share"] = round(client_cpu / wall, 2)
+                row["load_1min"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| nodes | req/s | p50 ms | p99 ms | max ms | server CPU | client CPU | errors |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "\n| nodes | load (start → end) | req/s | p50 ms | p99 ms | max ms | server CPU "
+        "| client CPU | errors |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         errors = sum(r["errors"].values())
+        load = " → ".join(str(x) for x in r["load_1min"])
         print(
-            f"| {r['nodes']} | {r['req_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} "
-            f"| {r['server_cpu_share']:.0%} | {r['client_cpu_share']:.0%} | {errors} |"
+            f"| {r['nodes']} | {load} | {r['req_per_s']} | {r['p50_ms']} | {r['p99_ms']} "
+            f"| {r['max_ms']} | {r['server_cpu_share']:.0%} | {r['client_cpu_share']:.0%} "
+            f"| {errors} |"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
