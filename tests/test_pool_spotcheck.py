@@ -381,3 +381,14 @@ def test_a_ledger_that_misstates_a_selection_does_not_reverify(tmp_path):
         spot = SpotCheckReplay()
         reasons = [r for e in forged if (r := spot.feed(e))] + [spot.finish()]
         assert any(reasons), change
+
+
+def test_odd_spot_check_fields_are_a_reason_not_a_crash():
+    spot = SpotCheckReplay()
+    created = {"kind": "pool_created", "pool_id": POOL, "node_id": None, "seq": 0}
+    assert spot.feed({**created, "body": {"spec": {"validators": ["v"]}}}) == ""
+    sub = {"kind": "submission", "pool_id": POOL, "node_id": "n", "seq": 1}
+    for check in ({"epoch": "x", "rate": 1.0, "checked": True}, [], "\ud800", {"epoch": None}):
+        assert spot.feed({**sub, "body": {"submission_id": "s", "check": check}})  # a reason
+    release = {"kind": "release", "pool_id": POOL, "node_id": "n", "seq": 2}
+    assert spot.feed({**release, "body": {"by": "s", "submission_ids": 5}})

@@ -77,6 +77,12 @@ class SpotCheckReplay:
     verified: int = 0  # submission draws recomputed and matching
 
     def feed(self, entry: dict[str, Any]) -> str:
+        try:
+            return self._feed(entry)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a signed odd body
+            return f"spot-check fields of a {entry.get('kind')!r} entry are malformed ({exc!r})"
+
+    def _feed(self, entry: dict[str, Any]) -> str:
         kind, body, pool_id = entry["kind"], entry["body"], entry["pool_id"]
         if not isinstance(body, dict):
             return ""
