@@ -140,7 +140,7 @@ class Arm:
         outs = [self.work / f"{tag}{i}" for i in range(n)]
         cmds = [self.client_cmd(i, out) for i, out in enumerate(outs)]
         try:
-            seconds, cpu = P.run_clients(cmds, [p.pid for p in self.servers[1:]])
+            seconds, cpu = P.run_clients(cmds, [p.pid for p in self.servers[1:]], timeout_s=3600)
         finally:
             P.remove(*outs)
         return {"seconds": seconds, "cpu_s": cpu, "load_avg": os.getloadavg()}
