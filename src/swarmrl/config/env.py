@@ -71,6 +71,11 @@ class EnvConfig(Section):
     dataset_config: str | None = Field(None, description="math/code: hub dataset config name")
     problem_column: str = Field("problem", description="math/code: column holding the problem")
     answer_column: str = Field("answer", description="math: column holding the reference answer")
+    solution_column: str | None = Field(
+        None,
+        description="math: column holding a worked solution ending in \\boxed{answer}, the "
+        "warm-start demonstration (None = the boxed answer alone)",
+    )
     answer_format: Literal["auto", "plain", "gsm8k", "boxed"] = Field(
         "auto",
         description="math: how the reference answer is written: gsm8k = after '####', boxed = "

@@ -59,6 +59,7 @@ def _base_env(config: EnvConfig) -> Environment:
             config.answer_format,
             config.dataset_split,
             config.dataset_config,
+            config.solution_column,
         )
     if config.name == "reasoning_gym":
         from swarmrl.envs.gym import ReasoningGymEnv

@@ -13,7 +13,12 @@ scored: the reward is 1 when the completion's last ``\\boxed{...}`` holds an ans
 ``math_verify`` finds equal to the reference, else 0. A bare number elsewhere in the text earns
 nothing (otherwise junk that happens to contain the answer is rewarded).
 
-Knows nothing about tokens or models; needs a pretrained tokenizer (``alphabet`` is ``None``).
+The warm-start demonstration is the row's worked solution (``env.solution_column``, which must
+end in the reference answer's ``\\boxed{}``), or the boxed answer alone. ``alphabet`` is every
+character of the prompts and demonstrations, so the built-in character tokenizer covers the
+dataset and a tiny model can be trained on it from scratch (``model.path`` unset).
+
+Knows nothing about tokens or models.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ __all__ = ["MathEnv", "answers_match", "last_boxed", "read_rows"]
 
 PROMPT_TEMPLATE = "{problem}\nPut the final answer in \\boxed{{}}.\n"
 PARSE_TIMEOUT_S = 5  # math-verify's own alarm-based limit; only usable on the main thread
+
+
+def dataset_alphabet(texts: list[str]) -> str:
+    """Every distinct character of ``texts``, in code-point order."""
+    return "".join(sorted(set("".join(texts))))
 
 
 def read_rows(
@@ -94,11 +104,30 @@ def answers_match(reference: str, completion: str) -> bool:
     return bool(verify(gold, predicted, timeout_seconds=_timeout()))
 
 
+def checked_solutions(
+    source: str | Path,
+    records: list[dict[str, Any]],
+    rows: list[tuple[str, str]],
+    solution_column: str,
+) -> list[str]:
+    """Each record's worked solution, or an error naming the first one whose final
+    ``\\boxed{}`` is missing or differs from the row's reference answer."""
+    solutions: list[str] = []
+    for i, (_, answer) in enumerate(rows):
+        text = column_text(source, records, i, solution_column, "env.solution_column")
+        if (last_boxed(text) or "").strip() != answer.strip():
+            raise DatasetError(
+                f"{source} row {i + 1}: the solution in '{solution_column}' does not end in "
+                f"\\boxed{{{answer}}} ({text[-60:]!r})"
+            )
+        solutions.append(text)
+    return solutions
+
+
 class MathEnv(Environment):
     """Rows of a local dataset file; rewards checked by ``math-verify``."""
 
     name = "math"
-    alphabet = None
 
     def __init__(
         self,
@@ -109,6 +138,7 @@ class MathEnv(Environment):
         answer_format: AnswerFormat = "auto",
         split: str = "train",
         config_name: str | None = None,
+        solution_column: str | None = None,
     ) -> None:
         super().__init__(heldout_fraction)
         self.path = Path(dataset)
@@ -116,6 +146,14 @@ class MathEnv(Environment):
         self.rows = checked_rows(
             dataset, self.records, problem_column, answer_column, answer_format
         )
+        self.solutions = (
+            None
+            if solution_column is None
+            else checked_solutions(dataset, self.records, self.rows, solution_column)
+        )
+        shown = [self.problem(i)[0] for i in range(len(self.rows))]
+        shown += [self._demonstration(i) for i in range(len(self.rows))]
+        self.alphabet: str | None = dataset_alphabet(shown)
 
     def record(self, problem_id: int) -> dict[str, Any]:
         """Problem ``problem_id``'s dataset row, as read (same columns, so it reads back)."""
@@ -129,7 +167,12 @@ class MathEnv(Environment):
         return PROMPT_TEMPLATE.format(problem=problem), answer
 
     def demonstration(self, task: Task, flawed: bool = False) -> str:
-        return f"\\boxed{{{task.answer}}}"
+        return self._demonstration(task.problem_id)
+
+    def _demonstration(self, problem_id: int) -> str:
+        if self.solutions is not None:
+            return self.solutions[problem_id]
+        return f"\\boxed{{{self.rows[problem_id][1]}}}"
 
     def score(self, task: Task, completion_text: str, num_tokens: int | None = None) -> Score:
         correct = answers_match(task.answer, completion_text)

@@ -5,7 +5,7 @@ With ``model.path`` unset, the tiny model for the environment's alphabet is crea
 is trained by :mod:`swarmrl.trainer.sft` for ``sft.steps`` steps on the environment's
 demonstrations and saved under ``run.cache_dir/warmstart/<digest>/`` where the digest covers
 every setting that shapes it (the base model — tiny shape, or the given model's path and file
-sizes —, environment, SFT settings, seed). A later run with the same settings reuses it. A
+sizes —, environment and the bytes of a local dataset file, SFT settings, seed). A later run with the same settings reuses it. A
 given model without ``model.warm_start`` is the starting policy as it is. The SFT optimizer state is saved beside the weights so the control arm can *continue* the
 warm start's own training.
 
@@ -54,11 +54,21 @@ def _base_model_spec(config: SwarmConfig) -> object:
     return {"path": str(path.resolve()) if path.is_dir() else config.model.path, "files": files}
 
 
+def _dataset_spec(config: SwarmConfig) -> str | None:
+    """SHA-256 of a local dataset file, so an edited file is not served a stale warm start."""
+    dataset = config.env.dataset
+    path = Path(dataset).expanduser() if dataset is not None else None
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def warm_start_digest(config: SwarmConfig) -> str:
     spec = {
         "format": FORMAT,
         "tiny": _base_model_spec(config),
         "env": config.env.model_dump(mode="json"),
+        "data": _dataset_spec(config),
         "sft": config.sft.model_dump(mode="json"),
         "seed": config.run.seed,
     }
