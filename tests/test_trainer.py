@@ -263,3 +263,22 @@ def test_sft_warm_starts_a_given_model_and_caches_it(tmp_path):
     )
     again = ensure_warm_start(config, env)
     assert again.cached and again.path == first.path
+
+
+def test_batched_prompt_encoding_gives_the_one_layout_ids():
+    from swarmrl.envs import ArithEnv
+    from swarmrl.model.prompts import encode_prompt, encode_prompts
+    from swarmrl.model.tokenizer import build_char_tokenizer
+    from swarmrl.trainer.sft import encode_examples
+
+    env = ArithEnv(3)
+    tokenizer = build_char_tokenizer(env.alphabet)
+    tasks = env.first("train", 20)
+    texts = ["12+3=", "", "7+7="]
+    assert encode_prompts(tokenizer, tasks) == [encode_prompt(tokenizer, t) for t in tasks]
+    assert encode_prompts(tokenizer, texts) == [encode_prompt(tokenizer, t) for t in texts]
+    assert encode_prompts(tokenizer, []) == []
+    data = encode_examples(tokenizer, tasks, [t.answer for t in tasks])
+    for row, task in zip(data.input_ids.tolist(), tasks, strict=True):
+        ids = encode_prompt(tokenizer, task) + tokenizer.encode(task.answer)
+        assert row[: len(ids) + 1] == [*ids, tokenizer.eos_token_id]

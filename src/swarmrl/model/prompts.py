@@ -66,6 +66,25 @@ def encode_prompt(
     return ids
 
 
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str | PromptLike]
+) -> list[list[int]]:
+    """:func:`encode_prompt` of each of ``prompts``, encoded in one batch (the same ids)."""
+    texts = [
+        render_prompt(tokenizer, p)
+        if isinstance(p, str)
+        else render_prompt(tokenizer, p.prompt, p.system)
+        for p in prompts
+    ]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    bos = (
+        []
+        if has_chat_template(tokenizer) or tokenizer.bos_token_id is None
+        else [int(tokenizer.bos_token_id)]
+    )
+    return [bos + list(ids) for ids in encoded]
+
+
 def decode_completion(tokenizer: PreTrainedTokenizerBase, output_tokens: Sequence[int]) -> str:
     return tokenizer.decode(list(output_tokens), skip_special_tokens=True)
 

@@ -27,7 +27,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment, Task
-from swarmrl.model.prompts import PromptLike, encode_prompt
+from swarmrl.model.prompts import PromptLike, encode_prompts
 
 
 @dataclass
@@ -46,10 +46,10 @@ def encode_examples(
 ) -> SFTData:
     """Tokenize ``<bos> prompt completion <eos>`` rows, right-padded."""
     rows, starts = [], []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        p = encode_prompt(tokenizer, prompt)
-        c = [*tokenizer.encode(completion, add_special_tokens=False), tokenizer.eos_token_id]
-        rows.append(p + c)
+    eos = [tokenizer.eos_token_id]
+    encoded = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
+    for p, c in zip(encode_prompts(tokenizer, prompts), encoded, strict=True):
+        rows.append(p + list(c) + eos)
         starts.append(len(p))
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
