@@ -21,7 +21,7 @@ from swarmrl.identity.keys import parse_public_key
 from swarmrl.inference.interface import require_backend
 from swarmrl.pool.client import PoolClient
 from swarmrl.rolekit.metrics import serve_role_metrics
-from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads
+from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads, swap_version
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
     StatusReporter,
@@ -33,11 +33,15 @@ from swarmrl.rolekit.toolkit import (
 from swarmrl.roles.validator.judge import judge
 from swarmrl.shardcast import WeightClient
 
-KEEP_LOADED = 3
+# Engines kept loaded, by backend. A version beyond that is swapped into the least recently used
+# engine in place: a vLLM engine takes tens of seconds (minutes on a busy CPU) to start and holds
+# its own processes and KV cache, while loading new weights into it takes well under a second.
+KEEP_LOADED = {"torch": 3, "vllm": 1}
 
 
 class Versions:
-    """Policy versions on demand: fetched through shardcast, the last few kept loaded."""
+    """Policy versions on demand: fetched through shardcast, the last few kept loaded; a new
+    version beyond ``KEEP_LOADED`` reuses the least recently used engine (weights swapped)."""
 
     def __init__(
         self, client: WeightClient, config: SwarmConfig, log: logging.Logger, stop: threading.Event
@@ -66,10 +70,16 @@ class Versions:
             pause_s=swarm.retry_s,
             stop=self.stop,
         )
-        loaded = load_version(path, version, inference=self.config.inference)
+        if len(self.loaded) < KEEP_LOADED[self.config.inference.backend]:
+            loaded = load_version(path, version, inference=self.config.inference)
+        else:
+            oldest = self.loaded.popitem(last=False)[1]
+            try:
+                loaded = swap_version(oldest, path, version)
+            except BaseException:
+                oldest.engine.close()  # its weights are in an unknown state
+                raise
         self.loaded[version] = loaded
-        while len(self.loaded) > KEEP_LOADED:
-            self.loaded.popitem(last=False)[1].engine.close()
         return loaded
 
 
