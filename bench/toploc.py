@@ -22,76 +22,22 @@ import argparse
 import copy
 import itertools
 import json
-import random
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from swarmrl.config.model import TinyModelConfig
 from swarmrl.config.toploc import ToplocConfig
-from swarmrl.envs import ReverseEnv
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.model.factory import create_tiny_model
-from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
 from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks
 from swarmrl.toploc.hidden import compare_chunks
 from swarmrl.toploc.verify import Verifier
-
-DIGEST = "5e" * 32
-ENV = ReverseEnv(length=12)
-
-
-def train(model: torch.nn.Module, tokenizer, steps: int, seed: int, snapshot_at: int | None = None):
-    """Teacher-forced training on reverse tasks; returns the state dict at ``snapshot_at``."""
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    tasks = ENV.sample("train", steps * 32, seed)
-    snapshot = None
-    model.train()
-    for step in range(steps):
-        batch = tasks[step * 32 : (step + 1) * 32]
-        rows = [
-            tokenizer.encode(t.prompt) + tokenizer.encode(t.answer) + [tokenizer.eos_token_id]
-            for t in batch
-        ]
-        ids = torch.tensor(rows)  # all rows have the same length
-        labels = ids.clone()
-        labels[:, : len(tokenizer.encode(batch[0].prompt))] = -100
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if snapshot_at is not None and step + 1 == snapshot_at:
-            snapshot = copy.deepcopy(model.state_dict())
-    model.eval()
-    return snapshot, float(loss.detach())
-
-
-def scorer_for(tokenizer):
-    by_prompt = {}
-
-    def score(prompt: Sequence[int], output: Sequence[int]) -> float:
-        text = tokenizer.decode(list(prompt))
-        if text not in by_prompt:
-            body = text.rstrip(":")
-            by_prompt[text] = body[::-1]
-        completion = tokenizer.decode(list(output), skip_special_tokens=True)
-        answer = by_prompt[text]
-        hits = sum(a == b for a, b in zip(answer, completion.strip(), strict=False))
-        return hits / len(answer)
-
-    return score
-
-
-def prompts_for(tokenizer, count: int, seed: int) -> list[list[int]]:
-    return [tokenizer.encode(t.prompt) for t in ENV.sample("heldout", count, seed)]
+from toploc_cases import DIGEST, build_models, cheat_cases, detection
 
 
 def generate(engine, model, prompts, params, seeds, batch, cache):
@@ -125,33 +71,6 @@ def verify_gens(verifier: Verifier, worker: attacks.Worker, gens):
     subs = worker.prove(gens)
     items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
     return verifier.check_many(items)
-
-
-def detection(verifier, worker, subs, honest_subs):
-    """Rejections among ``subs``; a submission byte-identical to the honest one for the same
-    prompt and seed (same tokens, log-probs, reward and chunks) is counted apart: no verifier can
-    tell it from honest work, and it does no harm."""
-    items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
-    verdicts = verifier.check_many(items)
-    genuine = {
-        (tuple(c.prompt_tokens), b.seed): (c.output_tokens, c.logprobs, c.reward, b.chunks)
-        for b, c in honest_subs
-    }
-    rejected, codes, same = 0, {}, 0
-    for verdict, (bundle, claim) in zip(verdicts, subs, strict=True):
-        key = (tuple(claim.prompt_tokens), bundle.seed)
-        if genuine.get(key) == (claim.output_tokens, claim.logprobs, claim.reward, bundle.chunks):
-            same += 1
-            continue
-        rejected += not verdict.accepted
-        for code in verdict.codes:
-            codes[code] = codes.get(code, 0) + 1
-    return {
-        "samples": len(subs) - same,
-        "rejected": rejected,
-        "identical_to_honest": same,
-        "codes": codes,
-    }
 
 
 def _reference():
@@ -263,30 +182,14 @@ def main() -> None:
     results: dict = {"quick": args.quick}
     started = time.perf_counter()
 
-    tokenizer = build_char_tokenizer(ENV.alphabet)
-    tiny = TinyModelConfig()
-    torch.manual_seed(0)
-    model = create_tiny_model(tiny, tokenizer)
-    untrained = copy.deepcopy(model)
-    older_state, loss = train(model, tokenizer, 150, seed=1, snapshot_at=100)
-    older = copy.deepcopy(model)
-    older.load_state_dict(older_state)
-    torch.manual_seed(5)
-    cheap_cfg = TinyModelConfig(hidden_size=64, num_layers=1, num_heads=4, intermediate_size=128)
-    cheap = create_tiny_model(cheap_cfg, tokenizer)
-    _, cheap_loss = train(cheap, tokenizer, 150, seed=2)
-    results["training"] = {"final_loss": loss, "cheap_final_loss": cheap_loss}
-    print(
-        f"trained: loss {loss:.3f}, cheap loss {cheap_loss:.3f} ({time.perf_counter() - started:.0f}s)"
-    )
-
+    models = build_models(started)
+    results["training"] = models.training
+    model, untrained, tokenizer = models.model, models.untrained, models.tokenizer
+    older, cheap, tiny = models.older, models.cheap, models.tiny
     engine = TorchEngine(model, tokenizer)
     params = SamplingParams(temperature=1.0, max_new_tokens=48)
     worker = attacks.Worker(engine, KeyPair.from_seed(bytes(32)), params, 7, DIGEST)
-    score = scorer_for(tokenizer)
-
-    def prompt_fn(count, seed):
-        return prompts_for(tokenizer, count, seed)
+    score, prompt_fn = models.score, models.prompt_fn
 
     # -- calibration on a separate honest set ------------------------------------------------
     cfg = ToplocConfig()
@@ -347,7 +250,7 @@ def honest_and_cheats(args, results: dict, env: SimpleNamespace) -> None:
     )
     worker, params, prompt_fn, score = env.worker, env.params, env.prompt_fn, env.score
     per_config, per_attack, started = env.per_config, env.per_attack, env.started
-    older, cheap, tiny, cfg = env.older, env.cheap, env.tiny, env.cfg
+    cfg = env.cfg
     # -- honest bar ----------------------------------------------------------------------------
     honest_rows = []
     sweeps = [("trained", engine, model, verifier, per_config)]
@@ -383,52 +286,7 @@ def honest_and_cheats(args, results: dict, env: SimpleNamespace) -> None:
     prompts = prompt_fn(per_attack, 77)
     seeds = list(range(5000, 5000 + per_attack))
     honest_subs = attacks.honest(worker, prompts, seeds)
-    rng = random.Random(3)
-
-    def perturbed(scale):
-        m = copy.deepcopy(model)
-        gen = torch.Generator().manual_seed(11)
-        with torch.no_grad():
-            for p in m.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * scale * p.std())
-        return TorchEngine(m, tokenizer)
-
-    torch.manual_seed(99)
-    other_model = create_tiny_model(tiny, tokenizer)
-    train(other_model, tokenizer, 150, seed=9)
-    bf16_engine = TorchEngine(copy.deepcopy(model).to(torch.bfloat16), tokenizer)
-    substitutes = prompt_fn(per_attack, 78)
-    cases = {
-        "perturbed weights (1e-2 rel)": lambda: attacks.with_engine(
-            worker, perturbed(1e-2), prompts, seeds
-        ),
-        "perturbed weights (1e-3 rel)": lambda: attacks.with_engine(
-            worker, perturbed(1e-3), prompts, seeds
-        ),
-        "older version (step 100 of 150)": lambda: attacks.with_engine(
-            worker, TorchEngine(older, tokenizer), prompts, seeds
-        ),
-        "different model": lambda: attacks.with_engine(
-            worker, TorchEngine(other_model, tokenizer), prompts, seeds
-        ),
-        "bf16 weights claimed as fp32": lambda: attacks.with_engine(
-            worker, bf16_engine, prompts, seeds
-        ),
-        "changed prompt": lambda: attacks.changed_prompt(worker, prompts, seeds, substitutes),
-        "one tampered output token": lambda: attacks.tampered_token(
-            worker, prompts, seeds, len(tokenizer), rng
-        ),
-        "other temperature (0.7 for 1.0)": lambda: attacks.other_sampling(
-            worker, prompts, seeds, temperature=0.7
-        ),
-        "other seed": lambda: attacks.other_sampling(worker, prompts, seeds, seed_offset=10**6),
-        "cheap decode + real prefill proof": lambda: attacks.cheap_decode(
-            worker, TorchEngine(cheap, tokenizer), prompts, seeds
-        ),
-        "early truncation": lambda: attacks.truncated(worker, prompts, seeds, rng),
-        "forged reward": lambda: attacks.forged_reward(worker, prompts, seeds, score),
-        "proof copied from another sample": lambda: attacks.copied_proof(worker, prompts, seeds),
-    }
+    cases = cheat_cases(env, worker, prompts, seeds, lambda m: TorchEngine(m, tokenizer))
     attack_rows = {}
     for name, build in cases.items():
         subs = build()
