@@ -83,7 +83,7 @@ def detection(verifier, worker, subs, honest_subs):
         (tuple(c.prompt_tokens), b.seed): (c.output_tokens, c.logprobs, c.reward, b.chunks)
         for b, c in honest_subs
     }
-    rejected, codes, same, hidden_pass, worst = 0, {}, 0, 0, []
+    rejected, codes, same, hidden_pass, worst, lp_err = 0, {}, 0, 0, [], []
     for verdict, (bundle, claim) in zip(verdicts, subs, strict=True):
         key = (tuple(claim.prompt_tokens), bundle.seed)
         if genuine.get(key) == (claim.output_tokens, claim.logprobs, claim.reward, bundle.chunks):
@@ -93,6 +93,9 @@ def detection(verifier, worker, subs, honest_subs):
         if verdict.chunks:  # the hidden-state comparison ran: did every chunk pass it?
             hidden_pass += all(c.passed for c in verdict.chunks)
             worst.append(max(c.mant_err_mean or 128.0 for c in verdict.chunks))
+        replayed = verdict.behaviour_logprobs
+        if replayed is not None and len(replayed) == len(claim.logprobs) and replayed:
+            lp_err.append(max(abs(a - b) for a, b in zip(claim.logprobs, replayed, strict=True)))
         for code in verdict.codes:
             codes[code] = codes.get(code, 0) + 1
     return {
@@ -103,6 +106,9 @@ def detection(verifier, worker, subs, honest_subs):
         "hidden_states_pass": hidden_pass,  # samples whose every chunk passed (weak signal)
         # median over samples of the worst chunk's mantissa error (128 = no exponent matched)
         "worst_chunk_mant_err_median": float(statistics.median(worst)) if worst else None,
+        # the weakest and the median sample's largest |claimed - replayed| log-prob (nats)
+        "logprob_err_min": min(lp_err) if lp_err else None,
+        "logprob_err_median": float(statistics.median(lp_err)) if lp_err else None,
     }
 
 
