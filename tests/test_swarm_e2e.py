@@ -209,3 +209,25 @@ def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cac
     # the surviving worker kept getting versions after the relay died (origin fallback)
     survivor = json.loads((run_dir / "status" / "worker-0.json").read_text())
     assert survivor["policy_version"] >= 4
+
+
+def test_roles_started_by_hand_stop_by_themselves_when_the_trainer_finishes(tmp_path, cache_dir):
+    """The roles as an operator starts them (docs/deploy.md), with nobody to stop them: once
+    the trainer finishes its last step it says so, the orchestrator answers leases with
+    ``finished``, and the worker and the validator exit 0 on their own."""
+    config = _config(cache_dir, "rl.steps=2", "swarm.workers=1")
+    run_dir = tmp_path / "run"
+    plan = prepare(config, run_dir)
+    with Supervisor(run_dir, 5, max_restarts=0, restart_backoff_s=0.5) as sup:
+        start_all(sup, plan)
+        trainer = sup.roles["trainer"]
+        wait_until(lambda: trainer.popen.poll() is not None, "the trainer to finish", 300)
+        assert trainer.popen.returncode == 0
+        for name in ("worker-0", "validator-0"):
+            assert sup.roles[name].popen.wait(timeout=60) == 0, name
+        with PoolClient(plan.orchestrator_url, load_keypair(plan.key("worker-0"))) as pool:
+            assert pool.lease(POOL_ID).outcome == "finished"
+    logs = run_dir / "logs"
+    assert "told the orchestrator the run is finished" in (logs / "trainer.log").read_text()
+    assert "the run is finished" in (logs / "worker-0.log").read_text()
+    assert "the run is finished" in (logs / "validator-0.log").read_text()

@@ -45,3 +45,22 @@ class PoolConfig(Section):
     batch_lease_s: float = Field(
         300.0, gt=0, description="an unacknowledged trainer batch returns to the queue after, s"
     )
+    admission: bool = Field(
+        True,
+        description="lease only what the trainer can train while fresh (swarmrl.pool.admission); "
+        "false = lease whenever a node asks",
+    )
+    admission_validation_backlog_steps: float = Field(
+        2.0,
+        gt=0,
+        description="stop leasing while this many trainer steps' worth of tasks await a validator",
+    )
+    admission_trainable_backlog_steps: float = Field(
+        2.0,
+        gt=0,
+        description="stop leasing while this many trainer steps' worth of accepted tasks wait "
+        "for the trainer",
+    )
+    admission_retry_s: float = Field(
+        0.5, gt=0, description="a node told to wait by admission control asks again after, s"
+    )

@@ -345,7 +345,8 @@ def watch(
             on_tick(statuses)
         if trainer.popen.poll() == 0:
             return
-        sup.tend(expected_done=["trainer"])
+        # workers and validators exit 0 by themselves once the trainer says the run is over
+        sup.tend(expected_done=["trainer", *plan.workers, *plan.validators])
         if time.monotonic() > deadline:
             raise WaitTimeout(
                 f"gave up after {timeout_s:.0f} s waiting for the trainer to finish "

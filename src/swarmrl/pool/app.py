@@ -313,7 +313,8 @@ def build_app(ctx: Context) -> FastAPI:
         pool_id: PoolId, update: VersionUpdate, who: SignedRequest = Depends(signed)
     ) -> VersionUpdate:
         await admin(pool_id, who)
-        return VersionUpdate(version=await on_db(batches.set_version, ctx, pool_id, update.version))
+        version = await on_db(batches.set_version, ctx, pool_id, update.version, update)
+        return update.model_copy(update={"version": version})
 
     @app.post("/pools/{pool_id}/batches", response_model=BatchReply, responses=ERRORS)
     async def batch(

@@ -20,17 +20,24 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from swarmrl.pool import assignments, db
+from swarmrl.pool import assignments, db, progress
 from swarmrl.pool.rejections import Conflict, NotFound
 from swarmrl.pool.replies import json_object, serialise_rows
 from swarmrl.pool.service import Context, current_version
-from swarmrl.protocol.pool import BatchAckReceipt, TrainableSubmission, WorkUnit
+from swarmrl.protocol.pool import BatchAckReceipt, TrainableSubmission, VersionUpdate, WorkUnit
 
 
-def set_version(ctx: Context, pool_id: str, version: int) -> int:
+def set_version(
+    ctx: Context, pool_id: str, version: int, update: VersionUpdate | None = None
+) -> int:
     """Record the trainer's policy version; a newer one also closes the assignment epoch (its
-    secret is revealed in the ledger, ``swarmrl.pool.assignments``)."""
+    secret is revealed in the ledger, ``swarmrl.pool.assignments``). What else ``update`` tells
+    (the run's length, batch size, that it finished) is kept for admission control
+    (``swarmrl.pool.progress``)."""
     with ctx.engine.begin() as conn:
+        if update is not None:
+            ctx.spec(conn, pool_id)
+            progress.record(conn, pool_id, update, ctx.clock())
         ctx.spec(conn, pool_id)
         current = current_version(conn, pool_id)
         if version < current:
@@ -110,6 +117,8 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
         served, parts = serialise_rows(
             conn, rows, lambda r: _trainable(ctx, r), lambda r: r.submission_id
         )
+        if not served:  # the trainer is waiting for work (admission control lets more in)
+            ctx.starved_at[pool_id] = now
         if served:
             ids = [r.submission_id for r in served]
             conn.execute(

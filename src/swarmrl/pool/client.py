@@ -188,8 +188,19 @@ class PoolClient(_Base):
         return self._call("POST", f"/pools/{pool_id}/verdicts", verdict, VerdictReceipt)
 
     # trainer and pool admin
-    def set_version(self, pool_id: str, version: int) -> int:
-        req = VersionUpdate(version=version)
+    def set_version(
+        self,
+        pool_id: str,
+        version: int,
+        *,
+        steps: int | None = None,
+        tasks_per_step: int | None = None,
+        finished: bool = False,
+    ) -> int:
+        """Announce ``version``; optionally the run's length and batch size, or its end."""
+        req = VersionUpdate(
+            version=version, steps=steps, tasks_per_step=tasks_per_step, finished=finished
+        )
         return self._call("POST", f"/pools/{pool_id}/version", req, VersionUpdate).version
 
     def batch(

@@ -155,6 +155,17 @@ spot_votes = sa.Table(
     sa.Column("accept", sa.Boolean, nullable=False),
 )
 
+# what the trainer said about its run: its length, its batch size, and when it finished
+# (swarmrl.pool.progress); a pool whose trainer said nothing has no row
+run_progress = sa.Table(
+    "run_progress",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("steps", sa.Integer, nullable=True),
+    sa.Column("tasks_per_step", sa.Integer, nullable=True),
+    sa.Column("finished_at", sa.Float, nullable=True),
+)
+
 # (key, nonce) pairs of signed requests, kept until their timestamp leaves the request window, so
 # a request captured before a restart cannot be replayed after it (swarmrl.pool.nonces)
 nonces = sa.Table(

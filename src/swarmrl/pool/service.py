@@ -63,6 +63,8 @@ class Context:
     started_at: float = field(default_factory=time.time)
     _specs: dict[str, PoolSpec] = field(default_factory=dict)
     _joins: dict[str, TokenBucket] = field(default_factory=dict)  # per pool (swarmrl.pool.limits)
+    # per pool: when a trainer's batch request last came back empty (swarmrl.pool.admission)
+    starved_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def ledger(self) -> Ledger:
@@ -177,7 +179,15 @@ def get_pool(ctx: Context, pool_id: str) -> PoolInfo:
     with ctx.engine.connect() as conn:
         spec = ctx.spec(conn, pool_id)
         row = conn.execute(sa.select(db.pools).where(db.pools.c.pool_id == pool_id)).one()
-    return PoolInfo(spec=spec, current_version=row.current_version, created_at=row.created_at)
+        finished = conn.execute(
+            sa.select(db.run_progress.c.finished_at).where(db.run_progress.c.pool_id == pool_id)
+        ).scalar()
+    return PoolInfo(
+        spec=spec,
+        current_version=row.current_version,
+        created_at=row.created_at,
+        run_finished=finished is not None,
+    )
 
 
 def list_pools(ctx: Context) -> list[PoolInfo]:

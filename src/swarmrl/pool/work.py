@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
-from swarmrl.pool import assignments, db, spotcheck
+from swarmrl.pool import admission, assignments, db, progress, spotcheck
 from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.service import (
@@ -55,16 +55,20 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         row = node_row(conn, pool_id, node_id)
         require_member(row)
         retry = ctx.config.heartbeat_interval_s
+        run = progress.plan(conn, pool_id)
+        if run.finished:
+            return LeaseReply(
+                outcome="finished", work=None, retry_after_s=0.0, reason="the run is finished"
+            )
         if row.state != "healthy":
-            return LeaseReply(work=None, retry_after_s=retry, reason=f"node is {row.state}")
+            return _wait(retry, f"node is {row.state}")
         in_flight = leases_in_flight(conn, pool_id, node_id)
         if in_flight >= spec.max_leases_in_flight:
-            return LeaseReply(
-                work=None,
-                retry_after_s=retry,
-                reason=f"{in_flight} leases in flight (cap {spec.max_leases_in_flight})",
-            )
+            return _wait(retry, f"{in_flight} leases in flight (cap {spec.max_leases_in_flight})")
         version = current_version(conn, pool_id)
+        admitted = _admission(ctx, conn, spec, run, version, row.measured_tps)
+        if not admitted.tasks:
+            return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
         lease_id = _new_id()
         orphan = conn.execute(
             sa.select(db.leases.c.lease_id, db.leases.c.work)
@@ -88,14 +92,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             )
         else:
             origin, counter = node_id, row.lease_counter
-            n = lease_size(
-                row.measured_tps,
-                spec.lease_target_s,
-                spec.samples_per_task,
-                spec.sampling.max_new_tokens,
-                spec.min_tasks_per_lease,
-                spec.max_tasks_per_lease,
-            )
+            n = admitted.tasks
             epoch, secret = assignments.current(ctx, conn, pool_id)
             tasks = draw_tasks(spec.seed, secret, node_id, counter, n, spec.task_count)
             seed = unit_seed(spec.seed, secret, node_id, counter)
@@ -130,7 +127,47 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
                 deadline=work.deadline,
             ),
         )
-    return LeaseReply(work=work, retry_after_s=0.0)
+    return LeaseReply(outcome="work", work=work, retry_after_s=0.0)
+
+
+def _wait(retry_after_s: float, reason: str) -> LeaseReply:
+    return LeaseReply(outcome="wait", work=None, retry_after_s=retry_after_s, reason=reason)
+
+
+def _admission(
+    ctx: Context,
+    conn: sa.Connection,
+    spec: PoolSpec,
+    run: progress.RunPlan,
+    version: int,
+    measured_tps: float | None,
+) -> admission.Admission:
+    """How many tasks a fresh lease may hold now (``swarmrl.pool.admission``)."""
+    wanted = lease_size(
+        measured_tps,
+        spec.lease_target_s,
+        spec.samples_per_task,
+        spec.sampling.max_new_tokens,
+        spec.min_tasks_per_lease,
+        spec.max_tasks_per_lease,
+    )
+    cfg = ctx.config
+    if not cfg.admission:
+        return admission.Admission(wanted)
+    starved_at = ctx.starved_at.get(spec.pool_id)
+    starving = starved_at is not None and ctx.clock() - starved_at < admission.STARVING_WITHIN_S
+    return admission.admit(
+        progress.supply(conn, spec, version),
+        version,
+        run.steps,
+        spec.async_level,
+        progress.tasks_per_step(conn, spec, version, run.tasks_per_step),
+        cfg.admission_validation_backlog_steps,
+        cfg.admission_trainable_backlog_steps,
+        wanted,
+        spec.min_tasks_per_lease,
+        starving,
+    )
 
 
 _SET_THROUGHPUT = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from swarmrl.protocol.bounded import PeerProof, PeerText
 from swarmrl.protocol.sampling import FinishReason, SamplingParams
@@ -104,6 +104,7 @@ class PoolInfo(Message):
     spec: PoolSpec
     current_version: int = Field(description="policy version the trainer last announced")
     created_at: float = Field(description="Unix seconds")
+    run_finished: bool = Field(False, description="the trainer finished the run's last step")
 
 
 class Invite(Message):
@@ -205,10 +206,32 @@ class WorkUnit(Message):
     )
 
 
+LeaseOutcome = Literal["work", "wait", "finished"]
+
+
 class LeaseReply(Message):
-    work: WorkUnit | None = Field(description="None = nothing to do now")
-    retry_after_s: float = Field(description="ask again after this long if work is None")
-    reason: str = Field("", description="why there is no work")
+    """The answer to a lease request, told apart by ``outcome``:
+
+    - ``work``: ``work`` holds the unit to generate;
+    - ``wait``: nothing to do now (the node is not healthy, holds its lease cap, or the trainer
+      already has, leased or queued all the rollouts it can train while they are fresh: see
+      ``swarmrl.pool.admission``); ask again after ``retry_after_s``;
+    - ``finished``: the run is over (the trainer finished its last step); stop.
+
+    Example: ``{"outcome": "wait", "work": null, "retry_after_s": 0.5, "reason": "admission:
+    supply 96 ≥ demand 96 tasks"}``.
+    """
+
+    outcome: LeaseOutcome = Field("work", description="work, wait or finished (see above)")
+    work: WorkUnit | None = Field(description="the unit when outcome is work; else None")
+    retry_after_s: float = Field(description="seconds to wait before asking again (outcome wait)")
+    reason: str = Field("", description="why there is no work, for a human")
+
+    @model_validator(mode="after")
+    def _work_iff_outcome_work(self) -> LeaseReply:
+        if (self.work is not None) != (self.outcome == "work"):
+            raise ValueError("work must be set exactly when outcome is 'work'")
+        return self
 
 
 class Sample(Message):
@@ -293,7 +316,20 @@ class VerdictReceipt(Message):
 
 
 class VersionUpdate(Message):
+    """The trainer's progress. ``steps`` and ``tasks_per_step`` let the orchestrator size what it
+    leases before it has measured the trainer (``swarmrl.pool.admission``); ``finished`` says the
+    run's last step is trained, after which leases answer ``finished``. Example: ``{"version":
+    3, "steps": 20, "tasks_per_step": 32, "finished": false}``.
+    """
+
     version: int = Field(ge=0, lt=2**31, description="the trainer's current policy version")
+    steps: int | None = Field(
+        None, ge=0, lt=2**31, description="RL steps the run will take; None = not told (kept)"
+    )
+    tasks_per_step: int | None = Field(
+        None, gt=0, lt=2**31, description="groups (tasks) one step trains on; None = not told"
+    )
+    finished: bool = Field(False, description="True: the last step is trained; the run is over")
 
 
 class BatchRequest(Message):

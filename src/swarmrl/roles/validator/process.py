@@ -1,7 +1,10 @@
 """The validator process: everything ``swarmrl validator`` runs once its arguments are parsed.
 
 See :mod:`swarmrl.roles.validator.cli` for the command line; this module imports torch and
-transformers, which the command line does not need for ``--help``.
+transformers, which the command line does not need for ``--help``. Once the orchestrator says
+the trainer finished the run (``PoolInfo.run_finished``) and nothing is left to judge (workers
+stop generating then, so what is pending still gets its verdict), the validator stops with
+status 0.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from swarmrl.config import SwarmConfig
+from swarmrl.config.swarm import SwarmSection
 from swarmrl.envs import build_env
 from swarmrl.errors import PeerError
 from swarmrl.identity import load_keypair
@@ -37,6 +41,7 @@ from swarmrl.shardcast import WeightClient
 # engine in place: a vLLM engine takes tens of seconds (minutes on a busy CPU) to start and holds
 # its own processes and KV cache, while loading new weights into it takes well under a second.
 KEEP_LOADED = {"torch": 3, "vllm": 1}
+FINISHED_CHECK_S = 2.0  # how often an idle validator asks whether the run is over
 
 
 class Versions:
@@ -83,6 +88,18 @@ class Versions:
         return loaded
 
 
+def run_finished(pool: PoolClient, pool_id: str, swarm: SwarmSection, log: logging.Logger) -> bool:
+    """Whether the orchestrator says the trainer finished the run (nothing more to judge)."""
+    info = retry(
+        lambda: pool.pool(pool_id),
+        "ask whether the run is finished",
+        log,
+        give_up_s=swarm.give_up_s,
+        pause_s=swarm.retry_s,
+    )
+    return info.run_finished
+
+
 def run(
     args: argparse.Namespace, config: SwarmConfig, log: logging.Logger, status: StatusReporter
 ) -> int:
@@ -103,6 +120,7 @@ def run(
     try:
         with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
             status.set(state="waiting for submissions")
+            next_check = 0.0
             while True:
                 pending = retry(
                     lambda: pool.claim(args.pool, args.claim),
@@ -112,6 +130,12 @@ def run(
                     pause_s=swarm.retry_s,
                 )
                 if not pending:
+                    if time.monotonic() >= next_check:
+                        next_check = time.monotonic() + FINISHED_CHECK_S
+                        if run_finished(pool, args.pool, swarm, log):
+                            log.info("the run is finished and nothing awaits a verdict; stopping")
+                            status.set(state="done: the run is finished")
+                            return 0
                     status.set(state="waiting for submissions")
                     stop.wait(0.3)
                     continue

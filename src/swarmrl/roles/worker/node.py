@@ -12,7 +12,10 @@ Three loops run side by side:
 
 Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.toolkit``). A
 refusal from the orchestrator (stale version, expired lease) drops that unit and goes on; a
-``NotMember`` refusal joins again; ``NodeBanned`` stops the node with exit status 3. Refusals
+``NotMember`` refusal joins again; ``NodeBanned`` stops the node with exit status 3. A lease
+answered ``wait`` (admission control: the trainer has enough) pauses for the reply's
+``retry_after_s`` with one log line per reason; ``finished`` (the trainer finished the run)
+stops the node with exit status 0. Refusals
 are told apart by their type (``swarmrl.errors``), never by their message.
 
 Knows nothing about training or validation; it only produces rollouts and proofs.
@@ -89,6 +92,8 @@ class WorkerNode:
         )
         self.stop = threading.Event()
         self.banned = threading.Event()
+        self.finished = threading.Event()  # the orchestrator said the run is over
+        self._waiting = ""  # kind of the wait last logged ("" = working)
         self._ready: tuple[int, Path] | None = None  # newest downloaded version
         self._ready_lock = threading.Lock()
         self.policy: LoadedVersion | None = None
@@ -244,10 +249,16 @@ class WorkerNode:
             pause_s=swarm.retry_s,
             stop=self.stop,
         )
-        if reply.work is None:
-            self.status.set(state=f"idle: {reply.reason or 'no work'}")
-            self.stop.wait(min(max(reply.retry_after_s, 0.2), 5.0))
+        if reply.outcome == "finished":
+            self.log.info("the run is finished (%s); stopping", reply.reason or "no reason given")
+            self.status.event("run finished")
+            self.finished.set()
+            self.stop.set()
             return
+        if reply.work is None:
+            self._wait(reply.reason or "no work", reply.retry_after_s)
+            return
+        self._waiting = ""
         work: WorkUnit = reply.work
         assert self.policy is not None
         if self.policy.version < work.min_version:
@@ -316,6 +327,16 @@ class WorkerNode:
             self.corrupted = True
             self._corrupt()
 
+    def _wait(self, reason: str, retry_after_s: float) -> None:
+        """Told to wait: one log line per reason (not per retry), then the bounded pause."""
+        kind = reason.split(":", 1)[0]
+        if kind != self._waiting:
+            self.log.info("no work for now (%s); asking again every %.1f s", reason, retry_after_s)
+            self._waiting = kind
+        self.status.set(state=f"idle: {reason}")
+        self.status.add(waits=1)
+        self.stop.wait(min(max(retry_after_s, 0.2), 5.0))
+
     def run(self) -> int:
         """Work until stopped or banned; returns the process exit status (3: banned)."""
         try:
@@ -336,6 +357,9 @@ class WorkerNode:
             self.status.set(state="banned")
             self.status.flush()  # before exiting, so a supervisor sees why
             return EXIT_BANNED
+        if self.finished.is_set():
+            self.status.set(state="done: the run is finished")
+            self.status.flush()
         return 0
 
     def _start(self) -> None:

@@ -1,0 +1,114 @@
+"""Admission control: how many tasks the orchestrator may still lease without wasting work.
+
+A rollout is worth generating only if the trainer will train on it while it is fresh: trainer
+step n takes versions ≥ n − a (a = ``async_level``), so work leased now, at policy version V,
+can be trained by at most the next ``a + 1`` steps, and by none after the run's last step.
+Everything already leased, submitted or accepted but not yet trained competes for those steps.
+With, in tasks (one task = one group of G completions)::
+
+    T = tasks one trainer step consumes (measured over its last steps, filtered-out groups
+        included; before the first measurement, what the trainer declared; unknown → no limit)
+    W = min(a + 1, S − V)   steps that can still train work leased now (S = the run's steps;
+                            unknown → a + 1)
+    D = ⌈W · T⌉             demand: tasks the trainer can still consume while they are fresh
+    L = tasks in active leases (being generated)
+    P = fresh tasks submitted and awaiting a validator          (the validation backlog)
+    Q = fresh tasks accepted or in a trainer's batch, untrained (the trainable backlog)
+
+a lease is granted iff ``W > 0``, ``L + P + Q < D``, ``P < b_v · T`` and ``Q < b_t · T``
+(``b_v``, ``b_t``: ``pool.admission_validation_backlog_steps`` and
+``pool.admission_trainable_backlog_steps``), and it holds at most ``D − (L + P + Q)`` tasks
+(at least the pool's smallest unit). T and Q are estimates (a step may filter out more groups
+than measured so far; part of a submission the trainer holds may already be trained), so a
+trainer that is *starving* — its last request for rollouts, within
+:data:`STARVING_WITHIN_S`, came back empty — overrides ``L + P + Q < D``: it gets what a node
+asks for, still within the backlog bounds, so an estimate can never stall the run. "Fresh" means every sample's version ≥ V − a: stale
+submissions can never train and do not count as supply. Once the last step has its batch,
+``W · T`` is covered by what the trainer already holds and nothing more is leased.
+
+Pure arithmetic; the counts come from ``swarmrl.pool.progress``. Knows nothing about the
+database or HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+STARVING_WITHIN_S = 2.0  # an empty batch reply this recent means the trainer waits for work
+
+
+@dataclass(frozen=True)
+class Supply:
+    """Work already on its way to the trainer, in tasks (module docstring: L, P, Q)."""
+
+    leased: int  # L: in active leases
+    pending: int  # P: fresh, awaiting a validator
+    trainable: int  # Q: fresh, accepted or in a trainer's batch, not yet trained
+
+    @property
+    def total(self) -> int:
+        return self.leased + self.pending + self.trainable
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A lease decision: ``tasks`` > 0 grants at most that many tasks; 0 says wait (``reason``)."""
+
+    tasks: int
+    reason: str = ""
+
+
+def steps_left(version: int, steps: int | None, async_level: int) -> int:
+    """W: steps that can still train work leased at ``version`` (module docstring)."""
+    window = async_level + 1
+    return window if steps is None else max(0, min(window, steps - version))
+
+
+def demand(version: int, steps: int | None, async_level: int, tasks_per_step: float) -> int:
+    """D = ⌈W · T⌉ tasks."""
+    return math.ceil(steps_left(version, steps, async_level) * tasks_per_step - 1e-9)
+
+
+def admit(
+    supply: Supply,
+    version: int,
+    steps: int | None,
+    async_level: int,
+    tasks_per_step: float | None,
+    validation_backlog_steps: float,
+    trainable_backlog_steps: float,
+    wanted: int,
+    smallest: int,
+    starving: bool = False,
+) -> Admission:
+    """Grant up to ``wanted`` tasks (never fewer than ``smallest``) or say why not (module
+    docstring). ``tasks_per_step`` None: the trainer's pace is unknown, so ``wanted`` is
+    granted as long as the run has steps left. ``starving``: the trainer waits for work now."""
+    if steps_left(version, steps, async_level) == 0:
+        return Admission(0, f"the run's last step ({steps}) has its rollouts")
+    if tasks_per_step is None:
+        return Admission(wanted)
+    need = demand(version, steps, async_level, tasks_per_step)
+    if supply.pending >= validation_backlog_steps * tasks_per_step:
+        return Admission(
+            0,
+            f"validation backlog: {supply.pending} tasks await a validator "
+            f"(bound {validation_backlog_steps:g} steps × {tasks_per_step:.0f} tasks)",
+        )
+    if supply.trainable >= trainable_backlog_steps * tasks_per_step:
+        return Admission(
+            0,
+            f"trainable backlog: {supply.trainable} tasks wait for the trainer "
+            f"(bound {trainable_backlog_steps:g} steps × {tasks_per_step:.0f} tasks)",
+        )
+    room = need - supply.total
+    if starving:
+        return Admission(max(smallest, wanted))
+    if room <= 0:
+        return Admission(
+            0,
+            f"the trainer has enough: {supply.total} tasks leased, submitted or queued ≥ "
+            f"{need} it can train while fresh",
+        )
+    return Admission(max(smallest, min(wanted, room)))

@@ -1,0 +1,105 @@
+"""The run's progress as the pool sees it: what the trainer said (steps, batch size, finished)
+and the counts admission control needs (``swarmrl.pool.admission``).
+
+The trainer tells its plan with each version update (:class:`VersionUpdate`); the consumption
+per step is measured from the submissions the trainer took for its last
+:data:`MEASURED_STEPS` steps. Functions run inside the caller's transaction. Knows nothing
+about HTTP or the admission arithmetic itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from swarmrl.pool import db
+from swarmrl.pool.admission import Supply
+from swarmrl.protocol.pool import PoolSpec, VersionUpdate
+
+MEASURED_STEPS = 3  # trainer steps the consumption rate is averaged over
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the trainer declared; None = not told."""
+
+    steps: int | None = None
+    tasks_per_step: int | None = None
+    finished: bool = False
+
+
+def record(conn: sa.Connection, pool_id: str, update: VersionUpdate, now: float) -> None:
+    """Keep what ``update`` tells beyond the version (fields left None keep their value)."""
+    told = {
+        k: v
+        for k, v in (("steps", update.steps), ("tasks_per_step", update.tasks_per_step))
+        if v is not None
+    }
+    if update.finished:
+        told["finished_at"] = now
+    if not told:
+        return
+    table = db.run_progress
+    exists = conn.execute(sa.select(table.c.pool_id).where(table.c.pool_id == pool_id)).first()
+    if exists is None:
+        conn.execute(table.insert(), {"pool_id": pool_id, **told})
+    else:
+        conn.execute(table.update().where(table.c.pool_id == pool_id).values(**told))
+
+
+def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
+    table = db.run_progress
+    row = conn.execute(sa.select(table).where(table.c.pool_id == pool_id)).first()
+    if row is None:
+        return RunPlan()
+    return RunPlan(row.steps, row.tasks_per_step, row.finished_at is not None)
+
+
+def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
+    """L, P and Q of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``."""
+    subs, g = db.submissions, spec.samples_per_task
+    rows = conn.execute(
+        sa.select(subs.c.status, sa.func.coalesce(sa.func.sum(subs.c.n_samples), 0))
+        .where(
+            subs.c.pool_id == spec.pool_id,
+            subs.c.status.in_(("pending", "accepted", "leased")),
+            subs.c.min_version >= version - spec.async_level,
+        )
+        .group_by(subs.c.status)
+    ).all()
+    samples = {status: int(n) for status, n in rows}
+    works = conn.execute(
+        sa.select(db.leases.c.work).where(
+            db.leases.c.pool_id == spec.pool_id, db.leases.c.state == "active"
+        )
+    ).scalars()
+    leased = sum(len(json.loads(w)["task_indices"]) for w in works)
+    return Supply(
+        leased=leased,
+        pending=samples.get("pending", 0) // g,
+        trainable=(samples.get("accepted", 0) + samples.get("leased", 0)) // g,
+    )
+
+
+def tasks_per_step(
+    conn: sa.Connection, spec: PoolSpec, version: int, told: int | None
+) -> float | None:
+    """T: tasks per trainer step over its last :data:`MEASURED_STEPS` steps (those it took a
+    batch for, trained or being trained); ``told`` until a step has been measured."""
+    subs = db.submissions
+    first = max(0, version - MEASURED_STEPS)
+    if version <= first:
+        return None if told is None else float(told)
+    taken = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(subs.c.n_samples), 0)).where(
+            subs.c.pool_id == spec.pool_id,
+            subs.c.status.in_(("trained", "leased")),
+            subs.c.consumed_step >= first,
+            subs.c.consumed_step < version,
+        )
+    ).scalar_one()
+    if not taken:
+        return None if told is None else float(told)
+    return int(taken) / spec.samples_per_task / (version - first)

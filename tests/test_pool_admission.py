@@ -1,0 +1,139 @@
+"""Admission control: the orchestrator leases only what the trainer can train while fresh, tells
+a node to wait (typed, with a retry-after) otherwise, and tells it the run is finished once the
+trainer says so."""
+
+import pytest
+
+from swarmrl.config.pool import PoolConfig
+from swarmrl.identity import KeyPair
+from swarmrl.pool.admission import Supply, admit, demand, steps_left
+from swarmrl.pool.client import PoolClient
+from swarmrl.protocol.pool import LeaseReply, PoolSpec, SamplingParams, Submission
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
+
+POOL = "adm"
+
+
+def test_the_window_is_the_fresh_steps_left_in_the_run():
+    assert steps_left(version=0, steps=None, async_level=2) == 3
+    assert steps_left(version=0, steps=20, async_level=2) == 3
+    assert steps_left(version=18, steps=20, async_level=2) == 2
+    assert steps_left(version=20, steps=20, async_level=2) == 0
+    assert demand(version=19, steps=20, async_level=2, tasks_per_step=32) == 32
+    assert demand(version=0, steps=20, async_level=0, tasks_per_step=4.5) == 5
+
+
+def test_admit_grants_only_the_room_left_and_names_the_bound_it_hit():
+    args = dict(version=0, steps=10, async_level=1, validation_backlog_steps=2.0,
+                trainable_backlog_steps=2.0, smallest=1)  # fmt: skip
+    # demand 2 steps × 4 tasks = 8; 2 leased + 1 pending + 2 queued = 5; room 3
+    assert admit(Supply(2, 1, 2), tasks_per_step=4, wanted=8, **args).tasks == 3
+    assert admit(Supply(2, 1, 2), tasks_per_step=4, wanted=2, **args).tasks == 2
+    full = admit(Supply(5, 1, 2), tasks_per_step=4, wanted=8, **args)
+    assert full.tasks == 0 and "8" in full.reason
+    assert "validation backlog" in admit(Supply(0, 8, 0), tasks_per_step=4, wanted=8, **args).reason
+    assert "trainable backlog" in admit(Supply(0, 0, 8), tasks_per_step=4, wanted=8, **args).reason
+    # a starving trainer (its last batch came back empty) overrides the estimate, not the bounds
+    assert admit(Supply(5, 1, 2), tasks_per_step=4, wanted=8, starving=True, **args).tasks == 8
+    starved_bound = admit(Supply(0, 8, 0), tasks_per_step=4, wanted=8, starving=True, **args)
+    assert starved_bound.tasks == 0
+    # an unknown pace leases freely, until the run has no step left
+    assert admit(Supply(50, 0, 0), tasks_per_step=None, wanted=8, **args).tasks == 8
+    done = admit(Supply(0, 0, 0), tasks_per_step=4, wanted=8, **args | {"version": 10})
+    assert done.tasks == 0 and "last step" in done.reason
+
+
+@pytest.fixture
+def pool(db_url, tmp_path):
+    orch, owner, node = (KeyPair.generate() for _ in range(3))
+    cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        spec = PoolSpec(
+            pool_id=POOL,
+            owner_key=owner.public_key_hex,
+            task_count=50,
+            open=True,
+            samples_per_task=2,
+            sampling=SamplingParams(max_new_tokens=2),
+            async_level=1,
+            validated_fraction=0.0,
+            min_tasks_per_lease=1,
+            max_tasks_per_lease=1,
+            max_leases_in_flight=64,
+        )
+        PoolClient(server.url, orch).create_pool(spec)
+        worker = PoolClient(server.url, node)
+        worker.join(POOL, CPU_NODE)
+        yield PoolClient(server.url, owner), worker
+
+
+def _lease_all(worker: PoolClient, most: int = 40) -> tuple[list, LeaseReply]:
+    """Lease until told to wait; returns the units and the refusal."""
+    units = []
+    for _ in range(most):
+        reply = worker.lease(POOL)
+        if reply.work is None:
+            return units, reply
+        units.append(reply.work)
+    raise AssertionError(f"still leasing after {most} units")
+
+
+def _submit(worker: PoolClient, units: list, version: int = 0) -> None:
+    for work in units:
+        samples = synthetic_samples(work, version)
+        worker.submit(POOL, Submission(lease_id=work.lease_id, samples=samples))
+
+
+def test_leases_stop_at_what_the_trainer_can_train_while_fresh(pool):
+    trainer, worker = pool
+    trainer.set_version(POOL, 0, steps=3, tasks_per_step=4)
+    units, wait = _lease_all(worker)
+    # version 0, async_level 1: steps 0 and 1 can train it, 4 tasks each
+    assert len(units) == 8
+    assert wait.outcome == "wait" and wait.retry_after_s == 0.25
+    assert "admission" in wait.reason
+    _submit(worker, units)
+    assert worker.lease(POOL).outcome == "wait"  # accepted, untrained: still the supply
+    batch = trainer.batch(POOL, step=0, limit=4)
+    trainer.set_version(POOL, 1)
+    trainer.ack_batch(POOL, [s.submission_id for s in batch.submissions])
+    more, _ = _lease_all(worker)
+    assert len(more) == 4  # step 0 consumed 4: steps 1 and 2 need 8, 4 are queued
+    _submit(worker, more, version=1)
+    trainer.batch(POOL, step=1, limit=4)
+    trainer.set_version(POOL, 2)
+    # the last step (2) can use 4 tasks, and 4 fresh ones (version 1) are queued for it
+    last = worker.lease(POOL)
+    assert last.outcome == "wait" and last.work is None
+
+
+def test_a_trainer_waiting_for_work_gets_it_whatever_the_estimate(pool):
+    trainer, worker = pool
+    trainer.set_version(POOL, 0, steps=3, tasks_per_step=1)
+    units, _ = _lease_all(worker)
+    assert len(units) == 2  # 2 steps × 1 declared task
+    trainer.batch(POOL, step=0)  # nothing accepted yet: the trainer waits
+    assert worker.lease(POOL).outcome == "work"
+
+
+def test_the_run_finished_reply_is_typed_and_final(pool):
+    trainer, worker = pool
+    trainer.set_version(POOL, 0, steps=1, tasks_per_step=1)
+    assert worker.lease(POOL).outcome == "work"
+    assert trainer.pool(POOL).run_finished is False
+    trainer.set_version(POOL, 1, finished=True)
+    reply = worker.lease(POOL)
+    assert reply.outcome == "finished" and reply.work is None
+    assert trainer.pool(POOL).run_finished is True
+    assert trainer.set_version(POOL, 1) == 1  # a repeated announcement does not revive it
+    assert worker.lease(POOL).outcome == "finished"
+
+
+def test_a_pool_whose_trainer_never_told_its_plan_leases_as_before(pool):
+    _, worker = pool
+    assert all(worker.lease(POOL).outcome == "work" for _ in range(30))
+
+
+def test_a_lease_reply_says_work_exactly_when_it_holds_a_unit():
+    with pytest.raises(ValueError, match="outcome"):
+        LeaseReply.model_validate({"outcome": "work", "work": None, "retry_after_s": 1.0})
