@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -71,9 +71,13 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 
 def save_policy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    state_dict: dict[str, Any] | None = None,
 ) -> Path:
-    """Write model and tokenizer into ``out_dir`` (created if needed) and return its path.
+    """Write model and tokenizer into ``out_dir`` (created if needed) and return its path;
+    ``state_dict`` (a snapshot of ``model``'s weights) is written instead of the live weights.
 
     A write that fails (a full disk) removes what it wrote of a directory it created and is one
     :class:`DiskWriteError`, not a traceback from deep inside transformers."""
@@ -81,7 +85,7 @@ def save_policy(
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out, safe_serialization=True)
+        model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(out)
     except OSError as exc:
         if created:

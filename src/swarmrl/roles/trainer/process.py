@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,11 @@ class Origin:
         tokenizer: PreTrainedTokenizerBase,
         version: int,
         scratch: Path,
+        weights: dict[str, torch.Tensor] | None = None,
     ) -> None:
-        """Save, shard, sign and serve ``version``; the checkpoint copy is removed afterwards."""
-        checkpoint = save_policy(model, tokenizer, scratch / f"v{version}")
+        """Save, shard, sign and serve ``version`` (``weights``: a snapshot of ``model``'s to
+        save instead of its live ones); the checkpoint copy is removed afterwards."""
+        checkpoint = save_policy(model, tokenizer, scratch / f"v{version}", weights)
         manifest = self.publisher.publish(checkpoint, version, version)
         self.bytes_full += manifest.total_bytes
         self.bytes_delta += sum(d.size for d in manifest.deltas)
@@ -250,19 +253,27 @@ def run(
     origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port)
     log.info("origin serving %s at %s", origin.store_dir, origin.server.url)
     summary = Summary(work / "summary.json", origin)
+    closing: list[Callable[[], None]] = []  # background threads to stop, last started first
     try:
-        with PoolClient(args.orchestrator, keypair, config.swarm.peer_timeout_s) as pool:
-            announce = announcer(origin, pool, args.pool, learner, work, config, log, status)
+        timeout = config.swarm.peer_timeout_s
+        with (
+            PoolClient(args.orchestrator, keypair, timeout) as pool,
+            PoolClient(args.orchestrator, keypair, timeout) as publishing,
+        ):
+            announce = Announcer(origin, publishing, args.pool, learner, work, config, log, status)
             source = PoolSource(
                 pool, args.pool, env, learner.tokenizer, config, log, status, announce
             )
+            closing.extend([source.close, announce.close])
             if latest is None:
                 announce(0)
+                announce.wait()
             else:
-                continue_versions(learner, origin, source, pool, args.pool, config, log)
+                continue_versions(learner, origin, source, announce, log)
                 source.restore(saved["source"])
             history: list[dict[str, Any]] = list(saved["history"])
             summary.source, summary.history = source, history
+            summary.flow = {"versions": announce.published, "acks": source.acks}
             hooks = role_hooks(
                 log, status, work / "steps.jsonl", history, summary, run_dir / "policy"
             )
@@ -291,46 +302,117 @@ def run(
         summary.write("failed")
         raise
     finally:
+        for close in reversed(closing):
+            close()
         origin.stop()
         learner.close()
     return 0
 
 
-def announcer(
-    origin: Origin,
-    pool: PoolClient,
-    pool_id: str,
-    learner: Learner,
-    scratch: Path,
-    config: SwarmConfig,
-    log: logging.Logger,
-    status: StatusReporter,
-) -> Callable[[int], None]:
-    """The per-step hook of the pool source: publish ``version`` and tell the orchestrator."""
-    swarm = config.swarm
+def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s weights that later optimizer steps do not touch (tensors the model
+    shares, like tied embeddings, stay shared in the copy)."""
+    copies: dict[int, torch.Tensor] = {}
+    snapshot = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key not in copies:
+            copies[key] = tensor.detach().to("cpu", copy=True)
+        snapshot[name] = copies[key]
+    return snapshot
 
-    def announce(version: int) -> None:
-        origin.publish(learner.policy, learner.tokenizer, version, scratch)
+
+class Announcer:
+    """Publishes each new version through the origin and then tells the orchestrator, in a
+    background thread so that the next step does not wait for it.
+
+    ``announce(v)`` takes a snapshot of the weights at once (the next optimizer step changes
+    them) and queues the save, shard, sign and ``/version`` call; versions go out in order.
+    A failure is raised by the next ``announce`` or by ``wait``. ``pool`` is this
+    announcer's own client (the thread does not share one with the training loop). ``announce(v, final=True)``
+    also waits for everything queued and tells the orchestrator the run is over, so workers and
+    validators stop.
+    """
+
+    def __init__(
+        self,
+        origin: Origin,
+        pool: PoolClient,
+        pool_id: str,
+        learner: Learner,
+        scratch: Path,
+        config: SwarmConfig,
+        log: logging.Logger,
+        status: StatusReporter,
+    ) -> None:
+        self.origin, self.pool, self.pool_id, self.learner = origin, pool, pool_id, learner
+        self.scratch, self.config, self.log, self.status = scratch, config, log, status
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="publish")
+        self._pending: list[Future[None]] = []
+        self.published: list[tuple[float, int]] = []  # (Unix s, version) once announced
+
+    def __call__(self, version: int, final: bool = False) -> None:
+        self._raise_failures()
+        if version not in self.origin.versions:
+            snapshot = weights_snapshot(self.learner.policy)
+            self._pending.append(self._executor.submit(self._publish, version, snapshot))
+        if final:
+            self.wait()
+            self.tell(version, finished=True)
+            self.log.info(
+                "the run's last step is trained (v%d); told the orchestrator the run is "
+                "finished, so its workers and validators stop",
+                version,
+            )
+
+    def wait(self) -> None:
+        """Block until every queued version is out; raise the first failure."""
+        for future in self._pending:
+            future.result()
+        self._pending.clear()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def tell(self, version: int, finished: bool = False) -> None:
+        """``/version`` with the run's plan (its length and batch size, for admission)."""
+        swarm, rl = self.config.swarm, self.config.rl
         retry(
-            lambda: pool.set_version(pool_id, version),
-            f"announce v{version}",
-            log,
+            lambda: self.pool.set_version(
+                self.pool_id,
+                version,
+                steps=rl.steps,
+                tasks_per_step=rl.prompts_per_step,
+                finished=finished,
+            ),
+            f"announce v{version}" + (" and the end of the run" if finished else ""),
+            self.log,
             give_up_s=swarm.give_up_s,
             pause_s=swarm.retry_s,
         )
-        status.set(version=version)
-        status.add(versions_published=1)
 
-    return announce
+    def _publish(self, version: int, snapshot: dict[str, torch.Tensor]) -> None:
+        started = time.monotonic()
+        self.origin.publish(
+            self.learner.policy, self.learner.tokenizer, version, self.scratch, snapshot
+        )
+        self.tell(version)
+        self.published.append((time.time(), version))
+        self.status.set(version=version)
+        self.status.add(versions_published=1, publish_seconds=time.monotonic() - started)
+
+    def _raise_failures(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        for future in done:
+            future.result()
+        self._pending = [f for f in self._pending if not f.done()]
 
 
 def continue_versions(
     learner: Learner,
     origin: Origin,
     source: PoolSource,
-    pool: PoolClient,
-    pool_id: str,
-    config: SwarmConfig,
+    announce: Announcer,
     log: logging.Logger,
 ) -> None:
     """After a resume: versions published after the checkpoint are skipped, never reused; the
@@ -345,14 +427,7 @@ def continue_versions(
         )
         learner.version = published
     source.announced = learner.version
-    swarm = config.swarm
-    retry(
-        lambda: pool.set_version(pool_id, learner.version),
-        f"announce v{learner.version}",
-        log,
-        give_up_s=swarm.give_up_s,
-        pause_s=swarm.retry_s,
-    )
+    announce.tell(learner.version)
 
 
 def role_hooks(
@@ -405,8 +480,13 @@ def role_hooks(
         log.info("RL finished; trained policy saved to %s", policy_dir)
         summary.write("running")
 
+    def on_phase(phase: str) -> None:
+        status.set(state=phase)
+        if phase == "rl":
+            summary.flow.setdefault("rl_started_at", time.time())
+
     return Hooks(
-        on_phase=lambda phase: status.set(state=phase),
+        on_phase=on_phase,
         on_step=on_step,
         on_eval=on_eval,
         on_start=summary.follow,
@@ -417,7 +497,8 @@ def role_hooks(
 class Summary:
     """``RUN_DIR/trainer/summary.json``, rewritten as the run goes: ``status``, the loop's
     result (``training``: the same record a colocated run reports), what the origin published
-    (``origin``) and the submissions trained on. After a resume the loop's own history holds
+    (``origin``), the submissions trained on, and when versions and acknowledgements went out
+    (``flow``). After a resume the loop's own history holds
     only the steps since; ``history`` holds them all."""
 
     def __init__(self, path: Path, origin: Origin) -> None:
@@ -425,6 +506,9 @@ class Summary:
         self.result = TrainingResult()
         self.source: PoolSource | None = None
         self.history: list[dict[str, Any]] | None = None
+        # the run over time (swarmrl.launch.flow): rl_started_at (Unix s), versions
+        # [(Unix s, version)] as announced, acks [(Unix s, submissions acknowledged)]
+        self.flow: dict[str, Any] = {}
 
     def follow(self, result: TrainingResult) -> None:
         self.result = result
@@ -440,6 +524,7 @@ class Summary:
                 "bytes_delta": self.origin.bytes_delta,
             },
             "consumed_submissions": self.source.consumed if self.source else [],
+            "flow": {k: list(v) if isinstance(v, list) else v for k, v in self.flow.items()},
         }
         scratch = self.path.with_suffix(".json.partial")
         scratch.write_text(json.dumps(summary, indent=2) + "\n")

@@ -6,10 +6,15 @@ with every reward recomputed by the environment (:func:`swarmrl.trainer.source.
 submission_groups`: the worker's word is never used), keeps the informative groups (the one
 online-filter rule, :func:`swarmrl.rl.is_informative`), and waits, bounded by
 ``swarm.batch_timeout_s``, until ``rl.prompts_per_step`` groups are there. Surplus informative
-groups carry over to the next step while still fresh enough. ``commit(n, v')`` hands the new
-version to the role's ``announce`` (publish through the origin, tell the orchestrator) and then
-acknowledges (``/batches/ack``) every submission the committed step used up: all its groups
-trained, filtered out, or dropped as too stale to carry. Unacknowledged submissions return to
+groups carry over to the next step while still fresh enough. Once step n has its groups, a
+prefetch thread leases step n + 1's rollouts while step n trains, so a step finds its batch
+ready whenever the pool has the work. ``commit(n, v')`` hands the new version to the role's
+``announce`` (which publishes through the origin and tells the orchestrator in the background;
+after the last step it also tells the orchestrator the run is finished) and then acknowledges
+(``/batches/ack``) every submission the committed step used up: all its groups trained,
+filtered out, or dropped as too stale to carry. A submission none of whose groups is trained
+(all filtered out or stale) is acknowledged as soon as it is used up, so the orchestrator's
+admission control (``swarmrl.pool.admission``) does not count it as work the trainer holds. Unacknowledged submissions return to
 the orchestrator's queue when their lease runs out (``swarmrl.pool.batches``), so a trainer
 that dies mid-step loses no rollout; a submission served again while still held is used once.
 
@@ -25,16 +30,17 @@ Knows nothing about the optimizer, proofs or how rollouts were produced.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
-from swarmrl.errors import WaitTimeout
+from swarmrl.errors import InfraError, PeerError, WaitTimeout
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import TrainableSubmission
 from swarmrl.rl import is_informative
@@ -44,6 +50,7 @@ from swarmrl.trainer.source import StepRollouts, group_version, submission_group
 
 NOTE_EVERY_S = 30.0  # how often a long wait for rollouts is logged
 POLL_S = 0.2  # pause between empty answers from /batches
+T = TypeVar("T")
 
 
 class PoolSource:
@@ -58,35 +65,49 @@ class PoolSource:
         config: SwarmConfig,
         log: logging.Logger,
         status: StatusReporter,
-        announce: Callable[[int], None],
+        announce: Callable[[int, bool], None],
     ) -> None:
         self.pool, self.pool_id, self.env, self.tokenizer = pool, pool_id, env, tokenizer
         self.config, self.log, self.status, self.announce = config, log, status, announce
         self.holder = uuid.uuid4().hex  # this process's batch leases
         self.carry: list[tuple[str, Group]] = []  # (submission id, informative group) kept over
         self.consumed: list[str] = []  # ids of every submission acknowledged, in order
+        self.acks: list[tuple[float, int]] = []  # (Unix s, submissions) of each acknowledgement
         self.announced = 0  # version 0 is announced by the role before the loop starts
         self._outstanding: dict[str, int] = {}  # submission id → groups not yet used up
-        self._finished: list[str] = []  # used up; acknowledged once the step commits
+        self._finished: list[str] = []  # used up, not yet acknowledged
+        self._in_step: set[str] = set()  # with a group in the step not yet committed
         self._served: set[str] = set()
+        # the prefetch thread and the loop share the fields above and the client
+        self._lock = threading.RLock()
+        self._client_lock = threading.Lock()
+        self._seen_ahead: list[Group] = []  # groups the prefetch drew for the next step
+        self._prefetch: tuple[threading.Thread, threading.Event] | None = None
 
     def next_batch(self, step: int, policy_version: int) -> StepRollouts:
-        """Step ``step``'s groups; raises WaitTimeout when the pool stays starved."""
+        """Step ``step``'s groups; raises WaitTimeout when the pool stays starved. What the
+        prefetch gathered while the previous step trained is used first; once this step has
+        its groups, the prefetch for the next one starts."""
         rl, swarm = self.config.rl, self.config.swarm
         need, oldest = rl.prompts_per_step, step - rl.async_level
+        self._stop_prefetch()
         self.status.set(state=f"waiting for step {step} rollouts")
-        kept: list[tuple[str, Group]] = []
-        for sid, group in self.carry:
-            if group_version(group) >= oldest:
-                kept.append((sid, group))
-            else:
-                self._used(sid)
-        seen: list[Group] = []
+        with self._lock:
+            kept: list[tuple[str, Group]] = []
+            for sid, group in self.carry:
+                if group_version(group) >= oldest:
+                    kept.append((sid, group))
+                else:
+                    self._used(sid)
+            seen, self._seen_ahead = self._seen_ahead, []
         start = time.monotonic()
         next_note = start + NOTE_EVERY_S
         while len(kept) < need:
-            for sub in self._take(step):
-                self._split(sub, kept, seen)
+            served = self._take(step)
+            with self._lock:
+                for sub in served:
+                    self._split(sub, kept, seen)
+            self._acknowledge(self._claim_unused(), f"step {step}'s filtered-out rollouts")
             if len(kept) >= need:
                 break
             waited = time.monotonic() - start
@@ -100,29 +121,94 @@ class PoolSource:
                 self.log.info(note, step, len(kept), need)
                 next_note += NOTE_EVERY_S
             time.sleep(POLL_S)
-        self.carry = kept[need:]
-        for sid, _ in kept[:need]:
-            self._used(sid)
+        with self._lock:
+            self.carry = kept[need:]
+            self._in_step = {sid for sid, _ in kept[:need]}
+            for sid, _ in kept[:need]:
+                self._used(sid)
+        if step + 1 < rl.steps:
+            self._start_prefetch(step + 1)
         self.status.set(state=f"training step {step}")
         return StepRollouts(groups=[g for _, g in kept[:need]], seen=seen)
 
     def commit(self, step: int, policy_version: int) -> None:
-        """Step ``step`` is trained: publish and announce the new version, then acknowledge
-        the submissions it used up."""
-        if policy_version != self.announced:
-            self.announce(policy_version)
+        """Step ``step`` is trained: hand the new version to ``announce`` (which publishes it
+        in the background; after the run's last step it also tells the orchestrator the run
+        is over), then acknowledge the submissions the step used up."""
+        final = step + 1 >= self.config.rl.steps
+        if policy_version != self.announced or final:
+            self.announce(policy_version, final)
             self.announced = policy_version
-        if self._finished:
-            done, swarm = list(self._finished), self.config.swarm
-            retry(
-                lambda: self.pool.ack_batch(self.pool_id, done),
-                f"acknowledge the {len(done)} submissions step {step} used",
-                self.log,
-                give_up_s=swarm.give_up_s,
-                pause_s=swarm.retry_s,
-            )
-            self.consumed += done
-            self._finished = self._finished[len(done) :]
+        with self._lock:
+            self._in_step = set()
+            done, self._finished = self._finished, []
+        self._acknowledge(done, f"the submissions step {step} used")
+
+    def _claim_unused(self) -> list[str]:
+        """Take the used-up submissions none of whose groups is in the uncommitted step (all
+        filtered out or dropped as stale): they can be acknowledged at once, so the pool does
+        not count them as rollouts the trainer still holds."""
+        with self._lock:
+            ready = [sid for sid in self._finished if sid not in self._in_step]
+            self._finished = [sid for sid in self._finished if sid in self._in_step]
+        return ready
+
+    def _acknowledge(self, ids: list[str], what: str) -> None:
+        if not ids:
+            return
+        swarm = self.config.swarm
+        retry(
+            lambda: self._call(lambda: self.pool.ack_batch(self.pool_id, ids)),
+            f"acknowledge {what} ({len(ids)})",
+            self.log,
+            give_up_s=swarm.give_up_s,
+            pause_s=swarm.retry_s,
+        )
+        with self._lock:
+            self.consumed += ids
+            self.acks.append((time.time(), len(ids)))
+
+    def close(self) -> None:
+        """Stop the prefetch (what it holds stays leased and returns to the pool in time)."""
+        self._stop_prefetch()
+
+    def _start_prefetch(self, step: int) -> None:
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._prefetch_loop, args=(step, stop), name="prefetch", daemon=True
+        )
+        self._prefetch = (thread, stop)
+        thread.start()
+
+    def _stop_prefetch(self) -> None:
+        if self._prefetch is None:
+            return
+        thread, stop = self._prefetch
+        stop.set()
+        thread.join(self.config.swarm.peer_timeout_s + 5.0)
+        self._prefetch = None
+
+    def _prefetch_loop(self, step: int, stop: threading.Event) -> None:
+        """While step ``step − 1`` trains: lease ``step``'s rollouts until enough informative
+        groups are held (into ``carry``). A failure is logged; ``next_batch`` then fetches
+        again itself and raises if the pool stays unreachable."""
+        rl = self.config.rl
+        oldest = step - rl.async_level
+        try:
+            while not stop.is_set():
+                with self._lock:
+                    ready = sum(group_version(g) >= oldest for _, g in self.carry)
+                if ready >= rl.prompts_per_step:
+                    return
+                served = self._take(step, stop)
+                with self._lock:
+                    for sub in served:
+                        self._split(sub, self.carry, self._seen_ahead)
+                self._acknowledge(self._claim_unused(), f"step {step}'s filtered-out rollouts")
+                if not served:
+                    stop.wait(POLL_S)
+        except (InfraError, PeerError, WaitTimeout) as exc:
+            self.log.warning("prefetching step %d's rollouts failed: %s", step, exc)
 
     def _split(
         self, sub: TrainableSubmission, kept: list[tuple[str, Group]], seen: list[Group]
@@ -153,6 +239,10 @@ class PoolSource:
         the groups held over, the submissions not yet used up (unacknowledged: the pool serves
         them again once their lease runs out, and ``served`` makes sure they are used once),
         and the acknowledged ones."""
+        with self._lock:
+            return self._state()
+
+    def _state(self) -> dict[str, Any]:
         return {
             "carry": list(self.carry),
             "consumed": list(self.consumed),
@@ -168,14 +258,20 @@ class PoolSource:
         self._finished = list(state["finished"])
         self._served = set(state["served"])
 
-    def _take(self, step: int) -> list[TrainableSubmission]:
+    def _take(self, step: int, stop: threading.Event | None = None) -> list[TrainableSubmission]:
         """One answer of ``/batches`` for ``step``, leased to this process."""
         swarm = self.config.swarm
         reply = retry(
-            lambda: self.pool.batch(self.pool_id, step, 64, self.holder),
+            lambda: self._call(lambda: self.pool.batch(self.pool_id, step, 64, self.holder)),
             f"fetch accepted rollouts for step {step}",
             self.log,
             give_up_s=swarm.give_up_s,
             pause_s=swarm.retry_s,
+            stop=stop,
         )
         return reply.submissions
+
+    def _call(self, request: Callable[[], T]) -> T:
+        """One request on the shared client (the prefetch thread and the loop take turns)."""
+        with self._client_lock:
+            return request()

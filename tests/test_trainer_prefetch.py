@@ -1,0 +1,108 @@
+"""The swarm trainer does not wait when work exists: while a step trains, the pool source leases
+the next step's rollouts (a real orchestrator on loopback, a real validator key, the arith
+environment's tasks)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from swarmrl.config import EMBEDDED_DEFAULT, load_config
+from swarmrl.config.pool import PoolConfig
+from swarmrl.envs import build_env
+from swarmrl.identity import KeyPair
+from swarmrl.model import build_char_tokenizer
+from swarmrl.pool.client import PoolClient
+from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
+from swarmrl.rolekit.supervisor import wait_until
+from swarmrl.rolekit.toolkit import StatusReporter
+from swarmrl.roles.trainer.source import PoolSource
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
+
+POOL = "pf"
+G = 2
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    config = load_config(
+        [EMBEDDED_DEFAULT],
+        ["rl.prompts_per_step=2", f"rl.group_size={G}", "rl.online_filter=false", "rl.steps=3",
+         "swarm.give_up_s=20"],
+    )  # fmt: skip
+    env = build_env(config.env)
+    tokenizer = build_char_tokenizer(env.alphabet)
+    orch, owner, node, validator = (KeyPair.generate() for _ in range(4))
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(admission=False)) as server:
+        spec = PoolSpec(
+            pool_id=POOL,
+            owner_key=owner.public_key_hex,
+            task_count=env.split_size("train"),
+            open=True,
+            samples_per_task=G,
+            sampling=SamplingParams(max_new_tokens=4),
+            validators=[validator.public_key_hex],
+            max_tasks_per_lease=1,
+            max_leases_in_flight=64,
+        )
+        PoolClient(server.url, orch).create_pool(spec)
+        worker = PoolClient(server.url, node)
+        worker.join(POOL, CPU_NODE)
+        judge = PoolClient(server.url, validator)
+        trainer = PoolClient(server.url, owner)
+        announced: list[tuple[int, bool]] = []
+        source = PoolSource(
+            trainer,
+            POOL,
+            env,
+            tokenizer,
+            config,
+            logging.getLogger("test"),
+            StatusReporter("trainer", "trainer", None),
+            lambda version, final: announced.append((version, final)),
+        )
+
+        def accepted(n: int) -> None:
+            """``n`` one-task units generated, submitted and accepted by the validator."""
+            digits = tokenizer.encode("123", add_special_tokens=False)
+            for _ in range(n):
+                work = worker.lease(POOL).work
+                samples = [
+                    Sample(task_index=t, prompt_tokens=digits, output_tokens=digits,
+                           logprobs=[-0.5] * len(digits), finish_reason="length",
+                           policy_version=0)
+                    for t in work.task_indices for _ in range(G)
+                ]  # fmt: skip
+                worker.submit(POOL, Submission(lease_id=work.lease_id, samples=samples))
+            for sub in judge.claim(POOL, limit=64):
+                judge.verdict(
+                    POOL,
+                    Verdict(
+                        submission_id=sub.submission_id,
+                        accept=True,
+                        measured_tokens=sum(len(s.output_tokens) for s in sub.samples),
+                        behaviour_logprobs=[s.logprobs for s in sub.samples],
+                    ),
+                )
+
+        yield source, accepted, announced
+        source.close()
+
+
+def test_the_next_batch_is_leased_while_the_step_trains(swarm):
+    source, accepted, announced = swarm
+    accepted(2)
+    assert len(source.next_batch(0, 0).groups) == 2
+    assert source.carry == []
+    accepted(2)  # arrive while step 0 trains
+    wait_until(lambda: len(source.carry) == 2, "the prefetch to lease step 1's rollouts", 20)
+    source.commit(0, 1)
+    rollouts = source.next_batch(1, 1)  # ready: no wait
+    assert len(rollouts.groups) == 2 and source.carry == []
+    source.commit(1, 2)
+    accepted(2)
+    source.next_batch(2, 2)
+    source.commit(2, 3)
+    assert announced == [(1, False), (2, False), (3, True)]  # the last step says the run ended
+    assert len(source.consumed) == 6 and len(set(source.consumed)) == 6
