@@ -1,6 +1,7 @@
 """What a finished (or interrupted) local swarm did, for its report: submissions, verdicts and
 bans from the orchestrator's API, the ledger exported with the orchestrator's attestation and
-verified offline, what the trainer published, and the closing account in words.
+verified offline, what the trainer published, the run's flow over time and the share of
+accepted work never trained (``swarmrl.launch.flow``), and the closing account in words.
 
 Reads the pool only through its API and the trainer only through its summary file; knows
 nothing about starting or stopping roles (``swarmrl.launch.swarm``).
@@ -12,6 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from swarmrl.identity import load_keypair
+from swarmrl.launch.flow import flow_facts, wasted
 from swarmrl.protocol import NodeView
 from swarmrl.protocol.swarm import RoleStatus
 
@@ -46,6 +48,7 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     by_status = metrics.submissions_by_status
     summary = trainer_summary(plan)
     origin = summary.get("origin", {})
+    waste = wasted(by_status)
     return {
         "swarm": {
             "workers": worker_rows(plan, nodes, names, judged),
@@ -64,7 +67,10 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 "rejected_trained": len(
                     rejected_ids(ledger) & set(summary.get("consumed_submissions", []))
                 ),
+                **waste,
             },
+            "wasted_share": waste["wasted_share"],
+            "flow": flow_facts(ledger, summary),
             "banned_nodes": sorted(n.node_id for n in nodes if n.state == "banned"),
             "versions_published": origin.get("versions_published"),
             **trainer_idle(summary),
@@ -190,7 +196,13 @@ def summary_text(report: dict) -> str:
     lines.append(
         f"submissions: {subs['accepted']} accepted, {subs['rejected']} rejected "
         f"({subs['rejected_honest']} of them from honest workers), "
-        f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on; "
+        f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on"
+        + (
+            f" ({subs['wasted_share']:.0%} of the accepted never trained)"
+            if subs.get("wasted_share") is not None
+            else ""
+        )
+        + "; "
         + (
             "none of the rejected reached the trainer"
             if not subs["rejected_trained"]

@@ -8,7 +8,11 @@ Every run writes ``runs/<name>-<UTC timestamp>/``::
     report.json     status, mode, steps, wall_seconds, rl_seconds, warm start, seed, env,
                     eval.{n, before, after, control, during}; a swarm run adds its swarm facts
     policy/         the trained policy, saved as soon as RL is over (before the control)
-    report.png      reward and accuracy per step, with the held-out evals as marked points
+    report.png      reward and accuracy per step, with the held-out evals as marked points; a
+                    swarm run adds its timeline (``swarmrl.launch.flow``): submissions accepted,
+                    rejected and trained over time, versions published, the trainer busy or idle
+                    and the staleness it trained at; report.json's ``swarm.wasted_share`` is the
+                    share of accepted submissions never trained
 
 ``metrics.jsonl`` and ``report.json`` are written as the run goes: report.json's ``status`` is
 ``running`` until the run ends ``completed``, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``;
@@ -30,6 +34,7 @@ from rich.live import Live
 from rich.table import Table
 
 from swarmrl.config import SwarmConfig, save_config
+from swarmrl.launch.flow import plot_flow
 from swarmrl.trainer.loop import TrainingResult
 
 
@@ -93,7 +98,8 @@ class RunRecorder:
         scratch.write_text(json.dumps(report, indent=2) + "\n")
         scratch.replace(path)
         if plot:
-            plot_report(self.rows, report.get("eval", {}), self.dir / "report.png")
+            flow = report.get("swarm", {}).get("flow") or None
+            plot_report(self.rows, report.get("eval", {}), self.dir / "report.png", flow)
         return path
 
 
@@ -157,15 +163,28 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_report(rows: list[dict[str, Any]], evals: dict[str, Any], out: Path) -> Path:
+def plot_report(
+    rows: list[dict[str, Any]],
+    evals: dict[str, Any],
+    out: Path,
+    flow: dict[str, Any] | None = None,
+) -> Path:
     """Reward and rollout accuracy per step; held-out accuracies as marked points (before at
-    the first step, after and control at the last)."""
+    the first step, after and control at the last). A swarm run's ``flow``
+    (``swarmrl.launch.flow``) adds its timeline below: submissions over time, the trainer busy
+    or idle, and the staleness of what it trained."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    if flow:
+        fig, (ax, ax_counts, ax_trainer) = plt.subplots(
+            3, 1, figsize=(9, 11), dpi=110, gridspec_kw={"height_ratios": [3, 3, 2]}
+        )
+        plot_flow(ax_counts, ax_trainer, flow)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["reward_mean"] for r in rows], label="reward (mean over rollouts)")
     ax.plot(
