@@ -33,10 +33,10 @@ def test_admit_grants_only_the_room_left_and_names_the_bound_it_hit():
     assert full.tasks == 0 and "8" in full.reason
     assert "validation backlog" in admit(Supply(0, 8, 0), tasks_per_step=4, wanted=8, **args).reason
     assert "trainable backlog" in admit(Supply(0, 0, 8), tasks_per_step=4, wanted=8, **args).reason
-    # a starving trainer (its last batch came back empty) overrides the estimate, not the bounds
-    assert admit(Supply(5, 1, 2), tasks_per_step=4, wanted=8, starving=True, **args).tasks == 8
-    starved_bound = admit(Supply(0, 8, 0), tasks_per_step=4, wanted=8, starving=True, **args)
-    assert starved_bound.tasks == 0
+    # a starving trainer (its last batch came back empty) overrides the estimate when nothing
+    # is on its way to it, not while work is leased or awaits a validator
+    assert admit(Supply(0, 0, 9), tasks_per_step=4, wanted=8, starving=True, **args).tasks == 8
+    assert admit(Supply(5, 1, 2), tasks_per_step=4, wanted=8, starving=True, **args).tasks == 0
     # an unknown pace leases freely, until the run has no step left
     assert admit(Supply(50, 0, 0), tasks_per_step=None, wanted=8, **args).tasks == 8
     done = admit(Supply(0, 0, 0), tasks_per_step=4, wanted=8, **args | {"version": 10})
@@ -112,7 +112,10 @@ def test_a_trainer_waiting_for_work_gets_it_whatever_the_estimate(pool):
     trainer.set_version(POOL, 0, steps=3, tasks_per_step=1)
     units, _ = _lease_all(worker)
     assert len(units) == 2  # 2 steps × 1 declared task
-    trainer.batch(POOL, step=0)  # nothing accepted yet: the trainer waits
+    _submit(worker, units)
+    assert len(trainer.batch(POOL, step=0).submissions) == 2  # all of it filtered out, say
+    assert worker.lease(POOL).outcome == "wait"  # the estimate: the trainer holds 2 steps
+    trainer.batch(POOL, step=0)  # nothing more to serve: the trainer waits, nothing on its way
     assert worker.lease(POOL).outcome == "work"
 
 

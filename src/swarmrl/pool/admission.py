@@ -18,13 +18,17 @@ With, in tasks (one task = one group of G completions)::
 a lease is granted iff ``W > 0``, ``L + P + Q < D``, ``P < b_v · T`` and ``Q < b_t · T``
 (``b_v``, ``b_t``: ``pool.admission_validation_backlog_steps`` and
 ``pool.admission_trainable_backlog_steps``), and it holds at most ``D − (L + P + Q)`` tasks
-(at least the pool's smallest unit). T and Q are estimates (a step may filter out more groups
-than measured so far; part of a submission the trainer holds may already be trained), so a
-trainer that is *starving* — its last request for rollouts, within
-:data:`STARVING_WITHIN_S`, came back empty — overrides ``L + P + Q < D``: it gets what a node
-asks for, still within the backlog bounds, so an estimate can never stall the run. "Fresh" means every sample's version ≥ V − a: stale
+(at least the pool's smallest unit). "Fresh" means every sample's version ≥ V − a: stale
 submissions can never train and do not count as supply. Once the last step has its batch,
 ``W · T`` is covered by what the trainer already holds and nothing more is leased.
+
+T and Q are estimates (a step may filter out more groups than measured so far; part of a
+submission the trainer holds may already be trained), so a trainer that is *starving* — its
+last request for rollouts, within :data:`STARVING_WITHIN_S`, came back empty — while nothing
+is on its way to it (``L + P = 0``) overrides ``L + P + Q < D`` and the trainable bound: it
+gets what a node asks for, so an estimate can never stall the run. While work is leased or
+awaits a validator, that work is the answer to a starving trainer; leasing more would only
+make it stale.
 
 Pure arithmetic; the counts come from ``swarmrl.pool.progress``. Knows nothing about the
 database or HTTP.
@@ -84,12 +88,15 @@ def admit(
 ) -> Admission:
     """Grant up to ``wanted`` tasks (never fewer than ``smallest``) or say why not (module
     docstring). ``tasks_per_step`` None: the trainer's pace is unknown, so ``wanted`` is
-    granted as long as the run has steps left. ``starving``: the trainer waits for work now."""
+    granted as long as the run has steps left. ``starving``: the trainer waits for work now
+    (it overrides the demand only while nothing is leased or awaits a validator)."""
     if steps_left(version, steps, async_level) == 0:
         return Admission(0, f"the run's last step ({steps}) has its rollouts")
     if tasks_per_step is None:
         return Admission(wanted)
     need = demand(version, steps, async_level, tasks_per_step)
+    if starving and supply.leased + supply.pending == 0:
+        return Admission(max(smallest, wanted))
     if supply.pending >= validation_backlog_steps * tasks_per_step:
         return Admission(
             0,
@@ -103,8 +110,6 @@ def admit(
             f"(bound {trainable_backlog_steps:g} steps × {tasks_per_step:.0f} tasks)",
         )
     room = need - supply.total
-    if starving:
-        return Admission(max(smallest, wanted))
     if room <= 0:
         return Admission(
             0,

@@ -14,7 +14,7 @@ Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.t
 refusal from the orchestrator (stale version, expired lease) drops that unit and goes on; a
 ``NotMember`` refusal joins again; ``NodeBanned`` stops the node with exit status 3. A lease
 answered ``wait`` (admission control: the trainer has enough) pauses for the reply's
-``retry_after_s`` with one log line per reason; ``finished`` (the trainer finished the run)
+``retry_after_s``, logging each kind of reason at most once a minute; ``finished`` (the trainer finished the run)
 stops the node with exit status 0. Refusals
 are told apart by their type (``swarmrl.errors``), never by their message.
 
@@ -51,6 +51,8 @@ from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit
 from swarmrl.shardcast import WeightClient
 from swarmrl.toploc.bundle import build_bundles
+
+WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per kind of reason
 
 
 @dataclass
@@ -93,7 +95,7 @@ class WorkerNode:
         self.stop = threading.Event()
         self.banned = threading.Event()
         self.finished = threading.Event()  # the orchestrator said the run is over
-        self._waiting = ""  # kind of the wait last logged ("" = working)
+        self._wait_logged: dict[str, float] = {}  # kind of wait → when last logged
         self._ready: tuple[int, Path] | None = None  # newest downloaded version
         self._ready_lock = threading.Lock()
         self.policy: LoadedVersion | None = None
@@ -258,7 +260,6 @@ class WorkerNode:
         if reply.work is None:
             self._wait(reply.reason or "no work", reply.retry_after_s)
             return
-        self._waiting = ""
         work: WorkUnit = reply.work
         assert self.policy is not None
         if self.policy.version < work.min_version:
@@ -328,11 +329,12 @@ class WorkerNode:
             self._corrupt()
 
     def _wait(self, reason: str, retry_after_s: float) -> None:
-        """Told to wait: one log line per reason (not per retry), then the bounded pause."""
-        kind = reason.split(":", 1)[0]
-        if kind != self._waiting:
+        """Told to wait: one log line per kind of reason and minute (not per retry), then the
+        bounded pause."""
+        kind, now = reason.split(":", 1)[0], time.monotonic()
+        if now - self._wait_logged.get(kind, -WAIT_LOG_EVERY_S) >= WAIT_LOG_EVERY_S:
             self.log.info("no work for now (%s); asking again every %.1f s", reason, retry_after_s)
-            self._waiting = kind
+            self._wait_logged[kind] = now
         self.status.set(state=f"idle: {reason}")
         self.status.add(waits=1)
         self.stop.wait(min(max(retry_after_s, 0.2), 5.0))
