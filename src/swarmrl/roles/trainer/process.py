@@ -323,11 +323,12 @@ def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class Announcer:
-    """Publishes each new version through the origin and then tells the orchestrator, in a
-    background thread so that the next step does not wait for it.
+    """Tells the orchestrator each new version and publishes it through the origin in a
+    background thread, so that the next step does not wait for it.
 
-    ``announce(v)`` takes a snapshot of the weights at once (the next optimizer step changes
-    them) and queues the save, shard, sign and ``/version`` call; versions go out in order.
+    ``announce(v)`` tells the orchestrator (so nothing more is leased for the old version),
+    takes a snapshot of the weights (the next optimizer step changes them) and queues the save,
+    shard and sign; versions go out in order.
     A failure is raised by the next ``announce`` or by ``wait``. ``pool`` is this
     announcer's own client (the thread does not share one with the training loop). ``announce(v, final=True)``
     also waits for everything queued and tells the orchestrator the run is over, so workers and
@@ -349,12 +350,17 @@ class Announcer:
         self.scratch, self.config, self.log, self.status = scratch, config, log, status
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="publish")
         self._pending: list[Future[None]] = []
+        self._queued: set[int] = set()  # versions handed to the publishing thread
         self.published: list[tuple[float, int]] = []  # (Unix s, version) once announced
 
     def __call__(self, version: int, final: bool = False) -> None:
         self._raise_failures()
-        if version not in self.origin.versions:
+        if version not in self.origin.versions and version not in self._queued:
             snapshot = weights_snapshot(self.learner.policy)
+            # the orchestrator learns the version at once, so that no unit is leased for the
+            # old one meanwhile; the weights follow (a worker waits for them to download)
+            self.tell(version)
+            self._queued.add(version)
             self._pending.append(self._executor.submit(self._publish, version, snapshot))
         if final:
             self.wait()
@@ -396,7 +402,6 @@ class Announcer:
         self.origin.publish(
             self.learner.policy, self.learner.tokenizer, version, self.scratch, snapshot
         )
-        self.tell(version)
         self.published.append((time.time(), version))
         self.status.set(version=version)
         self.status.add(versions_published=1, publish_seconds=time.monotonic() - started)
