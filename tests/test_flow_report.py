@@ -12,9 +12,9 @@ def _entry(kind: str, ts: float, **body) -> dict:
 
 
 def test_the_wasted_share_counts_accepted_work_never_trained():
-    facts = wasted({"trained": 18, "accepted": 1, "leased": 0, "dropped": 1, "rejected": 7})
+    facts = wasted({"trained": 18, "accepted": 1, "unchecked": 1, "dropped": 0, "rejected": 7})
     assert facts["accepted_ever"] == 20
-    assert facts["never_trained"] == {"queued_at_end": 1, "dropped": 1}
+    assert facts["never_trained"] == {"queued_at_end": 1, "unchecked_at_end": 1, "dropped": 0}
     assert facts["wasted_share"] == 0.1
     assert wasted({"rejected": 3})["wasted_share"] is None
 
@@ -25,8 +25,8 @@ def test_the_timeline_comes_from_the_ledger_and_the_trainer():
         _entry("verdict", 2.0, accept=True),
         _entry("verdict", 3.0, accept=False, severity="hard"),
         _entry("verdict", 4.0, accept=False, severity="soft"),  # expired: neither
-        _entry("credit", 5.0, measured_by="orchestrator"),  # accepted unvalidated
-        _entry("credit", 6.0, measured_by="validator"),  # follows its verdict: not again
+        _entry("release", 5.0, submission_ids=["a", "b"]),  # unchecked work made trainable
+        _entry("credit", 6.0, measured_by="orchestrator"),  # credit is not acceptance
     ]
     history = [
         {"step": 0, "wall_time": 10.0, "rollout_s": 8.0, "update_s": 2.0, "staleness": 0.0},
@@ -41,7 +41,7 @@ def test_the_timeline_comes_from_the_ledger_and_the_trainer():
         },
     }
     flow = flow_facts(ledger, summary)
-    assert flow["accepted"] == [2.0, 5.0] and flow["rejected"] == [3.0]
+    assert flow["accepted"] == [2.0, 5.0, 5.0] and flow["rejected"] == [3.0]
     assert flow["versions"] == [[10.5, 1], [13.4, 2]]
     assert flow["trained"] == [[10.2, 3], [13.1, 2]]
     assert flow["steps"][1] == {"step": 1, "start": 10.0, "batch": 10.5, "end": 13.0,

@@ -37,6 +37,9 @@ def test_admit_grants_only_the_room_left_and_names_the_bound_it_hit():
     # is on its way to it, not while work is leased or awaits a validator
     assert admit(Supply(0, 0, 9), tasks_per_step=4, wanted=8, starving=True, **args).tasks == 8
     assert admit(Supply(5, 1, 2), tasks_per_step=4, wanted=8, starving=True, **args).tasks == 0
+    # unchecked work is supply, but only the node's next checked unit releases it
+    assert admit(Supply(0, 0, 0, 8), tasks_per_step=4, wanted=8, **args).tasks == 0
+    assert admit(Supply(0, 0, 0, 8), tasks_per_step=4, wanted=8, starving=True, **args).tasks == 8
     # an unknown pace leases freely, until the run has no step left
     assert admit(Supply(50, 0, 0), tasks_per_step=None, wanted=8, **args).tasks == 8
     done = admit(Supply(0, 0, 0), tasks_per_step=4, wanted=8, **args | {"version": 10})

@@ -3,7 +3,8 @@ rejected and trained, the staleness of what was trained, the trainer busy or idl
 share of accepted work that was never trained (``wasted_share``).
 
 Times are seconds since the trainer's RL loop began (``rl_started_at`` in its summary, Unix
-seconds), taken from the ledger (verdicts and credits, stamped by the orchestrator) and the
+seconds), taken from the ledger (verdicts and releases of unchecked work, stamped by the
+orchestrator) and the
 trainer's summary (its steps, publications and acknowledgements). Knows nothing about how the
 run was started or how the numbers were produced; :func:`plot_flow` draws them.
 """
@@ -17,15 +18,21 @@ def wasted(by_status: dict[str, int]) -> dict[str, Any]:
     """Accepted submissions never trained, from the pool's submission statuses at the end.
 
     Accepted ever = trained + still accepted or leased (queued: stale or unused at the end) +
+    unchecked at the end (stored and credited, never released by a later passed spot check) +
     dropped (accepted, then invalidated with their node). ``wasted_share`` = (accepted ever −
     trained) ÷ accepted ever; None when nothing was accepted."""
     trained = by_status.get("trained", 0)
     queued = by_status.get("accepted", 0) + by_status.get("leased", 0)
+    unchecked = by_status.get("unchecked", 0)
     dropped = by_status.get("dropped", 0)
-    accepted = trained + queued + dropped
+    accepted = trained + queued + unchecked + dropped
     return {
         "accepted_ever": accepted,
-        "never_trained": {"queued_at_end": queued, "dropped": dropped},
+        "never_trained": {
+            "queued_at_end": queued,
+            "unchecked_at_end": unchecked,
+            "dropped": dropped,
+        },
         "wasted_share": (accepted - trained) / accepted if accepted else None,
     }
 
@@ -46,8 +53,8 @@ def flow_facts(ledger: list[dict[str, Any]], summary: dict[str, Any]) -> dict[st
                 accepted.append(at)
             elif body.get("severity") != "soft":  # soft: dropped without blame
                 rejected.append(at)
-        elif entry["kind"] == "credit" and body.get("measured_by") == "orchestrator":
-            accepted.append(at)  # accepted without a validator
+        elif entry["kind"] == "release":  # unchecked work made trainable by a passed check
+            accepted += [at] * len(body.get("submission_ids", []))
     history = summary.get("training", {}).get("history", [])
     steps = []
     for row in history:

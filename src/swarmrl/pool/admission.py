@@ -14,10 +14,12 @@ With, in tasks (one task = one group of G completions)::
     L = tasks in active leases (being generated)
     P = fresh tasks submitted and awaiting a validator          (the validation backlog)
     Q = fresh tasks accepted or in a trainer's batch, untrained (the trainable backlog)
+    U = fresh tasks not selected for a spot check, waiting for a later passed check of their
+        node (``swarmrl.pool.spotcheck``); S = L + P + Q + U
 
-a lease is granted iff ``W > 0``, ``L + P + Q < D``, ``P < b_v · T`` and ``Q < b_t · T``
+a lease is granted iff ``W > 0``, ``S < D``, ``P < b_v · T`` and ``Q < b_t · T``
 (``b_v``, ``b_t``: ``pool.admission_validation_backlog_steps`` and
-``pool.admission_trainable_backlog_steps``), and it holds at most ``D − (L + P + Q)`` tasks
+``pool.admission_trainable_backlog_steps``), and it holds at most ``D − S`` tasks
 (at least the pool's smallest unit). "Fresh" means every sample's version ≥ V − a: stale
 submissions can never train and do not count as supply. Once the last step has its batch,
 ``W · T`` is covered by what the trainer already holds and nothing more is leased.
@@ -25,7 +27,8 @@ submissions can never train and do not count as supply. Once the last step has i
 T and Q are estimates (a step may filter out more groups than measured so far; part of a
 submission the trainer holds may already be trained), so a trainer that is *starving* — its
 last request for rollouts, within :data:`STARVING_WITHIN_S`, came back empty — while nothing
-is on its way to it (``L + P = 0``) overrides ``L + P + Q < D`` and the trainable bound: it
+is on its way to it (``L + P = 0``) overrides ``S < D`` and the trainable bound (U is released only by the node's next
+checked submission, so it never counts as on its way): it
 gets what a node asks for, so an estimate can never stall the run. While work is leased or
 awaits a validator, that work is the answer to a starving trainer; leasing more would only
 make it stale.
@@ -49,10 +52,11 @@ class Supply:
     leased: int  # L: in active leases
     pending: int  # P: fresh, awaiting a validator
     trainable: int  # Q: fresh, accepted or in a trainer's batch, not yet trained
+    unchecked: int = 0  # U: fresh, not spot-checked, trainable once a later check passes
 
     @property
     def total(self) -> int:
-        return self.leased + self.pending + self.trainable
+        return self.leased + self.pending + self.trainable + self.unchecked
 
 
 @dataclass(frozen=True)

@@ -58,13 +58,13 @@ def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
 
 
 def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
-    """L, P and Q of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``."""
+    """L, P, Q and U of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``."""
     subs, g = db.submissions, spec.samples_per_task
     rows = conn.execute(
         sa.select(subs.c.status, sa.func.coalesce(sa.func.sum(subs.c.n_samples), 0))
         .where(
             subs.c.pool_id == spec.pool_id,
-            subs.c.status.in_(("pending", "accepted", "leased")),
+            subs.c.status.in_(("pending", "accepted", "leased", "unchecked")),
             subs.c.min_version >= version - spec.async_level,
         )
         .group_by(subs.c.status)
@@ -80,6 +80,7 @@ def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
         leased=leased,
         pending=samples.get("pending", 0) // g,
         trainable=(samples.get("accepted", 0) + samples.get("leased", 0)) // g,
+        unchecked=samples.get("unchecked", 0) // g,
     )
 
 
