@@ -89,3 +89,18 @@ def test_math_config_runs_warm_start_rl_and_eval(tmp_path, monkeypatch):
     assert set(run.result.evals) == {"before", "after"}
     assert run.result.evals["after"]["n"] == 4
     assert run.result.history[0]["groups_sampled"] >= 1
+
+
+def test_length_budget_on_the_math_dataset_keeps_the_written_instruction():
+    config = EnvConfig(
+        name="math",
+        dataset=str(DATA / "math-small.jsonl"),
+        answer_format="plain",
+        solution_column="solution",
+        length_budget={"enabled": True, "targets": [24]},
+    )
+    env = build_env(config)
+    task = env.first("train", 1)[0]
+    assert task.prompt.startswith("Answer in about 24 tokens.\n")
+    tokenizer = build_char_tokenizer(env.alphabet)
+    assert tokenizer.unk_token_id not in encode_prompt(tokenizer, task)

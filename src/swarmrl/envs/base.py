@@ -75,6 +75,9 @@ class Environment(ABC):
 
     name: str = "env"
     alphabet: str | None = None
+    # prompts are prose (a dataset's text), so instructions added to them are written out in
+    # words; built-in symbol tasks (False) get compact ones made of few characters
+    prose: bool = False
     system_prompt: str | None = None  # set from ``env.system_prompt`` by ``build_env``
 
     def __init__(self, heldout_fraction: float = 0.1, split_salt: int = 0) -> None:

@@ -55,7 +55,9 @@ class LengthBudgetEnv(Environment):
         self.alpha = alpha
         self.mode: BudgetMode = mode
         self.name = f"{inner.name}+budget"
-        self.alphabet = None if inner.alphabet is None else inner.alphabet + "[]0123456789"
+        self.prose = inner.prose or inner.alphabet is None
+        extra = "Answer in about tokens.\n0123456789" if self.prose else "[]0123456789"
+        self.alphabet = None if inner.alphabet is None else inner.alphabet + extra
 
     def space_size(self) -> int:
         return self.inner.space_size()
@@ -77,9 +79,9 @@ class LengthBudgetEnv(Environment):
         return self.targets[(problem_id * 2654435761) % (2**32) % len(self.targets)]
 
     def instruction(self, target: int) -> str:
-        if self.inner.alphabet is not None:
-            return f"[{target}]"
-        return f"Answer in about {target} tokens.\n"
+        if self.prose:
+            return f"Answer in about {target} tokens.\n"
+        return f"[{target}]"
 
     def task(self, split: Split, index: int) -> Task:
         inner = self.inner.task(split, index)

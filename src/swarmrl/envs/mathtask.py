@@ -128,6 +128,7 @@ class MathEnv(Environment):
     """Rows of a local dataset file; rewards checked by ``math-verify``."""
 
     name = "math"
+    prose = True
 
     def __init__(
         self,

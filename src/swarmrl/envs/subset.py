@@ -53,6 +53,7 @@ class SubsetEnv(Environment):
         self.inner = inner
         self.name = inner.name
         self.alphabet = inner.alphabet
+        self.prose = inner.prose
         self.system_prompt = inner.system_prompt
         n = inner.space_size()
         for row, pid in enumerate(problem_ids, start=1):
