@@ -207,12 +207,6 @@ def start_trainer(
 ) -> None:
     """Start the trainer and wait until its origin lists version 0 (``on_wait`` runs at each
     look: the display shows the warm start meanwhile)."""
-    launch_trainer(sup, plan)
-    wait_for_origin(sup, plan, on_wait)
-
-
-def launch_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
-    """Start the trainer process (it warms up, calibrates, then publishes version 0)."""
     args = _common(plan, "trainer") + [
         "--key", str(plan.key("trainer")),
         "--orchestrator", plan.orchestrator_url,
@@ -228,12 +222,6 @@ def launch_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
         sup.start("trainer", torchrun_command(nproc, "trainer", args))
     else:
         sup.start_role("trainer", "trainer", args)
-
-
-def wait_for_origin(
-    sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None
-) -> None:
-    """Wait until the trainer's origin lists a version (``on_wait`` runs at each look)."""
 
     def published() -> bool:
         on_wait()
@@ -305,18 +293,14 @@ def start_worker(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
 def start_all(
     sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None
 ) -> None:
-    """Start every role. The relays, validators and workers start while the trainer warms up
-    (they wait for version 0 on their own), so their start-up is off the critical path: the
-    warm start is one thread, and their imports use the other core meanwhile."""
     start_orchestrator(sup, plan)
-    launch_trainer(sup, plan)
+    start_trainer(sup, plan, on_wait)
     for name in plan.relays:
         start_relay(sup, plan, name)
     for name in plan.validators:
         start_validator(sup, plan, name)
     for name in plan.workers:
         start_worker(sup, plan, name)
-    wait_for_origin(sup, plan, on_wait)
 
 
 # --- watching --------------------------------------------------------------------------------
