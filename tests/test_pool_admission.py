@@ -143,3 +143,13 @@ def test_a_pool_whose_trainer_never_told_its_plan_leases_as_before(pool):
 def test_a_lease_reply_says_work_exactly_when_it_holds_a_unit():
     with pytest.raises(ValueError, match="outcome"):
         LeaseReply.model_validate({"outcome": "work", "work": None, "retry_after_s": 1.0})
+
+
+def test_the_trainer_is_served_what_goes_stale_first(pool):
+    trainer, worker = pool
+    trainer.set_version(POOL, 1)
+    newer, older = worker.lease(POOL).work, worker.lease(POOL).work
+    _submit(worker, [newer], version=1)
+    _submit(worker, [older], version=0)  # received later, but stale after step 1
+    first = trainer.batch(POOL, step=1, limit=1).submissions[0]
+    assert first.samples[0].policy_version == 0

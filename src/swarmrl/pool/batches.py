@@ -111,7 +111,8 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
                 db.submissions.c.status == "accepted",
                 db.submissions.c.min_version >= step - spec.async_level,
             )
-            .order_by(db.submissions.c.received_at)
+            # the one closest to going stale first (earliest deadline first), then the oldest
+            .order_by(db.submissions.c.min_version, db.submissions.c.received_at)
             .limit(limit)
         ).all()
         served, parts = serialise_rows(

@@ -181,6 +181,7 @@ class StatusReporter:
         self._counters: set[str] = set()
         self._labelled: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -231,7 +232,8 @@ class StatusReporter:
             snapshot = self.status.model_copy(
                 update={"updated_at": time.time(), "events": list(self._events)}, deep=True
             )
-        snapshot.write(self.status_dir)
+        with self._write_lock:  # the reporting thread and a final flush share one scratch file
+            snapshot.write(self.status_dir)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
