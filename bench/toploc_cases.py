@@ -92,7 +92,9 @@ def detection(verifier, worker, subs, honest_subs):
         rejected += not verdict.accepted
         if verdict.chunks:  # the hidden-state comparison ran: did every chunk pass it?
             hidden_pass += all(c.passed for c in verdict.chunks)
-            worst.append(max(c.mant_err_mean or 128.0 for c in verdict.chunks))
+            worst.append(
+                max(128.0 if c.mant_err_mean is None else c.mant_err_mean for c in verdict.chunks)
+            )
         replayed = verdict.behaviour_logprobs
         if replayed is not None and len(replayed) == len(claim.logprobs) and replayed:
             lp_err.append(max(abs(a - b) for a, b in zip(claim.logprobs, replayed, strict=True)))
