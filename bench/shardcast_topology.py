@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,7 +132,7 @@ class Arm:
     name: str
     work: Path
     servers: list[subprocess.Popen]
-    client_cmd: object  # (index, out_dir) -> argv of one client
+    client_cmd: Callable[[int, Path], list[str]]  # (index, out_dir) -> argv of one client
     setup_s: float
     runs: list[dict] = field(default_factory=list)
 

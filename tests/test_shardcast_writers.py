@@ -142,3 +142,41 @@ def test_a_relay_never_serves_a_shard_it_has_not_verified(tmp_path):
         follower.stop(timeout_s=1)
         relay.stop()
         bad.stop()
+
+
+def _damaged_copy(tmp_path, name: str, damage) -> str:
+    shutil.copytree(tmp_path / "origin", tmp_path / name)
+    damage(store.ready_dir(tmp_path / name, 1) / "model.safetensors")
+    return serve_store(tmp_path / name, CFG.model_copy(update={"recheck_on_start": False}))
+
+
+def _flip_late_in_every_shard(path) -> None:
+    data = bytearray(path.read_bytes())
+    for offset in range(CFG.shard_size_bytes - 100, len(data), CFG.shard_size_bytes):
+        data[offset] ^= 0x01  # after several blocks of the shard were already written
+    path.write_bytes(bytes(data))
+
+
+def _cut_mid_shard(path) -> None:
+    os.truncate(path, 2 * CFG.shard_size_bytes + 5 * writers.ALIGN + 123)
+
+
+@pytest.mark.parametrize("damage", [_flip_late_in_every_shard, _cut_mid_shard])
+def test_corrupt_or_short_shards_written_direct_are_refetched_elsewhere(
+    tmp_path, small_stage, damage
+):
+    """Blocks of a bad source already on disk are overwritten by the good source's bytes."""
+    ck = write_checkpoint(tmp_path / "ck", random_weights(200 * 1024, seed=6))
+    Publisher(tmp_path / "origin", KEY, CFG).publish(ck, 1)
+    origin = serve_store(tmp_path / "origin", CFG)
+    bad = _damaged_copy(tmp_path, "bad", damage)
+    try:
+        client = WeightClient([bad.url, origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        client.pool.stats[origin.url].failures = 50  # the bad source is tried first
+        path = client.fetch(1)
+        stats = client.pool.stats[bad.url]
+    finally:
+        bad.stop()
+        origin.stop()
+    assert stats.corrupt + stats.failures > 0  # it did serve, and was caught
+    assert (path / "model.safetensors").read_bytes() == (ck / "model.safetensors").read_bytes()
