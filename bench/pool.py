@@ -129,6 +129,7 @@ class Recorder:
         self.lat: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
         self.joined_at = float("nan")  # when this process's last node had joined
+        self.join_errors: dict[str, int] = {}  # refused or timed-out joins (retried)
 
     async def timed(self, kind: str, node: WireNode, path: str, body: bytes) -> Any:
         """``node.call``, timed if it starts in the window; refusals counted, not raised."""
@@ -185,11 +186,21 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     nodes = [WireNode(host, port, KeyPair.generate(), timeout_s=60) for _ in range(n_nodes)]
     gate = asyncio.Semaphore(16)
 
-    async def join(node: WireNode) -> None:
-        async with gate:
-            await node.call(f"/pools/{POOL}/join", JOIN_BODY)
+    async def join(node: WireNode) -> bool:
+        """Join, retrying a refusal or timeout up to 5 times (each counted); True if joined."""
+        for _ in range(5):
+            async with gate:
+                try:
+                    await node.call(f"/pools/{POOL}/join", JOIN_BODY)
+                    return True
+                except Refused as exc:
+                    key = f"join: {exc.code}"
+                    rec.join_errors[key] = rec.join_errors.get(key, 0) + 1
+            await asyncio.sleep(1.0)
+        return False
 
-    await asyncio.gather(*(join(node) for node in nodes))
+    joined = await asyncio.gather(*(join(node) for node in nodes))
+    nodes = [node for node, ok in zip(nodes, joined, strict=True) if ok]
     rec.joined_at = time.time()
     stop = asyncio.Event()
     tasks = [asyncio.create_task(node_life(node, rec, args, stop)) for node in nodes]
@@ -203,10 +214,10 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     return rec
 
 
-def drive_process(job: tuple) -> tuple[dict, dict, float]:
+def drive_process(job: tuple) -> tuple[dict, dict, float, dict]:
     url, n_nodes, args, t0, t1 = job
     rec = uvloop.run(drive(url, n_nodes, args, t0, t1))
-    return rec.lat, rec.errors, rec.joined_at
+    return rec.lat, rec.errors, rec.joined_at, rec.join_errors
 
 
 def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
@@ -219,7 +230,11 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     lat: dict[str, list[float]] = {}
     errors: dict[str, int] = {}
     joined_at = max(r[2] for r in results)
-    for part_lat, part_errors, _ in results:
+    join_errors: dict[str, int] = {}
+    for part in results:
+        for k, v in part[3].items():
+            join_errors[k] = join_errors.get(k, 0) + v
+    for part_lat, part_errors, *_ in results:
         for k, v in part_lat.items():
             lat.setdefault(k, []).extend(v)
         for k, v in part_errors.items():
@@ -241,6 +256,7 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
             for k, v in sorted(lat.items())
         },
         "errors": errors,
+        "join_errors": join_errors,  # before the window; a node refused 5 times takes no part
         # < unit-s means nodes were still ramping up (first leases) inside the window
         "joined_s_before_window": round(t0 - joined_at, 1),
     }
