@@ -71,6 +71,34 @@ def test_two_rank_step_equals_one_process_step(
     assert one["stats"]["loss_tokens"] == 2 + 3 + 4 + 5 + 6
 
 
+def test_two_rank_lora_step_equals_one_process_step(tiny_dir: Path, tmp_path: Path) -> None:
+    """LoRA under FSDP2: the adapters move the same on 2 ranks as in one process; the base
+    weights do not move at all."""
+    pytest.importorskip("peft")
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from sharded_step import run_step
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    run_step(str(tiny_dir), str(tmp_path / "one.pt"), lora=True)
+    torchrun(2, SCRIPTS / "sharded_step.py", str(tiny_dir), str(tmp_path / "two.pt"), "lora")
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    start = load_policy(tiny_dir)[0].state_dict()
+    assert one["state"].keys() == two["state"].keys()
+    adapters = 0
+    for name, value in one["state"].items():
+        assert torch.allclose(value, two["state"][name], atol=1e-5, rtol=0), name
+        if ".lora_" in name:
+            adapters += 1
+            continue
+        plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        assert torch.equal(value, start[plain]), name  # the base is frozen on every rank
+        assert torch.equal(two["state"][name], start[plain]), name
+    assert adapters == 2 * 7 * 2  # A and B of 7 targets in 2 layers
+    for key, value in one["stats"].items():
+        assert two["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
 def test_more_ranks_than_rows_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "9")
     config = SwarmConfig()

@@ -176,3 +176,54 @@ def test_an_architecture_vllm_cannot_load_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     with pytest.raises(EngineUnavailable, match="no-such-architecture"):
         VllmEngine(Path(tmp_path))
+
+
+@needs_vllm
+def test_a_vllm_worker_on_a_lora_version_agrees_with_a_torch_validator(world, tmp_path):
+    """A LoRA version (base + adapter) reloaded into the running vLLM engine: the adapter is
+    merged on the host and loaded in place; a torch validator on the same version accepts."""
+    pytest.importorskip("peft")
+    import copy
+
+    from swarmrl.config.model import LoraConfig
+    from swarmrl.inference.lora import adapter_tensors
+    from swarmrl.trainer.lora import AdapterVersions, wrap
+
+    lora = LoraConfig(enabled=True, rank=4, alpha=8.0)
+    base = world["models"][1]
+    versions = AdapterVersions(base, TOKENIZER, lora)
+    wrapped = wrap(copy.deepcopy(base), lora)
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
+    path = versions.save(
+        adapter_tensors(wrapped.state_dict()), wrapped.peft_config["default"], tmp_path / "v3"
+    )
+    engine, params = world["vllm"], SamplingParams(temperature=1.0, max_new_tokens=40)
+    validator = TorchEngine.from_checkpoint(path)
+    try:
+        engine.load_checkpoint(path)
+        ours = engine.generate(PROMPTS, params, SEEDS)
+        want = validator.generate(PROMPTS, params, SEEDS)
+        assert [g.output_tokens for g in ours] == [g.output_tokens for g in want]
+        base_run = world["torch"].generate(PROMPTS, params, SEEDS)
+        assert [g.output_tokens for g in ours] != [g.output_tokens for g in base_run]
+        worker = cheats.Worker(engine, KeyPair.from_seed(bytes(32)), params, 3, DIGEST)
+        subs = cheats.honest(worker, PROMPTS, SEEDS)
+        items = [
+            (b, c, worker.assignment(p, s))
+            for (b, c), p, s in zip(subs, PROMPTS, SEEDS, strict=True)
+        ]
+        verdicts = _verifier(validator).check_many(items)
+        assert all(v.accepted for v in verdicts), [v.reasons for v in verdicts]
+        # the same worker skipping the adapter (the base alone) is rejected
+        skipped = cheats.with_engine(worker, world["torch"], PROMPTS, SEEDS)
+        items = [
+            (b, c, worker.assignment(p, s))
+            for (b, c), p, s in zip(skipped, PROMPTS, SEEDS, strict=True)
+        ]
+        assert not any(v.accepted for v in _verifier(validator).check_many(items))
+    finally:
+        engine.load_checkpoint(world["root"] / "v1")
+        versions.close()

@@ -13,7 +13,9 @@
     │   ├── SandboxError            the code sandbox cannot start here (names the cause)
     │   ├── LedgerMismatch          the pool database disagrees with its signed ledger (a cut
     │   │                           tail, edited rows): the orchestrator refuses to start
-    │   └── CheckpointMismatch      a trainer checkpoint written for another model or config
+    │   ├── CheckpointMismatch      a trainer checkpoint written for another model or config
+    │   └── AdapterMismatch         a LoRA adapter that does not belong to the base beside it
+    │                               (other base weights, shapes or target modules)
     ├── PeerError                   an untrusted peer sent something wrong: reject it, record it,
     │   │                           penalise the peer; never crash, never silently accept.
     │   │                           ``code`` is the machine-readable name the pool answers with
@@ -94,6 +96,10 @@ class LedgerMismatch(UserError):
 
 class CheckpointMismatch(UserError):
     """A trainer checkpoint written for another model or config than the one being run."""
+
+
+class AdapterMismatch(UserError):
+    """A LoRA adapter trained on other base weights, or whose targets or shapes do not fit."""
 
 
 class PeerError(SwarmError):

@@ -1,9 +1,10 @@
 """One policy step of a saved tiny model on a fixed batch, as one process or under torchrun.
 
     python sharded_step.py MODEL_DIR OUT.pt              # one process
-    torchrun --nproc-per-node 2 sharded_step.py MODEL_DIR OUT.pt [ac]
+    torchrun --nproc-per-node 2 sharded_step.py MODEL_DIR OUT.pt [ac|lora]
 
-``ac``: with activation checkpointing.
+``ac``: with activation checkpointing; ``lora``: LoRA adapters (B factors set non-zero) on the
+frozen base, the optimizer holding the adapters only.
 
 Writes (from rank 0) the whole updated state dict and the step's numbers to OUT.pt.
 """
@@ -19,6 +20,7 @@ import torch
 from swarmrl.config import SwarmConfig
 from swarmrl.model.io import load_policy
 from swarmrl.trainer.batch import TrainBatch
+from swarmrl.trainer.lora import wrap
 from swarmrl.trainer.parallel import close_parallel, full_state_dict, init_parallel, shard
 from swarmrl.trainer.step import make_optimizer, policy_step
 
@@ -36,16 +38,23 @@ def fixed_batch(vocab: int) -> TrainBatch:
     return TrainBatch(ids, mask, behaviour, adv)
 
 
-def run_step(model_dir: str, out: str, recompute: bool = False) -> None:
+def run_step(model_dir: str, out: str, recompute: bool = False, lora: bool = False) -> None:
     torch.manual_seed(0)
     config = SwarmConfig.model_validate(
         {
             "rl": {"lr": 1e-3, "grad_clip": 0.1, "micro_batch": 2},
             "trainer": {"activation_checkpointing": recompute},
+            "model": {"lora": {"enabled": lora, "rank": 4}},
         }
     )
     parallel = init_parallel("cpu", config.trainer, ROWS)
     model, _ = load_policy(Path(model_dir))
+    if lora:
+        model = wrap(model, config.model.lora)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:  # non-zero, so A gets a gradient too
+                    p.copy_(torch.linspace(-0.05, 0.05, p.numel()).reshape(p.shape))
     shard(model, parallel, config.trainer)
     optimizer = make_optimizer(model, config.rl)
     batch = parallel.rows(fixed_batch(model.config.vocab_size))
@@ -59,4 +68,4 @@ def run_step(model_dir: str, out: str, recompute: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    run_step(sys.argv[1], sys.argv[2], sys.argv[3:] == ["ac"])
+    run_step(sys.argv[1], sys.argv[2], sys.argv[3:] == ["ac"], sys.argv[3:] == ["lora"])

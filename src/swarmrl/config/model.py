@@ -23,6 +23,29 @@ class TinyModelConfig(Section):
     )
 
 
+LORA_TARGETS_DEFAULT = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """Low-rank adapters (peft LoRA): the trainer trains only the adapters on a frozen base,
+    and each published version carries the adapter alone beside the unchanged base."""
+
+    enabled: bool = Field(
+        False, description="train LoRA adapters instead of every weight (needs swarmrl[lora])"
+    )
+    rank: int = Field(8, gt=0, description="rank r of each adapter (A: [r, in], B: [out, r])")
+    alpha: float = Field(16.0, gt=0, description="scale numerator: the update is alpha/r · B @ A")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout on the adapter input while training"
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS_DEFAULT),
+        min_length=1,
+        description="names of the linear layers that get adapters (module-name suffixes); "
+        "each must exist in the model",
+    )
+
+
 class ModelConfig(Section):
     """Where the policy comes from.
 
@@ -40,3 +63,4 @@ class ModelConfig(Section):
         "float32", description="dtype the policy is loaded and trained in"
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)

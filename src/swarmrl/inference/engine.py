@@ -4,7 +4,8 @@
 decode step per output token with a key/value cache, and samples each token with the seeded
 Gumbel-max rule of ``swarmrl.inference.sampling`` (so every token is replayable from its seed
 and step). ``prefill`` is the validator's single pass over a fixed prompt + completion.
-``load_state_dict`` swaps in a new policy version in place.
+``load_state_dict`` swaps in a new policy version in place. A checkpoint directory carrying a
+LoRA adapter (``swarmrl.inference.lora``) is loaded as its base with the adapter merged in.
 
 Llama and Qwen2 weights run through the lean forward of ``swarmrl.inference.llama``; any other
 causal LM runs through its own transformers forward (``HFBackbone``).
@@ -29,6 +30,7 @@ from transformers import (
 from swarmrl.errors import MissingPathError
 from swarmrl.inference import llama
 from swarmrl.inference.backbone import Backbone, HFBackbone
+from swarmrl.inference.lora import apply_adapter, has_adapter
 from swarmrl.inference.sampling import gumbel_block, sample_tokens
 from swarmrl.inference.types import Generation, Prefill, check_token_ids
 from swarmrl.protocol import SamplingParams
@@ -75,6 +77,8 @@ class TorchEngine:
         if not (local / "config.json").is_file():
             raise MissingPathError(f"model directory not found or has no config.json: {local}")
         model = AutoModelForCausalLM.from_pretrained(str(local), dtype=getattr(torch, dtype))
+        if has_adapter(local):
+            apply_adapter(model, local)
         return cls(model, AutoTokenizer.from_pretrained(str(local)), device)
 
     @property
@@ -99,6 +103,8 @@ class TorchEngine:
         """Copy the weights of the HF checkpoint directory ``path`` in, in place."""
         dtype = next(self.model.parameters()).dtype
         fresh = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        if has_adapter(path):
+            apply_adapter(fresh, path)
         self.load_state_dict(fresh.state_dict())
 
     def close(self) -> None:

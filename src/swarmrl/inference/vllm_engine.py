@@ -14,7 +14,9 @@
 * ``prefill`` / ``prefill_many`` run prompt + output[:-1] as requests of one token and return
   the logits the model computes from the captured hidden states.
 * ``load_checkpoint`` reloads weights in place (``collective_rpc``), re-tying tied LM heads;
-  ``load_state_dict`` does the same for in-memory weights (through a scratch file).
+  ``load_state_dict`` does the same for in-memory weights (through a scratch file). A
+  checkpoint carrying a LoRA adapter (``swarmrl.inference.lora``) is merged here, on the host,
+  and its merged weights loaded through that same in-place reload (vLLM never sees the adapter).
 
 vLLM runs its engine core in a spawned process: scripts that create an engine need an
 ``if __name__ == "__main__":`` guard. ``close`` stops that process.
@@ -38,6 +40,7 @@ import torch
 from swarmrl.config.inference import VllmConfig
 from swarmrl.errors import EngineUnavailable, MissingPathError
 from swarmrl.inference.interface import VLLM_INSTALL_HINT, vllm_available
+from swarmrl.inference.lora import apply_adapter, has_adapter
 from swarmrl.inference.types import Generation, Prefill, check_token_ids
 from swarmrl.protocol import SamplingParams
 
@@ -124,6 +127,8 @@ class VllmEngine:
         self.pad_id = int(pad) if pad is not None else 0
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        if has_adapter(local):
+            self._load_merged(local)
 
     # -- generation -------------------------------------------------------------------------
 
@@ -260,8 +265,19 @@ class VllmEngine:
         local = Path(path)
         if not (local / "config.json").is_file():
             raise MissingPathError(f"model directory not found or has no config.json: {local}")
-        self.llm.collective_rpc("swarmrl_reload", args=(str(local),))
+        if has_adapter(local):
+            self._load_merged(local)
+        else:
+            self.llm.collective_rpc("swarmrl_reload", args=(str(local),))
         self.path = local
+
+    def _load_merged(self, path: Path) -> None:
+        """Load ``path``'s base with its LoRA adapter merged in, through ``load_state_dict``."""
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, self.dtype))
+        apply_adapter(base, path)
+        self.load_state_dict(base.state_dict())
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load in-memory weights (an HF state dict of the same model), in place.

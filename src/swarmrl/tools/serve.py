@@ -66,11 +66,14 @@ def main(verb: str, argv: Sequence[str]) -> int:
     if args.engine == "vllm":
         exec_vllm(policy, name, args)
     from swarmrl.inference.engine import TorchEngine
+    from swarmrl.inference.lora import apply_adapter, has_adapter
     from swarmrl.model.io import load_policy
     from swarmrl.serving import ThreadServer
     from swarmrl.tools.openai_api import Policy, build_app
 
     model, tokenizer = load_policy(policy, dtype=args.dtype, device=args.device)
+    if has_adapter(policy):  # a published LoRA version: its base with the adapter merged in
+        apply_adapter(model, policy)
     engine = TorchEngine(model, tokenizer, args.device)
     app = build_app(Policy(engine, tokenizer, name, args.max_tokens))
     server = ThreadServer(app, args.host, args.port, name="serve").start()

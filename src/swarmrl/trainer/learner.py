@@ -11,6 +11,10 @@ is its FSDP2-sharded policy, and the leader also keeps ``policy``, a whole copy 
 every step (what is evaluated, published and loaded into engines). The other ranks evaluate
 nothing. As one process ``policy`` and ``trained`` are the same module.
 
+With ``[model.lora]`` (:mod:`swarmrl.trainer.lora`) ``trained`` is the policy inside peft
+adapters, base frozen, and ``policy`` stays a plain model holding the merged weights (refreshed
+after every step, in every mode); a published version is the base plus the adapter.
+
 Knows nothing about where rollouts come from or where new versions go (that is the rollout
 source's business, :mod:`swarmrl.trainer.source`).
 """
@@ -29,11 +33,14 @@ from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.interface import Engine
+from swarmrl.inference.lora import adapter_tensors, merge_peft_state
+from swarmrl.model.io import save_policy
 from swarmrl.model.prompts import check_prompts_encodable
 from swarmrl.trainer.batch import Group, collate
 from swarmrl.trainer.checkpoint import Checkpointer, Resumed
 from swarmrl.trainer.engines import policy_engine
 from swarmrl.trainer.evaluate import evaluate
+from swarmrl.trainer.lora import AdapterVersions, check_lora, scaling, wrap
 from swarmrl.trainer.parallel import Parallel, full_state_dict, shard
 from swarmrl.trainer.step import StepStats, make_optimizer, policy_step
 from swarmrl.trainer.warmstart import (
@@ -65,6 +72,7 @@ class Learner:
         parallel: Parallel | None = None,
     ) -> None:
         self.config, self.env = config, env
+        check_lora(config)  # before the warm start: peft missing or a bad target is one line
         self.parallel = parallel or Parallel(device=resolve_device(config.run.device))
         self.device = self.parallel.device
         if self.parallel.leader:  # the leader trains the warm start; the others then load it
@@ -81,10 +89,19 @@ class Learner:
         self.reference = (
             copy.deepcopy(self.policy).eval() if config.rl.kl_coef > 0 else None
         )  # frozen π_ref of the KL term
-        sharded = self.parallel.sharded
+        lora = config.model.lora if config.model.lora.enabled else None
+        self.lora = lora
+        separate = self.parallel.sharded or lora is not None  # `policy` is not what is trained
         self.trained = (
-            copy.deepcopy(self.policy) if sharded and self.parallel.leader else self.policy
+            copy.deepcopy(self.policy) if separate and self.parallel.leader else self.policy
         )
+        self.versions: AdapterVersions | None = None
+        self.adapter: dict[str, torch.Tensor] = {}  # the leader's adapter tensors (LoRA only)
+        if lora is not None:
+            if self.parallel.leader:
+                self.versions = AdapterVersions(self.policy, self.tokenizer, lora)
+            self.trained = wrap(self.trained, lora)
+            self.peft_config = self.trained.peft_config["default"]
         shard(self.trained, self.parallel, config.trainer)
         if self.reference is not None:
             shard(self.reference, self.parallel, config.trainer)
@@ -93,6 +110,8 @@ class Learner:
         self.version = 0  # optimizer steps taken (a resumed run may skip published numbers)
         self.first_step = 0  # the loop's first step: > 0 when resumed from a checkpoint
         self._eval_engine: Engine | None = None  # vLLM only: started once, reloaded per eval
+        if lora is not None:
+            self.refresh_policy()  # the adapter of version 0 (B = 0: the base itself)
 
     @property
     def pad_id(self) -> int:
@@ -128,11 +147,32 @@ class Learner:
         return resumed
 
     def refresh_policy(self) -> None:
-        """Copy the sharded weights into the leader's whole ``policy``. Collective."""
-        if self.parallel.sharded:
-            state = full_state_dict(self.trained, self.parallel)
-            if self.parallel.leader:
-                self.policy.load_state_dict(state)
+        """Copy the sharded weights (with LoRA: the merged weights) into the leader's whole
+        ``policy``; keep the adapter's tensors for publishing. Collective."""
+        if not (self.parallel.sharded or self.lora is not None):
+            return
+        state = full_state_dict(self.trained, self.parallel)
+        if not self.parallel.leader:
+            return
+        if self.lora is not None:
+            self.adapter = {k: v.clone() for k, v in adapter_tensors(state).items()}
+            state = merge_peft_state(state, scaling(self.lora))
+        self.policy.load_state_dict(state)
+
+    def save_version(self, out: Path) -> Path:
+        """Write the current policy as a version directory ``out`` (leader only): the whole
+        checkpoint, or with LoRA the base plus the adapter (:mod:`swarmrl.trainer.lora`)."""
+        if self.versions is None:
+            return save_policy(self.policy, self.tokenizer, out)
+        return self.version_writer()(out)
+
+    def version_writer(self) -> Callable[[Path], Path]:
+        """LoRA: a writer of the current version (base + this adapter) that later steps do not
+        change (each refresh replaces ``adapter`` rather than modifying it). Leader only."""
+        versions, adapter, spec = self.versions, self.adapter, self.peft_config
+        if versions is None:
+            raise ValueError("version_writer is for LoRA policies; use save_version")
+        return lambda out: versions.save(adapter, spec, out)
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out greedy accuracy and sampled pass@1 of the current policy (leader only)."""
@@ -152,6 +192,9 @@ class Learner:
         if self._eval_engine is not None:
             self._eval_engine.close()
             self._eval_engine = None
+        if self.versions is not None:
+            self.versions.close()
+            self.versions = None
 
     def _engine_for(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Engine:
         """An engine with ``model``'s weights, by ``inference.backend``: the torch engine wraps

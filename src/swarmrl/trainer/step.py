@@ -44,7 +44,9 @@ def _this_process(values: torch.Tensor) -> torch.Tensor:
 
 
 def make_optimizer(model: PreTrainedModel, rl: RLConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=rl.lr, weight_decay=rl.weight_decay)
+    """AdamW over the parameters that train (with LoRA: the adapters only)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=rl.lr, weight_decay=rl.weight_decay)
 
 
 def policy_step(

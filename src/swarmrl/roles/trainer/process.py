@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
 from swarmrl.config.toploc import THRESHOLDS_FILE
@@ -79,17 +78,10 @@ class Origin:
         self.bytes_delta = 0
         self.versions: list[int] = []
 
-    def publish(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase,
-        version: int,
-        scratch: Path,
-        weights: dict[str, torch.Tensor] | None = None,
-    ) -> None:
-        """Save, shard, sign and serve ``version`` (``weights``: a snapshot of ``model``'s to
-        save instead of its live ones); the checkpoint copy is removed afterwards."""
-        checkpoint = save_policy(model, tokenizer, scratch / f"v{version}", weights)
+    def publish(self, save: Callable[[Path], Path], version: int, scratch: Path) -> None:
+        """Save (``save(dir)``: a snapshot of the whole policy, or the base and a LoRA
+        adapter), shard, sign and serve ``version``; the checkpoint copy is removed afterwards."""
+        checkpoint = save(scratch / f"v{version}")
         manifest = self.publisher.publish(checkpoint, version, version)
         self.bytes_full += manifest.total_bytes
         self.bytes_delta += sum(d.size for d in manifest.deltas)
@@ -356,7 +348,7 @@ class Announcer:
     def __call__(self, version: int, final: bool = False) -> None:
         self._raise_failures()
         if version not in self.origin.versions and version not in self._queued:
-            snapshot = weights_snapshot(self.learner.policy)
+            snapshot = self._writer()
             # the orchestrator learns the version at once, so that no unit is leased for the
             # old one meanwhile; the weights follow (a worker waits for them to download)
             self.tell(version)
@@ -397,11 +389,18 @@ class Announcer:
             pause_s=swarm.retry_s,
         )
 
-    def _publish(self, version: int, snapshot: dict[str, torch.Tensor]) -> None:
+    def _writer(self) -> Callable[[Path], Path]:
+        """A writer of the version as it is now, whatever later steps do: with LoRA the base
+        plus the current adapter, else a snapshot of the whole weights."""
+        learner = self.learner
+        if learner.versions is not None:
+            return learner.version_writer()
+        weights = weights_snapshot(learner.policy)
+        return lambda out: save_policy(learner.policy, learner.tokenizer, out, weights)
+
+    def _publish(self, version: int, snapshot: Callable[[Path], Path]) -> None:
         started = time.monotonic()
-        self.origin.publish(
-            self.learner.policy, self.learner.tokenizer, version, self.scratch, snapshot
-        )
+        self.origin.publish(snapshot, version, self.scratch)
         self.published.append((time.time(), version))
         self.status.set(version=version)
         self.status.add(versions_published=1, publish_seconds=time.monotonic() - started)
