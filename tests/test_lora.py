@@ -243,7 +243,7 @@ def test_a_missing_target_module_is_one_line_at_start_and_writes_nothing(tmp_pat
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 2, done.stderr[-2000:]
@@ -263,8 +263,8 @@ def test_lora_without_peft_names_the_install_command(monkeypatch):
 
 
 def test_an_adapter_for_another_base_is_refused(world, tmp_path):
-    other = create_tiny_model(TINY, world["tokenizer"])  # same shapes, other weights
     torch.manual_seed(5)
+    other = create_tiny_model(TINY, world["tokenizer"])  # same shapes, other weights
     elsewhere = save_policy(other, world["tokenizer"], tmp_path / "other")
     mixed = shutil.copytree(world["path"], tmp_path / "mixed")
     shutil.copyfile(elsewhere / "model.safetensors", mixed / "model.safetensors")
