@@ -111,6 +111,28 @@ def test_truncated_responses_are_resumed_elsewhere(tmp_path, origin):
         short.stop()
 
 
+def test_a_fast_source_that_keeps_cutting_one_shard_short_is_not_retried_for_it(
+    tmp_path, origin
+):
+    """A liar the client rates far above the honest origin still cannot use up the attempts."""
+
+    def truncate(version_dir: Path) -> None:
+        path = version_dir / "model.safetensors"
+        os.truncate(path, path.stat().st_size // 2 + 1000)
+
+    short = serve_store(_damaged_copy(tmp_path, "short", truncate), LYING)
+    try:
+        for run in range(3):
+            out = tmp_path / f"out{run}"
+            client = WeightClient([short.url, origin.url], KEY.public_key_hex, out, CFG)
+            client.pool.stats[origin.url].failures = 10**6  # weight ~1e-6 of the liar's
+            path = client.fetch(1)
+            assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+            assert client.pool.stats[short.url].failures > 0
+    finally:
+        short.stop()
+
+
 def test_forged_and_unsigned_manifests_are_refused(tmp_path, origin):
     forger = KeyPair.from_seed(b"\x09" * 32)
     ck = write_checkpoint(tmp_path / "evil", random_weights(1000, seed=666))

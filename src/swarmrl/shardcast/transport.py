@@ -3,7 +3,8 @@
 ``download_object`` fetches one byte object (a shard or a delta blob) whose size and digest
 come from a signed manifest: it picks a source by weight, streams the body through the
 digest into a sink (``pwrite`` at offsets), resumes with ``Range`` from another source after
-a broken or truncated response, and on a digest mismatch penalises every source that
+a broken or truncated response (a source that broke a transfer of this object is not asked
+for it again while another source remains), and on a digest mismatch penalises every source that
 contributed bytes, reports it, and starts over from a different source.
 
 Source weight (higher is chosen more often, chosen at random in proportion)::
@@ -274,6 +275,7 @@ def download_object(
     got, hasher = 0, new_hasher(algorithm)
     contributors: set[str] = set()
     excluded: set[str] = set()  # corrupt or missing for this object
+    broke: set[str] = set()  # cut a transfer of this object short: avoided while others remain
     attempts, last_error = 0, "no attempt made"
     last_was_corrupt = False  # the last failed attempt assembled bytes that missed the digest
     buf = memoryview(bytearray(min(CHUNK, max(size, 1))))
@@ -301,7 +303,7 @@ def download_object(
             raise PeerUnavailable(
                 f"v{version} {what}: gave up after {attempts} tries ({last_error})"
             )
-        url = pool.choose(excluded)
+        url = pool.choose(excluded | broke) or pool.choose(excluded)
         if url is None:
             if any(pool.stats[u].corrupt for u in excluded):
                 raise CorruptData(
@@ -343,5 +345,6 @@ def download_object(
         except (OSError, http.client.HTTPException) as exc:
             conns.drop(url)
             pool.failure(url)
+            broke.add(url)
             attempts += 1
             last_error, last_was_corrupt = f"{url}: {type(exc).__name__}: {exc}", False
