@@ -211,22 +211,27 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=0, help="vocab of the 100M models (0 = char)")
     parser.add_argument("--vllm", action="store_true", help="add plain and verifiable vLLM arms")
     parser.add_argument(
+        "--vllm-only", action="store_true", help="only the two vLLM arms (implies --vllm)"
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
         help="cpu: this process's CPU time (with --threads 1, insensitive to other load)",
     )
     args = parser.parse_args()
+    args.vllm = args.vllm or args.vllm_only
     if args.vllm and args.clock == "cpu":
         raise SystemExit("--vllm needs --clock wall: vLLM computes in its own process")
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
-    who = WHO + (VLLM_WHO if args.vllm else ())
+    who = (() if args.vllm_only else WHO) + (VLLM_WHO if args.vllm else ())
     console = Console(width=200)
     table = Table(
         title=f"generate: {args.new_tokens} new tokens, T=1, tokens per {args.clock}-clock second"
     )
-    for col in ("model", "params", "batch", *(f"{w} median" for w in who), "engine/hf"):
+    ratio = () if args.vllm_only else ("engine/hf",)
+    for col in ("model", "params", "batch", *(f"{w} median" for w in who), *ratio):
         table.add_column(col, justify="right")
     if args.vllm:
         table.add_column("verif/plain", justify="right")
@@ -236,8 +241,8 @@ def main() -> None:
         n_params = sum(p.numel() for p in model.parameters()) / 1e6
         batches = [int(b) for b in args.batch.split(",")]
         prompts = {b: make_prompts(b, model.config.vocab_size, seed=0) for b in batches}
-        rates: dict[int, dict[str, list[float]]] = {}
-        for batch in batches:  # the in-process arms first, with no vLLM process alive
+        rates: dict[int, dict[str, list[float]]] = {b: {} for b in batches}
+        for batch in [] if args.vllm_only else batches:  # in-process arms first, no vLLM alive
             rates[batch] = interleaved(
                 {
                     "transformers": hf_runner(model, prompts[batch], args.new_tokens),
@@ -266,7 +271,8 @@ def main() -> None:
         for batch in batches:
             med = {w: statistics.median(rates[batch][w]) for w in who}
             row = [name, f"{n_params:.1f}M", str(batch), *(f"{med[w]:.0f}" for w in who)]
-            row.append(f"{med['engine'] / med['transformers']:.2f}x")
+            if not args.vllm_only:
+                row.append(f"{med['engine'] / med['transformers']:.2f}x")
             if args.vllm:
                 row.append(f"{med['vllm-verif'] / med['vllm']:.2f}x")
             rows.append(row)
