@@ -185,10 +185,15 @@ def test_cli_invalid_config_value_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_missing_model_and_malformed_dataset_are_one_line(tmp_path):
+def test_cli_missing_model_is_one_line(tmp_path):
     proc = _cli("eval", "--model", str(tmp_path / "no-such-model"), cwd=str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert "no-such-model" in proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_malformed_dataset_is_one_line_naming_the_row(tmp_path):
+    pytest.importorskip("datasets", reason="needs the tasks extra: pip install -e '.[tasks]'")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"}\n')
     proc = _cli(
