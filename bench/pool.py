@@ -47,6 +47,22 @@ POOL = "bench"
 JOIN_BODY = json.dumps({"metadata": CPU_NODE.model_dump(mode="json")}).encode()
 
 
+def bench_spec(lease_timeout_s: float) -> PoolSpec:
+    """The benchmark's open pool: no validators, small leases, one unit in flight per node."""
+    return PoolSpec(
+        pool_id=POOL,
+        owner_key=KeyPair.generate().public_key_hex,
+        open=True,
+        task_count=100_000,
+        samples_per_task=4,
+        sampling=SamplingParams(max_new_tokens=32),
+        validated_fraction=0.0,
+        max_tasks_per_lease=4,
+        max_leases_in_flight=1,
+        lease_timeout_s=lease_timeout_s,
+    )
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -322,18 +338,7 @@ def main() -> None:
         "--costs", action="store_true", help="only measure server CPU per request, one at a time"
     )
     args = parser.parse_args()
-    spec = PoolSpec(
-        pool_id=POOL,
-        owner_key=KeyPair.generate().public_key_hex,
-        open=True,
-        task_count=100_000,
-        samples_per_task=4,
-        sampling=SamplingParams(max_new_tokens=32),
-        validated_fraction=0.0,
-        max_tasks_per_lease=4,
-        max_leases_in_flight=1,
-        lease_timeout_s=args.unit_s * 4,
-    )
+    spec = bench_spec(lease_timeout_s=args.unit_s * 4)
     if args.costs:
         with tempfile.TemporaryDirectory() as tmp:
             proc, url = start_orchestrator(Path(tmp), spec)

@@ -24,17 +24,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pool import POOL, bench_spec  # bench/pool.py, this script's sibling
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool import service
 from swarmrl.pool.app import build_app
 from swarmrl.pool.server import make_context
-from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import Heartbeat, LeaseReply, PoolSpec, Submission
+from swarmrl.protocol.pool import Heartbeat, LeaseReply, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, synthetic_samples
 
-POOL = "bench"
 BATCH = 25
 Request = tuple[KeyPair, str, bytes, dict[str, str]]
 
@@ -103,18 +102,7 @@ def summary(values: list[float]) -> dict[str, float]:
 async def measure(nodes: int, db_url: str) -> dict[str, dict[str, float]]:
     config = PoolConfig(join_rate_per_s=1000, join_burst=100_000, db_url=db_url)
     ctx = make_context(KeyPair.generate(), Path(tempfile.mkdtemp()), config)
-    spec = PoolSpec(
-        pool_id=POOL,
-        owner_key=KeyPair.generate().public_key_hex,
-        open=True,
-        task_count=100_000,
-        samples_per_task=4,
-        sampling=SamplingParams(max_new_tokens=32),
-        validated_fraction=0.0,
-        max_tasks_per_lease=4,
-        max_leases_in_flight=1,
-        lease_timeout_s=600,
-    )
+    spec = bench_spec(lease_timeout_s=600)
     service.create_pool(ctx, spec)
     app = build_app(ctx)
     keys = [KeyPair.generate() for _ in range(nodes)]
