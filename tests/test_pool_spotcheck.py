@@ -1,6 +1,6 @@
 """Spot-check validation through the real pool, on SQLite and PostgreSQL: which submissions are
 checked cannot be told or predicted by the worker, a node's rate falls with a clean record and
-rises after a failure, a cheater is caught and none of its unvouched work trains, a quorum
+rises after a failed check (not after a soft drop), a cheater is caught and none of its unvouched work trains, a quorum
 decides disputed verdicts, and the ledger alone re-derives every selection.
 
 The "model" here is ``synthetic_samples``: a deterministic function of the work unit's seed, so
@@ -19,7 +19,7 @@ from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.spotchecks import SpotCheckReplay, check_rate, draw, is_checked
 from swarmrl.ledger.verify import export_lines, verify_lines
-from swarmrl.pool import db
+from swarmrl.pool import db, spotcheck
 from swarmrl.pool.audit import audit
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import (
@@ -234,6 +234,17 @@ def test_the_worker_is_not_told_which_submissions_are_checked(tmp_path):
 # --- rates fall and rise ---------------------------------------------------------------------
 
 
+def climb_to_the_floor(node: PoolClient, checker: PoolClient) -> tuple[list[float], int]:
+    """Honest units judged until four checks passed; the rates they must have been drawn at
+    (1, .5, .25, .125 at floor .1 and decay .5) and the clean record reached."""
+    want, clean = [], 0
+    while clean < 4:
+        want.append(check_rate(clean, 0.1, 0.5))
+        submit(node)
+        clean += len(judge_all(checker))
+    return want, clean
+
+
 def test_rate_falls_with_each_passed_check_and_returns_to_one_after_a_failure(db_url, tmp_path):
     orch, owner, validator, key = (KeyPair.generate() for _ in range(4))
     spec = make_spec(owner, [validator], validated_fraction=0.1, check_rate_decay=0.5)
@@ -241,22 +252,54 @@ def test_rate_falls_with_each_passed_check_and_returns_to_one_after_a_failure(db
         PoolClient(server.url, orch).create_pool(spec)
         node, checker = PoolClient(server.url, key), PoolClient(server.url, validator)
         node.join(POOL, CPU_NODE)
-        want, clean = [], 0  # the rate each submission must be drawn at: 1, .5, .25, .125, .1
-        while clean < 4:
-            want.append(check_rate(clean, 0.1, 0.5))
-            submit(node)
-            clean += len(judge_all(checker))
-        while True:  # falsify until a check catches it (a soft failure: no ban)
+        want, clean = climb_to_the_floor(node, checker)
+        while True:  # falsify until a check catches it
             want.append(check_rate(clean, 0.1, 0.5))
             sid = submit(node, falsified=True).submission_id
-            if judge_all(checker, severity="soft"):
+            if judge_all(checker):
                 break
-        submit(node)
         rates = [e["body"]["check"]["rate"] for e in entries(server, "submission")]
-        assert rates == [*want, 1.0]  # back to 1 after the failure
+        assert rates == want
         assert rates[:2] == [1.0, 0.5] and 0.1 in rates  # fell to the floor on a clean record
         assert statuses(server)[sid] == "rejected"
+        with server.ctx.engine.connect() as conn:  # back to 1 (the failure also banned it)
+            assert spotcheck.node_rate(conn, spec, key.node_id) == 1.0
+        assert {v.state for v in PoolClient(server.url, owner).nodes(POOL)} == {"banned"}
+
+
+def test_a_soft_drop_is_no_failed_check_and_leaves_the_rate(db_url, tmp_path):
+    """A unit dropped without blame (the validator cannot replay its version) neither passes
+    nor fails a check: the node's rate stays where its clean record put it."""
+    orch, owner, validator, key = (KeyPair.generate() for _ in range(4))
+    spec = make_spec(owner, [validator], validated_fraction=0.1, check_rate_decay=0.5)
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        node, checker = PoolClient(server.url, key), PoolClient(server.url, validator)
+        node.join(POOL, CPU_NODE)
+        want, clean = climb_to_the_floor(node, checker)
+        while True:  # honest units until one is checked; it is dropped softly
+            want.append(check_rate(clean, 0.1, 0.5))
+            sid = submit(node).submission_id
+            claimed = checker.claim(POOL, limit=256)
+            if claimed:
+                break
+        gone = Verdict(
+            submission_id=claimed[0].submission_id,
+            accept=False,
+            severity="soft",
+            reasons=["cannot be replayed: version 0 is gone"],
+            measured_tokens=0,
+        )
+        assert checker.verdict(POOL, gone).status == "rejected"
+        submit(node)
+        want.append(check_rate(clean, 0.1, 0.5))
+        rates = [e["body"]["check"]["rate"] for e in entries(server, "submission")]
+        assert rates == want and rates[-1] == 0.1  # still at the floor, not back to 1
+        assert statuses(server)[sid] == "rejected"
         assert {v.state for v in PoolClient(server.url, owner).nodes(POOL)} == {"healthy"}
+        report = verify_lines(export_lines(read_entries(server.ctx.engine)), orch.public_key_hex)
+        assert report.ok, report.reason  # the ledger re-derives the same rates
+        audit(server.ctx.engine, orch.public_key_hex)
 
 
 # --- quorum ----------------------------------------------------------------------------------

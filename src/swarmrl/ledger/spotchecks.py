@@ -4,7 +4,8 @@ Which submissions a validator checks is decided by two numbers:
 
 - the node's *check rate* ``p = max(floor, decay ** clean)``, with ``clean`` the number of its
   checks passed since its last failed check (since it joined, if none failed): 1 for a new node,
-  falling geometrically with a clean record toward ``floor``, and back to 1 after any failure;
+  falling geometrically with a clean record toward ``floor``, and back to 1 after a failed check
+  (a hard rejection; a soft one drops a unit without blame and leaves ``clean`` as it was);
 - the submission's *draw* ``u = HMAC-SHA256(secret, "spot-check/<pool>/<submission id>") / 2^256``
   in [0, 1), keyed with the secret of the assignment epoch open when the submission arrived
   (``swarmrl.pool.assignments``: committed in the ledger when the epoch opens, revealed when it
@@ -152,7 +153,7 @@ class SpotCheckReplay:
         if body.get("accept"):
             pool.clean[node] = pool.clean.get(node, 0) + 1
             pool.passed.add(sid)
-        else:
+        elif body.get("severity", "hard") == "hard":  # soft: dropped without blame
             pool.clean[node] = 0
         if pool.checked.get(sid, (node, True))[1] is False:
             return f"verdict on submission {sid}, which was not selected for a check"

@@ -168,7 +168,8 @@ def record_verdict(
             ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
             spotcheck.passed(ctx, conn, pool_id, row)
         else:
-            spotcheck.failed(conn, pool_id, row.node_id)
+            if verdict.severity == "hard":  # a soft drop blames nobody: the record stands
+                spotcheck.failed(conn, pool_id, row.node_id)
             reason = "; ".join(verdict.reasons) or "rejected by validator"
             state = node_row(conn, pool_id, row.node_id).state
             if state != "banned":

@@ -3,7 +3,8 @@
 Selection (the arithmetic lives in ``swarmrl.ledger.spotchecks``): a submission is checked when
 its draw ``u = HMAC(epoch secret, submission id)`` is below its node's check rate
 ``p = max(validated_fraction, check_rate_decay ** clean)``, ``clean`` being the node's checks
-passed since its last failed one. The decision is taken when the submission is stored, from a
+passed since its last failed one (a hard rejection; a soft one drops the unit without blame and
+leaves the record as it was). The decision is taken when the submission is stored, from a
 secret the node does not hold, and is not told to the node (its receipt says ``pending``
 either way); the submission's ledger entry records ``{"epoch", "rate", "checked"}``, so once
 the epoch's secret is revealed anyone holding the ledger can recompute it.
@@ -111,7 +112,8 @@ def passed(ctx: Context, conn: sa.Connection, pool_id: str, row: Any) -> list[st
 
 
 def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
-    """A check of the node failed: its rate goes back to 1."""
+    """A check of the node failed (a hard rejection): its rate goes back to 1. A soft one (the
+    unit could not be judged, e.g. its version is gone) is no failure and leaves the record."""
     _set_clean(conn, pool_id, node_id, 0)
 
 
