@@ -67,6 +67,8 @@ leases = sa.Table(
     # active → submitted | expired; expired → reassigned (once; reassigned_to names the new lease)
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("work", sa.Text, nullable=False),  # WorkUnit JSON
+    # tasks in the unit (len(work.task_indices)): admission sums it over active leases
+    sa.Column("n_tasks", sa.Integer, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("deadline", sa.Float, nullable=False),
     sa.Column("reassigned_to", sa.String(32), nullable=True),

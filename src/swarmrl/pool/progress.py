@@ -9,7 +9,6 @@ about HTTP or the admission arithmetic itself.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -57,6 +56,13 @@ def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
     return RunPlan(row.steps, row.tasks_per_step, row.finished_at is not None)
 
 
+# tasks in active leases: a sum over a column, not a parse of every lease's unit (a lease asks
+# for it, and a pool of thousands of nodes has thousands of leases active)
+_LEASED = sa.select(sa.func.coalesce(sa.func.sum(db.leases.c.n_tasks), 0)).where(
+    db.leases.c.pool_id == sa.bindparam("p"), db.leases.c.state == "active"
+)
+
+
 def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
     """L, P, Q and U of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``."""
     subs, g = db.submissions, spec.samples_per_task
@@ -70,14 +76,9 @@ def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
         .group_by(subs.c.status)
     ).all()
     samples = {status: int(n) for status, n in rows}
-    works = conn.execute(
-        sa.select(db.leases.c.work).where(
-            db.leases.c.pool_id == spec.pool_id, db.leases.c.state == "active"
-        )
-    ).scalars()
-    leased = sum(len(json.loads(w)["task_indices"]) for w in works)
+    leased = conn.execute(_LEASED, {"p": spec.pool_id}).scalar_one()
     return Supply(
-        leased=leased,
+        leased=int(leased),
         pending=samples.get("pending", 0) // g,
         trainable=(samples.get("accepted", 0) + samples.get("leased", 0)) // g,
         unchecked=samples.get("unchecked", 0) // g,

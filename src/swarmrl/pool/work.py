@@ -123,6 +123,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
                 node_id=node_id,
                 state="active",
                 work=work.model_dump_json(),
+                n_tasks=len(tasks),
                 created_at=now,
                 deadline=work.deadline,
             ),
