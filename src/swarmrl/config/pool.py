@@ -31,6 +31,13 @@ class PoolConfig(Section):
     dead_after_s: float = Field(60.0, gt=0, description="no beat this long → dead, leases freed")
     eject_after_s: float = Field(300.0, gt=0, description="no beat this long → ejected")
     sweep_interval_s: float = Field(1.0, gt=0, description="health/lease sweeper period")
+    heartbeat_flush_s: float = Field(
+        1.0,
+        ge=0,
+        description="heartbeats that leave a node's state as it was are written to the database "
+        "in one batch this often, s (a crash loses at most this much liveness, never accepted "
+        "work); 0 = each at once",
+    )
     claim_timeout_s: float = Field(300.0, gt=0, description="validator claim expires, s")
     join_rate_per_s: float = Field(
         2.0, gt=0, description="new nodes admitted per second and pool, on average"

@@ -155,18 +155,31 @@ def build_app(ctx: Context) -> FastAPI:
             except Exception:  # the sweeper must outlive one bad pass; the error is logged
                 log.exception("pool sweep failed; retrying next period")
 
+    async def beat_flusher() -> None:
+        period_s = ctx.config.heartbeat_flush_s
+        while period_s > 0:
+            await asyncio.sleep(period_s)
+            try:
+                await on_db(service.flush_beats, ctx)
+            except Exception:  # the beats stay buffered for the next period; the error is logged
+                log.exception("writing buffered heartbeats failed; retrying next period")
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         checkpointer = WalCheckpointer(ctx.engine)
         checkpointer.start()
-        task = asyncio.create_task(sweeper())
+        tasks = [asyncio.create_task(sweeper()), asyncio.create_task(beat_flusher())]
         try:
             yield
         finally:
-            checkpointer.stop()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            try:  # a clean stop loses no beat
+                service.flush_beats(ctx)
+            finally:
+                checkpointer.stop()
 
     app = FastAPI(
         title="swarmrl orchestrator",

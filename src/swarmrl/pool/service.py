@@ -22,7 +22,8 @@ from swarmrl.errors import BadSignature, RateLimited
 from swarmrl.identity.keys import KeyPair, canonical_json, verify_signature
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
-from swarmrl.pool import assignments, db
+from swarmrl.pool import assignments, beats, db
+from swarmrl.pool.beats import LOG_TAIL_LINES, Beat, BeatBuffer
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.pool.limits import TokenBucket
 from swarmrl.pool.rejections import (
@@ -48,8 +49,6 @@ from swarmrl.protocol.pool import (
     Requirements,
 )
 
-LOG_TAIL_LINES = 200
-
 
 @dataclass
 class Context:
@@ -65,6 +64,8 @@ class Context:
     _joins: dict[str, TokenBucket] = field(default_factory=dict)  # per pool (swarmrl.pool.limits)
     # per pool: when a trainer's batch request last came back empty (swarmrl.pool.admission)
     starved_at: dict[str, float] = field(default_factory=dict)
+    # heartbeats answered by this process and not yet written (swarmrl.pool.beats)
+    beats: BeatBuffer = field(default_factory=BeatBuffer)
 
     @property
     def ledger(self) -> Ledger:
@@ -318,58 +319,51 @@ def join(
 # --- health ----------------------------------------------------------------------------------
 
 
-# Heartbeats are the most frequent request: their two statements are built once.
+# Heartbeats are the most frequent request: their read is built once, and a beat that leaves the
+# node's state as it was is buffered and written in a batch (swarmrl.pool.beats).
 _BEAT_READ = (
-    sa.select(db.nodes.c.node_id, db.nodes.c.state, db.nodes.c.log_tail, db.pools.c.current_version)
+    sa.select(db.nodes.c.node_id, db.nodes.c.state, db.pools.c.current_version)
     .join(db.pools, db.pools.c.pool_id == db.nodes.c.pool_id)
     .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
-)
-_BEAT_WRITE = (
-    db.nodes.update()
-    .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
-    .values(
-        state=sa.bindparam("state"),
-        last_beat_at=sa.bindparam("now"),
-        status=sa.bindparam("status"),
-        model_version=sa.bindparam("version"),
-        reported_tps=sa.bindparam("tps"),
-        log_tail=sa.bindparam("tail"),
-    )
 )
 
 
 def heartbeat(ctx: Context, pool_id: str, node_id: str, beat: Heartbeat) -> HeartbeatReply:
-    now = ctx.clock()
+    """Record a node's beat: buffered if it leaves the node's state as it was, else written at
+    once (with what the buffer held for the node), so state changes never wait for a flush."""
     limit = ctx.config.max_log_line_chars
-    with ctx.engine.begin() as conn:
+    state = "unhealthy" if beat.status == "error" else "healthy"
+    now_beat = Beat(
+        state,
+        ctx.clock(),
+        beat.status,
+        beat.model_version,
+        beat.tokens_per_s,
+        [line[:limit] for line in beat.log_tail[-LOG_TAIL_LINES:]],
+    )
+    with ctx.engine.connect() as conn:
         ctx.spec(conn, pool_id)
         row = conn.execute(_BEAT_READ, {"p": pool_id, "n": node_id}).first()
         if row is None:
             node_row(conn, pool_id, node_id)  # raises the "join first" rejection
         require_member(row, ("healthy", "unhealthy", "dead"))
-        tail = row.log_tail
-        if beat.log_tail:
-            lines = json.loads(tail) + [line[:limit] for line in beat.log_tail]
-            tail = json.dumps(lines[-LOG_TAIL_LINES:])
-        state = "unhealthy" if beat.status == "error" else "healthy"
-        conn.execute(
-            _BEAT_WRITE,
-            {
-                "p": pool_id,
-                "n": node_id,
-                "state": state,
-                "now": now,
-                "status": beat.status,
-                "version": beat.model_version,
-                "tps": beat.tokens_per_s,
-                "tail": tail,
-            },
-        )
+        if row.state == state and ctx.config.heartbeat_flush_s > 0:
+            ctx.beats.add(pool_id, node_id, now_beat)
+        else:
+            earlier = ctx.beats.take(pool_id, node_id)
+            merged = now_beat if earlier is None else earlier.then(now_beat)
+            beats.write(conn, [((pool_id, node_id), merged)], buffered=False)
+            conn.commit()
     return HeartbeatReply(
         state=state,
         current_version=row.current_version,
         next_beat_s=ctx.config.heartbeat_interval_s,
     )
+
+
+def flush_beats(ctx: Context) -> int:
+    """Write the beats this process buffered (``swarmrl.pool.beats``); the number written."""
+    return ctx.beats.flush(ctx.engine)
 
 
 def release_leases(conn: sa.Connection, pool_id: str, node_id: str) -> None:
@@ -393,6 +387,7 @@ def sweep(ctx: Context) -> dict[str, int]:
     """
     cfg, now = ctx.config, ctx.clock()
     changed = {"nodes": 0, "leases": 0}
+    flush_beats(ctx)  # silence is judged on every beat this process answered
     last_sign = sa.func.coalesce(db.nodes.c.last_beat_at, db.nodes.c.joined_at)
     with ctx.engine.begin() as conn:
         for sources, target, threshold in SILENCE_TRANSITIONS:
@@ -441,6 +436,7 @@ def sweep(ctx: Context) -> dict[str, int]:
 
 
 def list_nodes(ctx: Context, pool_id: str) -> list[NodeView]:
+    flush_beats(ctx)
     with ctx.engine.connect() as conn:
         ctx.spec(conn, pool_id)
         rows = conn.execute(
@@ -450,6 +446,7 @@ def list_nodes(ctx: Context, pool_id: str) -> list[NodeView]:
 
 
 def node_logs(ctx: Context, pool_id: str, node_id: str) -> NodeLogs:
+    flush_beats(ctx)
     with ctx.engine.connect() as conn:
         ctx.spec(conn, pool_id)
         row = node_row(conn, pool_id, node_id)
@@ -457,6 +454,7 @@ def node_logs(ctx: Context, pool_id: str, node_id: str) -> NodeLogs:
 
 
 def metrics(ctx: Context, pool_id: str) -> PoolMetrics:
+    flush_beats(ctx)
     now = ctx.clock()
     with ctx.engine.connect() as conn:
         ctx.spec(conn, pool_id)
