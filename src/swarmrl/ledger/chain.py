@@ -25,6 +25,7 @@ GENESIS_HASH = "0" * 64
 EntryKind = Literal[
     "pool_created",
     "node_joined",
+    "node_rejoined",  # a node ejected for silence came back with its key (swarmrl.pool.rejoin)
     "submission",
     "verdict",
     "invalidation",

@@ -42,6 +42,7 @@ from swarmrl.protocol.pool import (
     PoolInfo,
     PoolMetrics,
     PoolSpec,
+    RejoinRequest,
     Submission,
     SubmissionReceipt,
     Verdict,
@@ -169,6 +170,12 @@ class PoolClient(_Base):
     def join(self, pool_id: str, metadata: NodeMetadata, invite: Invite | None = None) -> NodeView:
         req = JoinRequest(metadata=metadata, invite=invite)
         return self._call("POST", f"/pools/{pool_id}/join", req, NodeView)
+
+    def rejoin(self, pool_id: str, metadata: NodeMetadata) -> NodeView:
+        """Come back after an ejection for silence, with this key and no invite
+        (``swarmrl.pool.rejoin``); a member gets its view, a banned node ``NodeBanned``."""
+        req = RejoinRequest(metadata=metadata)
+        return self._call("POST", f"/pools/{pool_id}/rejoin", req, NodeView)
 
     def heartbeat(self, pool_id: str, beat: Heartbeat) -> HeartbeatReply:
         return self._call("POST", f"/pools/{pool_id}/heartbeat", beat, HeartbeatReply)

@@ -146,6 +146,16 @@ class JoinRequest(Message):
     invite: Invite | None = Field(None, description="required unless the pool is open")
 
 
+class RejoinRequest(Message):
+    """A node ejected for silence (or declared dead) coming back with the key it joined with.
+
+    Spends no invite; a banned node stays out, and a node never admitted must join. Example:
+    ``{"metadata": {"engine": "torch", "memory_gb": 16, "accelerator": "cpu"}}``.
+    """
+
+    metadata: NodeMetadata = Field(description="the node now; checked against the requirements")
+
+
 class NodeView(Message):
     """A node as the orchestrator sees it (admin and join/heartbeat replies)."""
 

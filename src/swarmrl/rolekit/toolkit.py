@@ -105,8 +105,13 @@ def retry(
     give_up_s: float,
     pause_s: float = 1.0,
     stop: threading.Event | None = None,
+    max_pause_s: float | None = None,
 ) -> T:
     """Run ``call`` until it succeeds, retrying transient failures for up to ``give_up_s``.
+
+    Pauses ``pause_s`` between attempts; with ``max_pause_s`` the pause doubles after each
+    failure up to that bound, with up to ``pause_s`` of random jitter (many nodes coming back at
+    once then spread out instead of knocking together).
 
     Each failure streak is logged once with what was being attempted; recovery is logged too.
     Raises :class:`WaitTimeout` naming ``what`` when the peer stays away (or ``stop`` is set),
@@ -130,7 +135,10 @@ def retry(
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(TRANSIENT),
         stop=tenacity.stop_after_delay(give_up_s),
-        wait=tenacity.wait_fixed(pause_s),
+        wait=tenacity.wait_fixed(pause_s)
+        if max_pause_s is None
+        else tenacity.wait_exponential(multiplier=pause_s, max=max_pause_s)
+        + tenacity.wait_random(0, pause_s),
         sleep=_pause(stop),
         after=failed,
     )

@@ -6,13 +6,17 @@ Three loops run side by side:
   downloads each new version as soon as it is announced, while generation goes on with the
   version already loaded;
 - heartbeat (thread): tells the orchestrator the node is alive and which version it holds;
-  learns from a ``NodeBanned`` refusal (or the reply) when the node has been banned;
+  learns from a ``NodeBanned`` refusal (or the reply) when the node has been banned, and from a
+  ``NotMember`` one that it was ejected for silence (it then rejoins);
 - work (main thread): leases a work unit, switches to the newest downloaded version between
   units, generates all samples with proofs, and submits them signed.
 
 Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.toolkit``). A
 refusal from the orchestrator (stale version, expired lease) drops that unit and goes on; a
-``NotMember`` refusal joins again; ``NodeBanned`` stops the node with exit status 3. A lease
+``NotMember`` refusal (the node went silent long enough to be declared dead or ejected) rejoins
+with the node's own key, no invite (``swarmrl.pool.rejoin``), pausing longer after each failed
+attempt up to ``REJOIN_MAX_PAUSE_S``, and logs the ejection once; ``NodeBanned`` stops the node
+with exit status 3. A lease
 answered ``wait`` (admission control: the trainer has enough) pauses for the reply's
 ``retry_after_s``, logging each kind of reason at most once a minute; ``finished`` (the trainer finished the run)
 stops the node with exit status 0. Refusals
@@ -53,6 +57,7 @@ from swarmrl.shardcast import WeightClient
 from swarmrl.toploc.bundle import build_bundles
 
 WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per kind of reason
+REJOIN_MAX_PAUSE_S = 30.0  # longest pause between attempts to rejoin after an ejection
 
 
 @dataclass
@@ -96,6 +101,8 @@ class WorkerNode:
         self.banned = threading.Event()
         self.finished = threading.Event()  # the orchestrator said the run is over
         self._wait_logged: dict[str, float] = {}  # kind of wait → when last logged
+        self._rejoin_lock = threading.Lock()  # the heartbeat and work threads may both notice
+        self.rejoins = 0  # times the node came back after an ejection
         self._ready: tuple[int, Path] | None = None  # newest downloaded version
         self._ready_lock = threading.Lock()
         self.policy: LoadedVersion | None = None
@@ -176,6 +183,10 @@ class WorkerNode:
             except NodeBanned as exc:
                 self._banned_by_pool(exc)
                 return
+            except NotMember as exc:
+                if not self._rejoin_after(exc):
+                    return
+                continue
             except (InfraError, PeerError) as exc:  # PeerError: the pool refused the beat
                 self.log.warning("heartbeat failed: %s", exc)
                 continue
@@ -183,13 +194,54 @@ class WorkerNode:
                 self._banned_by_pool("heartbeat reply")
                 return
 
+    def _rejoin_after(self, refusal: NotMember) -> bool:
+        """The heartbeat thread learned the node is not a member: rejoin. False when the node
+        must stop (banned, or stopped while trying)."""
+        try:
+            self.rejoin(refusal)
+        except NodeBanned as exc:
+            self._banned_by_pool(exc)
+            return False
+        except WaitTimeout:
+            return not self.stop.is_set()  # the work thread meets the same refusal and decides
+        return True
+
+    def rejoin(self, refusal: NotMember) -> None:
+        """Come back after an ejection for silence, with this node's key and no invite.
+
+        Transient failures (the pool unreachable, its join rate spent) back off, doubling the
+        pause up to :data:`REJOIN_MAX_PAUSE_S`; a refusal (banned, unknown to the pool) is
+        raised. The heartbeat and work threads may both call it: the second finds the node a
+        member again and gets its view back at the cost of one request.
+        """
+        swarm = self.config.swarm
+        with self._rejoin_lock:
+            self.log.warning("the orchestrator let this node go (%s); rejoining", refusal)
+            self.status.set(state="rejoining")
+            view = retry(
+                lambda: self.pool.rejoin(self.settings.pool_id, self._metadata()),
+                f"rejoin pool {self.settings.pool_id}",
+                self.log,
+                give_up_s=swarm.give_up_s,
+                pause_s=swarm.retry_s,
+                max_pause_s=max(swarm.retry_s, REJOIN_MAX_PAUSE_S),
+                stop=self.stop,
+            )
+            self.rejoins += 1
+            self.status.event(f"rejoined the pool ({view.state})")
+            self.log.info("rejoined pool %s as node %s", self.settings.pool_id, view.node_id)
+
     # -- work -----------------------------------------------------------------------------
+    def _metadata(self) -> NodeMetadata:
+        return NodeMetadata(engine=self.config.inference.backend, memory_gb=0.0, accelerator="cpu")
+
     def join(self) -> None:
-        meta = NodeMetadata(engine=self.config.inference.backend, memory_gb=0.0, accelerator="cpu")
+        meta = self._metadata()
         swarm = self.config.swarm
 
         def call() -> None:
-            # joining again is harmless: a member gets its current view back
+            # joining again is harmless: a member gets its current view back, and a node let go
+            # for silence is taken back without spending the invite again
             view = self.pool.join(self.settings.pool_id, meta, self.settings.invite)
             self.log.info(
                 "joined pool %s as node %s (%s)", self.settings.pool_id, view.node_id, view.state
@@ -384,16 +436,17 @@ class WorkerNode:
         )
 
     def _work_until_stopped(self) -> None:
-        """Work units one after another; a refusal drops the unit. Raises NodeBanned."""
+        """Work units one after another; a refusal drops the unit, an ejection rejoins. Raises
+        NodeBanned, and the refusal of a rejoin (the pool no longer knows the node)."""
         while not self.stop.is_set():
             try:
                 self._work_once()
             except NodeBanned:
                 raise
+            except NotMember as exc:  # declared dead or ejected for silence
+                self.rejoin(exc)
             except PeerError as exc:  # only the pool client raises it here
                 self.log.warning("orchestrator refused: %s", exc)
-                if isinstance(exc, NotMember):  # declared dead or ejected: join again
-                    self.join()
                 self.stop.wait(self.config.swarm.retry_s)
 
     def _banned_by_pool(self, reason: object) -> None:
