@@ -15,7 +15,8 @@ Engines load the base, then replace each targeted weight by
     W' = W + (alpha / r) · B @ A          (computed in float32, stored in the model dtype)
 
 so a worker and a validator holding the same version run the same merged weights, whichever
-engine they use. Merging needs torch and safetensors only, not peft.
+engine they use. :func:`write_merged` writes the merged version as a plain checkpoint, for a
+server that loads a directory and nothing else. Merging needs torch and safetensors only, not peft.
 
 An adapter whose base digests differ from the base files beside it, whose tensors do not fit
 the base, or whose files cannot be read is refused with :class:`AdapterMismatch` (a user
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +142,36 @@ def merged_weights(model: torch.nn.Module, path: str | Path) -> dict[str, torch.
     adapter = read_adapter(path)
     check_base(path, adapter)
     return merge_factors(model.state_dict(), adapter)
+
+
+def write_merged(path: str | Path, out: str | Path) -> Path:
+    """Write ``path`` (base + adapter) as a plain checkpoint in ``out`` with the adapter merged.
+
+    The base's weight files keep their names and layout (an index file stays valid); every other
+    top-level file (config, tokenizer) is copied; ``lora/`` is left out. For engines that load a
+    directory and nothing else (vLLM's own server). ``out`` must not exist yet; returns it."""
+    from safetensors.torch import save_file
+
+    local, target = Path(path), Path(out)
+    adapter = read_adapter(local)
+    check_base(local, adapter)
+    target.mkdir(parents=True)
+    left = dict(adapter.factors)
+    for name in base_weight_files(local):
+        try:
+            tensors = load_file(str(local / name))
+        except (OSError, SafetensorError) as exc:
+            raise CorruptData(f"base weights {local / name} cannot be read: {exc}") from exc
+        mine = {k: v for k, v in left.items() if k in tensors}
+        merged = merge_factors(tensors, Adapter(adapter.scaling, mine, adapter.base_sha256))
+        save_file({**tensors, **merged}, str(target / name), metadata={"format": "pt"})
+        left = {k: v for k, v in left.items() if k not in mine}
+    if left:
+        raise AdapterMismatch(f"LoRA adapter targets {sorted(left)[0]}, which the base lacks")
+    for item in local.iterdir():
+        if item.is_file() and item.suffix != ".safetensors":
+            shutil.copy2(item, target / item.name)
+    return target
 
 
 @torch.no_grad()

@@ -7,7 +7,11 @@ The policy is found by ``swarmrl.tools.checkpoint.find_policy`` (a checkpoint, a
 run's ``policy/``, or the newest version a swarm run's trainer published). ``--engine torch``
 (the default) serves ``/v1/completions`` and ``/v1/chat/completions`` from
 ``swarmrl.tools.openai_api``; ``--engine vllm`` hands the directory to vLLM's own
-OpenAI-compatible server (it must be installed). Serves until interrupted.
+OpenAI-compatible server (it must be installed). A LoRA version (base + ``lora/``,
+``swarmrl.inference.lora``) is served with its adapter merged, like workers run it: the torch
+engine merges in memory; for vLLM, which loads a directory and nothing else, the merged
+checkpoint is written once under ``--merged-dir`` (default ``$XDG_CACHE_HOME/swarmrl/merged``,
+one directory per adapter and base, reused by later serves). Serves until interrupted.
 
 Knows how to start a server; the routes are ``swarmrl.tools.openai_api``'s.
 """
@@ -15,7 +19,9 @@ Knows how to start a server; the routes are ``swarmrl.tools.openai_api``'s.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-tokens", type=int, default=64, help="new tokens when a request names none"
     )
+    parser.add_argument(
+        "--merged-dir",
+        default=None,
+        help="where --engine vllm writes a LoRA version merged (default: "
+        "$XDG_CACHE_HOME/swarmrl/merged)",
+    )
     return parser
 
 
@@ -47,12 +59,43 @@ def model_name(path: Path, policy: Path) -> str:
     return (path if path != policy else policy).resolve().name
 
 
+def merged_checkpoint(policy: Path, root: Path) -> Path:
+    """``policy`` as vLLM must load it: itself, or for a LoRA version its merged copy under
+    ``root``, named by a digest of the adapter and base files and written whole or not at all
+    (a serve stopped while merging leaves only a ``.partial`` directory, cleared next time)."""
+    from swarmrl.inference.lora import ADAPTER_DIR, has_adapter, write_merged
+
+    if not has_adapter(policy):
+        return policy
+    digest = hashlib.sha256()
+    for item in sorted(p for p in (policy / ADAPTER_DIR).iterdir() if p.is_file()):
+        digest.update(item.name.encode() + b"\0" + item.read_bytes())
+    target = root / digest.hexdigest()[:32]
+    if (target / "config.json").is_file():
+        return target
+    partial = root / f"{target.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    write_merged(policy, partial)
+    partial.rename(target)
+    return target
+
+
+def default_merged_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "swarmrl" / "merged"
+
+
 def exec_vllm(policy: Path, name: str, args: argparse.Namespace) -> None:
-    """Replace this process with vLLM's OpenAI server over ``policy``."""
+    """Replace this process with vLLM's OpenAI server over ``policy`` (merged if LoRA)."""
     from swarmrl.inference.interface import require_backend
 
     require_backend("vllm")
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(policy)]
+    root = Path(args.merged_dir).expanduser() if args.merged_dir else default_merged_dir()
+    served = merged_checkpoint(policy, root)
+    if served != policy:
+        print(f"serving {policy} with its LoRA adapter merged, from {served}", flush=True)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(served)]
     argv += ["--served-model-name", name, "--host", args.host, "--port", str(args.port)]
     argv += ["--dtype", args.dtype]
     os.execv(sys.executable, argv)
