@@ -109,9 +109,8 @@ def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_temporary_file(
     recorded, no ``*.tmp`` file is left; once there is room the same lease is submitted."""
     import errno
 
-    import fsspec.implementations.local as local_fs
-
     from swarmrl.errors import PeerUnavailable
+    from swarmrl.pool import store
     from swarmrl.testing.pool_nodes import local_orchestrator
 
     orch, owner, node = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
@@ -119,17 +118,17 @@ def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_temporary_file(
         pool_id="p1", owner_key=owner.public_key_hex, task_count=10,
         sampling=SamplingParams(max_new_tokens=3), validators=[KeyPair.generate().public_key_hex],
     )  # fmt: skip
-    real_open = local_fs.LocalFileSystem._open
     full = {"on": True}
 
-    def open_or_full(self, path, mode="rb", *args, **kwargs):
+    def open_or_full(path, mode="r", *args, **kwargs):
         if full["on"] and "w" in mode and str(path).endswith(".tmp"):
-            handle = real_open(self, path, mode, *args, **kwargs)  # the file appears, then
+            handle = open(path, mode, *args, **kwargs)  # the file appears, then
             handle.close()  # the disk fills up while writing it
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_open(self, path, mode, *args, **kwargs)
+        return open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(local_fs.LocalFileSystem, "_open", open_or_full)
+    # the store writes a local directory with the builtin open (swarmrl.pool.store)
+    monkeypatch.setattr(store, "open", open_or_full, raising=False)
     with local_orchestrator(tmp_path / "run", orch) as server:
         PoolClient(server.url, orch).create_pool(spec)
         client = PoolClient(server.url, node)
