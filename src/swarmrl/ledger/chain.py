@@ -15,6 +15,7 @@ module knows nothing about pools beyond the entry kinds.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -84,6 +85,17 @@ def entry_hash(core: dict[str, Any]) -> str:
     return digest_hex(canonical_json(core))
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One entry to append: its kind, body and subjects; ``ts`` None = now."""
+
+    kind: EntryKind
+    body: dict[str, Any]
+    pool_id: str | None = None
+    node_id: str | None = None
+    ts: float | None = None
+
+
 class Ledger:
     """Appends signed, chained entries through a SQLAlchemy connection."""
 
@@ -101,28 +113,39 @@ class Ledger:
         ts: float | None = None,
     ) -> int:
         """Append one entry inside ``conn``'s transaction; returns its sequence number."""
-        if kind not in ENTRY_KINDS:
-            raise ValueError(f"unknown ledger entry kind {kind!r}")
+        return self.append_many(conn, [Entry(kind, body, pool_id, node_id, ts)])[0]
+
+    def append_many(self, conn: sa.Connection, entries: list[Entry]) -> list[int]:
+        """Append ``entries`` in order inside ``conn``'s transaction, with one read of the head
+        and one insert statement; returns their sequence numbers."""
+        for entry in entries:
+            if entry.kind not in ENTRY_KINDS:
+                raise ValueError(f"unknown ledger entry kind {entry.kind!r}")
         last = conn.execute(_LAST_ENTRY).first()
         seq, prev = (0, GENESIS_HASH) if last is None else (last.seq + 1, last.entry_hash)
-        ts = round(time.time() if ts is None else ts, 6)
-        core = entry_core(seq, ts, kind, pool_id, node_id, body, prev)
-        digest = entry_hash(core)
-        conn.execute(
-            _INSERT,
-            dict(
-                seq=seq,
-                ts=ts,
-                kind=kind,
-                pool_id=pool_id,
-                node_id=node_id,
-                body=canonical_json(body).decode(),
-                prev_hash=prev,
-                entry_hash=digest,
-                signature=self.signer.sign(digest.encode()),
-            ),
-        )
-        return seq
+        rows, seqs = [], []
+        for entry in entries:
+            ts = round(time.time() if entry.ts is None else entry.ts, 6)
+            core = entry_core(seq, ts, entry.kind, entry.pool_id, entry.node_id, entry.body, prev)
+            digest = entry_hash(core)
+            rows.append(
+                dict(
+                    seq=seq,
+                    ts=ts,
+                    kind=entry.kind,
+                    pool_id=entry.pool_id,
+                    node_id=entry.node_id,
+                    body=canonical_json(entry.body).decode(),
+                    prev_hash=prev,
+                    entry_hash=digest,
+                    signature=self.signer.sign(digest.encode()),
+                )
+            )
+            seqs.append(seq)
+            seq, prev = seq + 1, digest
+        if rows:
+            conn.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
+        return seqs
 
 
 def attestation_message(entries: int, last_hash: str, at: float) -> bytes:

@@ -44,21 +44,27 @@ def open_epoch(ctx: Context, conn: sa.Connection, pool_id: str, epoch: int, now:
     ctx.ledger.append(conn, "assignment_commit", body, pool_id=pool_id, ts=now)
 
 
+# built once: read on every lease and submission
+_OPEN_EPOCH = (
+    sa.select(db.assignment_secrets.c.epoch, db.assignment_secrets.c.secret)
+    .where(
+        db.assignment_secrets.c.pool_id == sa.bindparam("p"),
+        db.assignment_secrets.c.revealed_at.is_(None),
+    )
+    .order_by(db.assignment_secrets.c.epoch.desc())
+    .limit(1)
+)
+
+
 def current(ctx: Context, conn: sa.Connection, pool_id: str) -> tuple[int, str]:
     """(epoch, secret) of the pool's open epoch (opened now if the pool has none yet)."""
     t = db.assignment_secrets
-    query = (
-        sa.select(t.c.epoch, t.c.secret)
-        .where(t.c.pool_id == pool_id, t.c.revealed_at.is_(None))
-        .order_by(t.c.epoch.desc())
-        .limit(1)
-    )
-    row = conn.execute(query).first()
+    row = conn.execute(_OPEN_EPOCH, {"p": pool_id}).first()
     if row is None:
         last = conn.execute(sa.select(sa.func.max(t.c.epoch)).where(t.c.pool_id == pool_id))
         previous = last.scalar_one()
         open_epoch(ctx, conn, pool_id, 0 if previous is None else previous + 1, ctx.clock())
-        row = conn.execute(query).one()
+        row = conn.execute(_OPEN_EPOCH, {"p": pool_id}).one()
     return int(row.epoch), str(row.secret)
 
 

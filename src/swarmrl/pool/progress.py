@@ -48,14 +48,28 @@ def record(conn: sa.Connection, pool_id: str, update: VersionUpdate, now: float)
         conn.execute(table.update().where(table.c.pool_id == pool_id).values(**told))
 
 
+_PLAN = sa.select(db.run_progress).where(db.run_progress.c.pool_id == sa.bindparam("p"))
+
+
 def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
-    table = db.run_progress
-    row = conn.execute(sa.select(table).where(table.c.pool_id == pool_id)).first()
+    row = conn.execute(_PLAN, {"p": pool_id}).first()
     if row is None:
         return RunPlan()
     return RunPlan(row.steps, row.tasks_per_step, row.finished_at is not None)
 
 
+# samples by status of the fresh submissions not yet trained
+_QUEUED = (
+    sa.select(
+        db.submissions.c.status, sa.func.coalesce(sa.func.sum(db.submissions.c.n_samples), 0)
+    )
+    .where(
+        db.submissions.c.pool_id == sa.bindparam("p"),
+        db.submissions.c.status.in_(("pending", "accepted", "leased", "unchecked")),
+        db.submissions.c.min_version >= sa.bindparam("oldest"),
+    )
+    .group_by(db.submissions.c.status)
+)
 # tasks in active leases: a sum over a column, not a parse of every lease's unit (a lease asks
 # for it, and a pool of thousands of nodes has thousands of leases active)
 _LEASED = sa.select(sa.func.coalesce(sa.func.sum(db.leases.c.n_tasks), 0)).where(
@@ -65,16 +79,9 @@ _LEASED = sa.select(sa.func.coalesce(sa.func.sum(db.leases.c.n_tasks), 0)).where
 
 def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
     """L, P, Q and U of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``."""
-    subs, g = db.submissions, spec.samples_per_task
-    rows = conn.execute(
-        sa.select(subs.c.status, sa.func.coalesce(sa.func.sum(subs.c.n_samples), 0))
-        .where(
-            subs.c.pool_id == spec.pool_id,
-            subs.c.status.in_(("pending", "accepted", "leased", "unchecked")),
-            subs.c.min_version >= version - spec.async_level,
-        )
-        .group_by(subs.c.status)
-    ).all()
+    g = spec.samples_per_task
+    oldest = version - spec.async_level
+    rows = conn.execute(_QUEUED, {"p": spec.pool_id, "oldest": oldest}).all()
     samples = {status: int(n) for status, n in rows}
     leased = conn.execute(_LEASED, {"p": spec.pool_id}).scalar_one()
     return Supply(

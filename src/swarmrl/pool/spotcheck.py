@@ -59,11 +59,13 @@ class Check:
         return {"epoch": self.epoch, "rate": self.rate, "checked": self.checked}
 
 
+_CLEAN = sa.select(db.spot_rates.c.clean).where(
+    db.spot_rates.c.pool_id == sa.bindparam("p"), db.spot_rates.c.node_id == sa.bindparam("n")
+)  # built once: read on every submission
+
+
 def _clean(conn: sa.Connection, pool_id: str, node_id: str) -> int:
-    t = db.spot_rates
-    row = conn.execute(
-        sa.select(t.c.clean).where(t.c.pool_id == pool_id, t.c.node_id == node_id)
-    ).first()
+    row = conn.execute(_CLEAN, {"p": pool_id, "n": node_id}).first()
     return 0 if row is None else int(row.clean)
 
 

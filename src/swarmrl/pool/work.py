@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
+from swarmrl.ledger.chain import Entry
 from swarmrl.pool import admission, assignments, db, progress, spotcheck
 from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
@@ -248,10 +249,27 @@ def credit(
     by: str,
     held: bool = False,
 ) -> None:
+    ctx.ledger.append_many(conn, [credit_entry(ctx, conn, spec, sid, node_id, tokens, by, held)])
+
+
+_INSERT_CREDIT = db.credits.insert()
+
+
+def credit_entry(
+    ctx: Context,
+    conn: sa.Connection,
+    spec: PoolSpec,
+    sid: str,
+    node_id: str,
+    tokens: int,
+    by: str,
+    held: bool = False,
+) -> Entry:
+    """Record a credit's row; its ledger entry, for the caller to append."""
     now = ctx.clock()
     unlock_at = HELD_UNTIL if held else now + spec.credit_lock_s
     conn.execute(
-        db.credits.insert(),
+        _INSERT_CREDIT,
         dict(
             submission_id=sid,
             pool_id=spec.pool_id,
@@ -269,7 +287,7 @@ def credit(
         "measured_by": by,
         "held": held,
     }
-    ctx.ledger.append(conn, "credit", body, pool_id=spec.pool_id, node_id=node_id, ts=now)
+    return Entry("credit", body, spec.pool_id, node_id, now)
 
 
 def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -> SubmissionReceipt:
@@ -343,10 +361,13 @@ def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -
                 **auth,
                 "check": check.record(),
             }
-            ctx.ledger.append(conn, "submission", body, pool_id=pool_id, node_id=node_id, ts=now)
+            entries = [Entry("submission", body, pool_id, node_id, now)]
             if not check.checked:
                 held = on_probation(ctx, spec, member.accepted)
-                credit(ctx, conn, spec, sid, node_id, tokens, "orchestrator", held)
+                entries.append(
+                    credit_entry(ctx, conn, spec, sid, node_id, tokens, "orchestrator", held)
+                )
+            ctx.ledger.append_many(conn, entries)  # one head read, one insert
         except BaseException:
             ctx.store.delete(key)
             raise
