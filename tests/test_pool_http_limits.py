@@ -26,10 +26,21 @@ def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
         return True
 
 
+def _health_s(url: str) -> float:
+    """The median time of five /health requests: the server's quiet pace on this machine now."""
+    times = []
+    for _ in range(5):
+        t = time.monotonic()
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        times.append(time.monotonic() - t)
+    return sorted(times)[2]
+
+
 def test_orchestrator_refuses_huge_heads_and_drops_silent_sockets(tmp_path):
     with OrchestratorServer(make_context(KeyPair.generate(), tmp_path), limits=LIMITS) as server:
         address = (server.host, server.port)
         replies: list[bytes] = []
+        sent = [0]  # attack bytes the server took before it cut the connection
 
         def attack() -> None:
             with socket.create_connection(address) as sock:
@@ -37,6 +48,7 @@ def test_orchestrator_refuses_huge_heads_and_drops_silent_sockets(tmp_path):
                     sock.sendall(b"POST /pools HTTP/1.1\r\nHost: x\r\nX-Big: ")
                     for _ in range(96):  # up to 96 MiB, unauthenticated
                         sock.sendall(b"a" * (1 << 20))
+                        sent[0] += 1 << 20
                 except OSError:
                     pass  # closed by the server: what we want
                 sock.settimeout(5)
@@ -45,6 +57,7 @@ def test_orchestrator_refuses_huge_heads_and_drops_silent_sockets(tmp_path):
                 except OSError:
                     replies.append(b"")
 
+        quiet = _health_s(server.url)
         started = time.monotonic()
         thread = threading.Thread(target=attack)
         thread.start()
@@ -54,7 +67,10 @@ def test_orchestrator_refuses_huge_heads_and_drops_silent_sockets(tmp_path):
             assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
             worst = max(worst, time.monotonic() - t)
         thread.join(30)
-        assert time.monotonic() - started < 5.0 and worst < 1.0
+        # cut off after its head limit (plus what the kernel buffers), not after 96 MiB; and
+        # /health kept answering at about its quiet pace (the bound scales with the machine's load)
+        assert sent[0] <= 32 << 20, sent[0]
+        assert worst < 1.0 + 20 * quiet, (worst, quiet)
         assert replies and (replies[0] == b"" or replies[0].startswith(b"HTTP/1.1 431"))
 
         idle = [socket.create_connection(address) for _ in range(50)]

@@ -56,7 +56,7 @@ def test_infinite_loop_times_out(sandbox):
     start = time.monotonic()
     result = sandbox.run("while True:\n    pass")
     assert result.verdict == "timeout"
-    assert time.monotonic() - start < LIMITS.wall_s + 5
+    assert time.monotonic() - start < LIMITS.wall_s + 20  # slack for a loaded machine
     assert sandbox.run("import time\ntime.sleep(60)").verdict == "timeout"  # wall, not CPU
 
 

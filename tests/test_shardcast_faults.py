@@ -444,8 +444,8 @@ def test_a_worker_next_to_a_lying_source_backs_off_instead_of_spinning(tmp_path,
         # the pause ends when a real version is announced: v2 at the origin arrives at once
         ck2 = write_checkpoint(tmp_path / "ck2", random_weights(128 * 1024, seed=2))
         Publisher(tmp_path / "origin", KEY, CFG).publish(ck2, 2)
-        assert client.wait_for_newer(timeout_s=5) in (2, 1_000_000)
-        deadline = time.monotonic() + 5
+        assert client.wait_for_newer(timeout_s=30) in (2, 1_000_000)
+        deadline = time.monotonic() + 30
         while client.fetch("latest").name != "v00000002":
             assert time.monotonic() < deadline
             client.wait_for_newer(timeout_s=1)

@@ -69,8 +69,19 @@ def test_client_reports_are_bounded_in_count_and_size(origin):
         assert "shardcast_client_reports_refused_total 8" in http.get("/metrics").text
 
 
+def _health_s(url: str) -> float:
+    """The median time of five /health requests: the server's quiet pace on this machine now."""
+    times = []
+    for _ in range(5):
+        t = time.monotonic()
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        times.append(time.monotonic() - t)
+    return sorted(times)[2]
+
+
 def test_a_huge_request_head_is_refused_at_once(origin):
     replies: list[bytes] = []
+    sent = [0]  # attack bytes the server took before it cut the connection
 
     def attack() -> None:
         with socket.create_connection(_address(origin.url)) as sock:
@@ -78,6 +89,7 @@ def test_a_huge_request_head_is_refused_at_once(origin):
                 sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
                 for _ in range(96):  # up to 96 MiB, one MiB at a time
                     sock.sendall(b"a" * (1 << 20))
+                    sent[0] += 1 << 20
             except OSError:
                 pass  # the server closed the connection: what we want
             sock.settimeout(5)
@@ -86,6 +98,7 @@ def test_a_huge_request_head_is_refused_at_once(origin):
             except OSError:
                 replies.append(b"")
 
+    quiet = _health_s(origin.url)
     started = time.monotonic()
     thread = threading.Thread(target=attack)
     thread.start()
@@ -95,9 +108,11 @@ def test_a_huge_request_head_is_refused_at_once(origin):
         assert httpx.get(f"{origin.url}/health", timeout=10).status_code == 200
         worst = max(worst, time.monotonic() - t)
     thread.join(30)
-    assert time.monotonic() - started < 5.0
+    # cut off after its head limit (plus what the kernel buffers), not after 96 MiB; and
+    # /health kept answering at about its quiet pace (the bound scales with the machine's load)
+    assert sent[0] <= 32 << 20, sent[0]
     assert replies and (replies[0] == b"" or replies[0].startswith(b"HTTP/1.1 431"))
-    assert worst < 1.0
+    assert worst < 1.0 + 20 * quiet, (worst, quiet)
 
 
 def test_idle_and_slow_connections_are_dropped_but_long_polls_are_not(origin):

@@ -78,7 +78,7 @@ def test_two_tier_relays_push_new_versions_and_ship_deltas(tmp_path):
         m2 = pub.publish(write_checkpoint(tmp_path / "ck2", bumped), 2)
         waiter.join(15)
         notice_s = time.monotonic() - started
-        assert got == [2] and notice_s < 5.0, notice_s
+        assert got == [2] and notice_s < 12.0, notice_s  # pushed: well inside one 20 s long-poll
         path = client.fetch("latest")
         assert (path / "model.safetensors").read_bytes() == (
             tmp_path / "ck2" / "model.safetensors"
@@ -295,8 +295,8 @@ def test_a_lying_upstream_does_not_stop_a_relay(tmp_path):
         started = time.monotonic()
         bumped = {k: v + np.float32(1e-3) for k, v in weights.items()}
         pub.publish(write_checkpoint(tmp_path / "ck2", bumped), 2)
-        _wait(lambda: relay.catalog.latest(complete_only=True) == 2, 10, "v2 at the relay")
-        assert time.monotonic() - started < 8.0  # well inside one 20 s long-poll
+        _wait(lambda: relay.catalog.latest(complete_only=True) == 2, 15, "v2 at the relay")
+        assert time.monotonic() - started < 12.0  # well inside one 20 s long-poll
         copy = store.ready_dir(tmp_path / "relay", 2) / "model.safetensors"
         assert copy.read_bytes() == (tmp_path / "ck2" / "model.safetensors").read_bytes()
         lies = [e for e in relay.follower.errors if e.startswith("v1000000:")]
