@@ -62,11 +62,30 @@ class _Row:
     output: list[int]  # vLLM's live list of this request's output tokens
 
 
+@dataclass
+class _Group:
+    """Seeded rows sharing one declared distribution, with their tensors built once."""
+
+    params: SamplingParams
+    rows: list[_Row]
+    at: torch.Tensor | slice  # batch indices (a slice when they are contiguous)
+    seeds: torch.Tensor  # int64 [rows] on the logits' device
+
+
 class SeededGumbelLogits(LogitsProcessor):
-    """Seeded Gumbel-max sampling as a vLLM V1 logits processor (see the module docstring)."""
+    """Seeded Gumbel-max sampling as a vLLM V1 logits processor (see the module docstring).
+
+    Per step the work is: one gather of the group's rows (a view when they are contiguous),
+    ``mask_logits``, the noise for (seed, step) computed on the logits' own device, an argmax,
+    the chosen token's log-prob, and one write back. The grouping of rows by distribution and
+    the seed tensors are rebuilt only when the batch changes.
+    """
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.rows: dict[int, _Row] = {}  # batch index -> request
+        self.device = torch.device(device)
+        self._groups: list[_Group] | None = None  # None = rebuild at the next apply
+        self._batch = 0  # the logits' batch size the groups were built for
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -80,6 +99,7 @@ class SeededGumbelLogits(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
+        self._groups = None
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for index, params, _, output in batch_update.added:
@@ -99,28 +119,43 @@ class SeededGumbelLogits(LogitsProcessor):
             if row_b is not None and direction == MoveDirectionality.SWAP:
                 self.rows[a] = row_b
 
+    def _grouped(self, batch: int, device: torch.device) -> list[_Group]:
+        """The seeded rows below ``batch``, grouped by distribution (cached per batch)."""
+        if self._groups is None or self._batch != batch:
+            members: dict[SamplingParams, list[int]] = {}
+            for index in sorted(i for i in self.rows if i < batch):
+                members.setdefault(self.rows[index].params, []).append(index)
+            self._groups, self._batch = [], batch
+            for params, indices in members.items():
+                rows = [self.rows[i] for i in indices]
+                contiguous = indices == list(range(indices[0], indices[-1] + 1))
+                at = (
+                    slice(indices[0], indices[-1] + 1)
+                    if contiguous
+                    else torch.tensor(indices, device=device)
+                )
+                seeds = torch.tensor([r.seed for r in rows], dtype=torch.int64, device=device)
+                self._groups.append(_Group(params, rows, at, seeds))
+        return self._groups
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [batch, vocab] float32; seeded rows become masked + noise."""
-        groups: dict[SamplingParams, list[int]] = {}
-        for index in sorted(self.rows):
-            if index < logits.shape[0]:
-                groups.setdefault(self.rows[index].params, []).append(index)
-        for params, indices in groups.items():
-            rows = [self.rows[i] for i in indices]
-            at = torch.tensor(indices, device=logits.device)
-            masked = mask_logits(logits[at], params)  # [b, vocab]
-            steps = [len(r.output) for r in rows]
-            if not params.greedy:
-                seeds = torch.tensor([r.seed for r in rows], dtype=torch.int64)
-                noise = gumbel_noise(seeds, torch.tensor(steps), masked.shape[-1])
-                scores = masked + noise.to(masked.device)
-            else:
+        if not self.rows:
+            return logits
+        for group in self._grouped(logits.shape[0], logits.device):
+            masked = mask_logits(logits[group.at], group.params)  # [b, vocab]
+            steps = [len(r.output) for r in group.rows]
+            if group.params.greedy:
                 scores = masked
+            else:
+                step_t = torch.tensor(steps, dtype=torch.int64).to(logits.device)
+                noise = gumbel_noise(group.seeds, step_t, masked.shape[-1])  # [b, vocab]
+                scores = noise.add_(masked)
             tokens = torch.argmax(scores, dim=-1)  # what vLLM's argmax will pick
             lps = torch.log_softmax(masked, dim=-1).gather(-1, tokens[:, None])[:, 0]
-            for row, step, lp in zip(rows, steps, lps.tolist(), strict=True):
+            for row, step, lp in zip(group.rows, steps, lps.tolist(), strict=True):
                 _record(row.key).logprobs[step] = lp
-            logits[at] = scores
+            logits[group.at] = scores
         return logits
 
 
@@ -148,20 +183,29 @@ class SwarmrlWorkerExtension:
         num_reqs = batch.num_reqs
         if num_reqs == 0:
             return
+        keys = [self._swarmrl_key(req_id) for req_id in batch.req_ids[:num_reqs]]
+        if not any(keys):
+            return
         hidden = output[0] if isinstance(output, tuple) else output  # [tokens, hidden]
         starts = runner.query_start_loc.np[: num_reqs + 1].tolist()
-        kept: torch.Tensor | None = None
-        for i, req_id in enumerate(batch.req_ids[:num_reqs]):
-            state = runner.requests.get(req_id)
-            args_ = (state.sampling_params.extra_args or {}) if state is not None else {}
-            if not args_.get(HIDDEN):
-                continue
-            if kept is None:  # one copy per step; the engine may reuse its output buffer
-                kept = hidden[: starts[-1]].detach().clone()
-                pos = runner.positions[: starts[-1]].to("cpu", torch.int64).clone()
-            rec = _record(str(args_[KEY]))
-            rec.positions.append(pos[starts[i] : starts[i + 1]])
-            rec.hidden.append(kept[starts[i] : starts[i + 1]])
+        # one copy per step (the engine may reuse its buffers), left on the model's device:
+        # no host transfer or sync inside the decode loop
+        kept = hidden[: starts[-1]].detach().clone()
+        pos = runner.positions[: starts[-1]].detach().clone()
+        for i, key in enumerate(keys):
+            if key:
+                rec = _record(key)
+                rec.positions.append(pos[starts[i] : starts[i + 1]])
+                rec.hidden.append(kept[starts[i] : starts[i + 1]])
+
+    def _swarmrl_key(self, req_id: str) -> str | None:
+        """The record key of a request that asked for hidden states, else None (memoised)."""
+        wants: dict[str, str | None] = self.__dict__.setdefault("_swarmrl_wants", {})
+        if req_id not in wants:
+            state = self.model_runner.requests.get(req_id)
+            args = (state.sampling_params.extra_args or {}) if state is not None else {}
+            wants[req_id] = str(args[KEY]) if args.get(HIDDEN) else None
+        return wants[req_id]
 
     def swarmrl_take(
         self, keys: Sequence[str], logits_from: Sequence[int] | None = None
@@ -172,6 +216,7 @@ class SwarmrlWorkerExtension:
         them). Forgets the keys.
         """
         model = self.model_runner.get_model()
+        self.__dict__.pop("_swarmrl_wants", None)  # finished requests are not seen again
         out = []
         for i, key in enumerate(keys):
             rec = _RECORDS.pop(key, _Record())
@@ -181,7 +226,7 @@ class SwarmrlWorkerExtension:
                 "logits": None,
             }
             if rec.hidden:
-                pos = torch.cat(rec.positions)
+                pos = torch.cat(rec.positions).to("cpu", torch.int64)
                 rows = torch.cat(rec.hidden)
                 order = torch.full((int(pos.max()) + 1,), -1, dtype=torch.int64)
                 order[pos] = torch.arange(len(pos))  # a recomputed position keeps its last row
@@ -199,6 +244,7 @@ class SwarmrlWorkerExtension:
         """Drop every record (after a failed call); returns how many there were."""
         n = len(_RECORDS)
         _RECORDS.clear()
+        self.__dict__.pop("_swarmrl_wants", None)
         return n
 
     def swarmrl_reload(self, path: str) -> None:
