@@ -8,8 +8,12 @@ a hash, the chain or a signature, and anyone holding the orchestrator's public k
 export offline (``swarmrl.ledger.verify``).
 
 Entries are appended inside the caller's database transaction, so a ledger entry exists exactly
-when the state change it records was committed. One orchestrator process writes a ledger; this
-module knows nothing about pools beyond the entry kinds.
+when the state change it records was committed. Several orchestrator processes may share one
+PostgreSQL ledger: an append first takes a transaction-scoped advisory lock (:func:`lock`), so
+reading the head and inserting the next entry is one step across processes and the chain
+cannot fork; the primary key on ``seq`` is the backstop (a fork would be a duplicate key, never
+two entries). On SQLite one process writes and the database's single writer serialises appends.
+This module knows nothing about pools beyond the entry kinds.
 """
 
 from __future__ import annotations
@@ -63,6 +67,21 @@ _LAST_ENTRY = (
     .limit(1)
 )
 _INSERT = ledger_table.insert()
+# the key of the ledger's PostgreSQL advisory lock (any fixed 64-bit number; "swarmled")
+LEDGER_LOCK_KEY = 0x737761726D6C6564
+_LOCK = sa.text("SELECT pg_advisory_xact_lock(:k)").bindparams(k=LEDGER_LOCK_KEY)
+
+
+def lock(conn: sa.Connection) -> None:
+    """Hold the ledger's append lock until ``conn``'s transaction ends (PostgreSQL; a no-op on
+    SQLite, whose one writer already serialises transactions).
+
+    Taking it again in the same transaction is free. Transactions take row locks before this
+    lock, and once holding it wait for no row (a sweep that appends several entries takes each
+    further row only if it is free), so no two transactions wait on each other in a cycle.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(_LOCK)
 
 
 def entry_core(
@@ -121,6 +140,7 @@ class Ledger:
         for entry in entries:
             if entry.kind not in ENTRY_KINDS:
                 raise ValueError(f"unknown ledger entry kind {entry.kind!r}")
+        lock(conn)
         last = conn.execute(_LAST_ENTRY).first()
         seq, prev = (0, GENESIS_HASH) if last is None else (last.seq + 1, last.entry_hash)
         rows, seqs = [], []

@@ -4,7 +4,9 @@ Every state-changing route needs a signed request (``swarmrl.identity.requests``
 key decides the role: any key may act as a node, the pool's validator keys post verdicts, and the
 orchestrator key or the pool owner key is admin (pool creation needs the orchestrator key). All
 database work runs on the event loop's thread, one operation at a time in arrival order, so no
-two operations race and SQLite never sees concurrent writers. (Each operation takes about a
+two operations of one process race and SQLite never sees concurrent writers; several processes
+sharing PostgreSQL (``swarmrl orchestrator --workers N``) are kept apart by the locks that
+``swarmrl.pool.service`` lists. (Each operation takes about a
 millisecond; a separate database thread was measured to be slower, because the two threads
 convoy on the GIL: each SQLite call releases it and then waits for the busy loop thread.) Bodies
 over the size cap are refused before they are parsed. The three routes nodes call all the time
@@ -23,6 +25,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
+import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -34,7 +37,7 @@ from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, judging, penalties, rejections, rejoin, service, work
-from swarmrl.pool.db import WalCheckpointer
+from swarmrl.pool.db import WalCheckpointer, is_retryable
 from swarmrl.pool.hotroutes import HotRoute, HotRoutes, error_summary
 from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
 from swarmrl.pool.nonces import DatabaseNonceStore
@@ -135,6 +138,23 @@ def _unavailable(exc: InfraError) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
+RACE_RETRIES = 3  # runs of one operation that PostgreSQL may abort as a deadlock's victim
+
+
+def run_transaction(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, run again when PostgreSQL aborted its transaction to break a deadlock
+    between server processes (``swarmrl.pool.db.is_retryable``): an operation is one
+    transaction, so an aborted run left nothing behind. The lock order of ``swarmrl.pool.work``
+    makes this rare; it is the backstop, not the plan."""
+    for attempt in range(RACE_RETRIES):
+        try:
+            return fn(*args)
+        except sa.exc.DBAPIError as exc:
+            if attempt == RACE_RETRIES - 1 or not is_retryable(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
 def build_app(ctx: Context) -> FastAPI:
     """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper."""
     # nonces live in the database, so a request captured before a restart is refused after it
@@ -146,7 +166,7 @@ def build_app(ctx: Context) -> FastAPI:
     )
 
     async def on_db(fn: Callable[..., T], *args: Any) -> T:
-        return fn(*args)
+        return run_transaction(fn, *args)
 
     async def sweeper() -> None:
         while True:

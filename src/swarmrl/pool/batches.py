@@ -39,7 +39,8 @@ def set_version(
             ctx.spec(conn, pool_id)
             progress.record(conn, pool_id, update, ctx.clock())
         ctx.spec(conn, pool_id)
-        current = current_version(conn, pool_id)
+        # the pool's row locked: two processes announcing one new version would both rotate
+        current = current_version(conn, pool_id, lock=True)
         if version < current:
             raise Conflict(f"version {version} is older than the current {current}")
         conn.execute(

@@ -168,6 +168,16 @@ run_progress = sa.Table(
     sa.Column("finished_at", sa.Float, nullable=True),
 )
 
+# the join rate limit's token bucket per pool (swarmrl.pool.limits): in the database, so that
+# several server processes share one bucket instead of each admitting the whole rate
+join_buckets = sa.Table(
+    "join_buckets",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("last_s", sa.Float, nullable=False),
+)
+
 # (key, nonce) pairs of signed requests, kept until their timestamp leaves the request window, so
 # a request captured before a restart cannot be replayed after it (swarmrl.pool.nonces)
 nonces = sa.Table(
@@ -177,6 +187,17 @@ nonces = sa.Table(
     sa.Column("nonce", sa.String(64), primary_key=True),
     sa.Column("expires_at", sa.Float, nullable=False, index=True),
 )
+
+
+# PostgreSQL's codes for a transaction it aborted to break a deadlock or a serialisation
+# conflict: the transaction changed nothing and may simply run again
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_retryable(exc: sa.exc.DBAPIError) -> bool:
+    """Whether ``exc`` is a transaction the database aborted only because it raced another
+    (decided by its SQLSTATE code), so that running it again is the whole remedy."""
+    return getattr(exc.orig, "sqlstate", None) in RETRYABLE_SQLSTATES
 
 
 def sqlite_url(path: str | Path) -> str:

@@ -101,14 +101,20 @@ def record_verdict(
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
         _require_validator(spec, validator_key)
+        # locked: two verdicts on one submission at two server processes would both find it
+        # pending; the second now waits and finds it judged (409)
         row = conn.execute(
-            sa.select(db.submissions).where(
+            sa.select(db.submissions)
+            .where(
                 db.submissions.c.submission_id == verdict.submission_id,
                 db.submissions.c.pool_id == pool_id,
             )
+            .with_for_update()
         ).first()
         if row is None:
             raise NotFound(f"unknown submission {verdict.submission_id} in pool {pool_id!r}")
+        # the node's row before the ledger's append lock (the order ``swarmrl.pool.work`` keeps)
+        node_row(conn, pool_id, row.node_id, lock=True)
         if row.status not in ("pending", "disputed"):
             raise Conflict(f"submission {verdict.submission_id} is {row.status}, not pending")
         samples = ctx.store.get_samples(row.rollout_key) if verdict.accept else []

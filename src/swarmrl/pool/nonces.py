@@ -3,7 +3,10 @@
 Each (key, nonce) pair is stored until its timestamp leaves the request window, so a request
 captured before a restart is refused after it, exactly as it would have been before. Expired
 pairs are deleted at most every ``purge_every_s``. Runs on the orchestrator's event-loop thread
-like every other database operation (``swarmrl.pool.app``). Knows nothing about signatures
+like every other database operation (``swarmrl.pool.app``). Safe across server processes
+sharing PostgreSQL: a claim is an insert under the pair's primary key (of two processes
+claiming one fresh pair, the second gets a duplicate key and refuses), and reusing an expired
+pair is one conditional update (one process wins). Knows nothing about signatures
 (``swarmrl.identity.requests``).
 """
 
@@ -21,8 +24,12 @@ _t = db.nonces
 _INSERT = _t.insert()
 _PURGE = _t.delete().where(_t.c.expires_at <= sa.bindparam("now"))
 _KEY = sa.and_(_t.c.public_key == sa.bindparam("k"), _t.c.nonce == sa.bindparam("n"))
-_SEEN = sa.select(_t.c.expires_at).where(_KEY)
-_RENEW = _t.update().where(_KEY).values(expires_at=sa.bindparam("e"))
+# only a pair whose window has passed is renewed: of two processes reusing it at once, one wins
+_RENEW = (
+    _t.update()
+    .where(_KEY, _t.c.expires_at <= sa.bindparam("now"))
+    .values(expires_at=sa.bindparam("e"))
+)
 
 
 class DatabaseNonceStore:
@@ -52,8 +59,17 @@ class DatabaseNonceStore:
             pass
         key = {"k": public_key_hex, "n": nonce}
         with self.engine.begin() as conn:
-            seen = conn.execute(_SEEN, key).scalar_one_or_none()
-            if seen is not None and seen > now:
-                return False
-            conn.execute(_RENEW, {**key, "e": expires_at_s})
-        return True
+            # an expired pair not yet purged: reuse it, once (a conditional update is atomic
+            # across server processes; a pair purged meanwhile is inserted again)
+            renewed = conn.execute(_RENEW, {**key, "now": now, "e": expires_at_s}).rowcount
+            if renewed == 1:
+                return True
+        return self._insert_after_purge(row)
+
+    def _insert_after_purge(self, row: dict[str, object]) -> bool:
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(_INSERT, row)
+            return True
+        except sa.exc.IntegrityError:  # present and live (or just claimed by another process)
+            return False

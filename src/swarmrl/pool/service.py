@@ -2,8 +2,12 @@
 
 Every public function runs one database transaction: it either commits the whole state change
 together with its ledger entries, or raises a :class:`Rejected` and leaves nothing behind. The
-functions are synchronous and run one at a time on the orchestrator's event-loop thread
-(``swarmrl.pool.app``), so they never race each other. Work (leases, submissions, verdicts,
+functions are synchronous and run one at a time on each server process's event-loop thread
+(``swarmrl.pool.app``). On PostgreSQL several server processes may share the database, so each
+read-then-write is made safe by a lock or a constraint, said where it is taken: the ledger's
+append lock (``swarmrl.ledger.chain.lock``), the node row in a lease, the lease row in a
+submission, the join bucket's row and the primary keys of nodes and used invites in a join, and
+one sweeper at a time (an advisory lock). Work (leases, submissions, verdicts,
 batches) lives in ``swarmrl.pool.work``. Knows nothing about HTTP.
 """
 
@@ -25,7 +29,7 @@ from swarmrl.ledger.reputation import reputation
 from swarmrl.pool import assignments, beats, db
 from swarmrl.pool.beats import LOG_TAIL_LINES, Beat, BeatBuffer
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
-from swarmrl.pool.limits import TokenBucket
+from swarmrl.pool.limits import take_join_token
 from swarmrl.pool.rejections import (
     Conflict,
     Expired,
@@ -61,7 +65,6 @@ class Context:
     clock: Callable[[], float] = time.time
     started_at: float = field(default_factory=time.time)
     _specs: dict[str, PoolSpec] = field(default_factory=dict)
-    _joins: dict[str, TokenBucket] = field(default_factory=dict)  # per pool (swarmrl.pool.limits)
     # per pool: when a trainer's batch request last came back empty (swarmrl.pool.admission)
     starved_at: dict[str, float] = field(default_factory=dict)
     # heartbeats answered by this process and not yet written (swarmrl.pool.beats)
@@ -101,20 +104,34 @@ _IN_FLIGHT = (
 )
 
 
-def current_version(conn: sa.Connection, pool_id: str) -> int:
-    return int(conn.execute(_VERSION, {"p": pool_id}).scalar_one())
+def current_version(conn: sa.Connection, pool_id: str, *, lock: bool = False) -> int:
+    """The pool's policy version; ``lock``: keep the pool's row locked until the transaction
+    ends (as :func:`node_row`)."""
+    query = _VERSION.with_for_update() if lock else _VERSION
+    return int(conn.execute(query, {"p": pool_id}).scalar_one())
 
 
 def leases_in_flight(conn: sa.Connection, pool_id: str, node_id: str) -> int:
     return int(conn.execute(_IN_FLIGHT, {"p": pool_id, "n": node_id}).scalar_one())
 
 
-def node_row(conn: sa.Connection, pool_id: str, node_id: str) -> Any:
-    """The node's row, or :class:`NotFound` telling it to join."""
-    row = conn.execute(_NODE, {"p": pool_id, "n": node_id}).first()
+_NODE_LOCKED = _NODE.with_for_update()
+
+
+def node_row(conn: sa.Connection, pool_id: str, node_id: str, *, lock: bool = False) -> Any:
+    """The node's row, or :class:`NotFound` telling it to join. ``lock``: keep the row locked
+    until the transaction ends (``SELECT … FOR UPDATE`` on PostgreSQL; SQLite's one writer
+    needs nothing), so that what is read from it and written back cannot interleave with
+    another process doing the same."""
+    row = conn.execute(_NODE_LOCKED if lock else _NODE, {"p": pool_id, "n": node_id}).first()
     if row is None:
         raise NotFound(f"unknown node {node_id} in pool {pool_id!r}: join first")
     return row
+
+
+def node_row_or_none(conn: sa.Connection, pool_id: str, node_id: str, *, lock: bool) -> Any:
+    """The node's row or None; ``lock`` as in :func:`node_row`."""
+    return conn.execute(_NODE_LOCKED if lock else _NODE, {"p": pool_id, "n": node_id}).first()
 
 
 def require_member(row: Any, allowed: tuple[str, ...] = ("healthy", "unhealthy")) -> None:
@@ -247,11 +264,10 @@ def _check_invite(
     return invite.invite_id
 
 
-def _admit_new(ctx: Context, pool_id: str, now: float) -> None:
+def _admit_new(ctx: Context, conn: sa.Connection, pool_id: str, now: float) -> None:
     """Take a join token of the pool, or :class:`RateLimited` saying when to come back."""
     cfg = ctx.config
-    bucket = ctx._joins.setdefault(pool_id, TokenBucket(cfg.join_rate_per_s, cfg.join_burst))
-    wait_s = bucket.take(now)
+    wait_s = take_join_token(conn, pool_id, cfg.join_rate_per_s, cfg.join_burst, now)
     if wait_s > 0:
         raise RateLimited(
             f"too many new nodes joining pool {pool_id!r} (at most {cfg.join_rate_per_s:g}/s, "
@@ -262,19 +278,33 @@ def _admit_new(ctx: Context, pool_id: str, now: float) -> None:
 def join(
     ctx: Context, pool_id: str, public_key_hex: str, node_id: str, req: JoinRequest
 ) -> NodeView:
-    """Admit a node (or return it unchanged if it is already a member)."""
+    """Admit a node (or return it unchanged if it is already a member).
+
+    Two joins racing from two server processes (the same node twice, or two nodes with one
+    single-use invite) both insert a row under one primary key (``nodes``, ``invites_used``,
+    a pool's first ``join_buckets`` row); PostgreSQL makes the second wait for the first and
+    then fail with a duplicate key. That join runs once more and now sees the committed state:
+    the node is a member (its view is the answer) or the invite was used (409).
+    """
+    try:
+        return _join(ctx, pool_id, public_key_hex, node_id, req)
+    except sa.exc.IntegrityError:
+        return _join(ctx, pool_id, public_key_hex, node_id, req)
+
+
+def _join(
+    ctx: Context, pool_id: str, public_key_hex: str, node_id: str, req: JoinRequest
+) -> NodeView:
     now = ctx.clock()
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
-        existing = conn.execute(
-            sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
-        ).first()
+        existing = node_row_or_none(conn, pool_id, node_id, lock=True)
         if existing is not None and existing.state == "banned":
             raise NodeBanned(f"node {node_id} is banned from pool {pool_id!r}")
         if existing is not None and existing.state != "ejected":
             return _node_view(conn, existing)
         _check_requirements(spec.requirements, req.metadata)
-        _admit_new(ctx, pool_id, now)
+        _admit_new(ctx, conn, pool_id, now)
         invite_id = None if spec.open else _check_invite(conn, spec, req, node_id, now)
         values = dict(
             public_key=public_key_hex,
@@ -379,17 +409,52 @@ def release_leases(conn: sa.Connection, pool_id: str, node_id: str) -> None:
     )
 
 
+# the key of the sweeper's PostgreSQL advisory lock ("swarmswp"): one sweep at a time
+SWEEPER_LOCK_KEY = 0x737761726D737770
+_TRY_SWEEPER = sa.text("SELECT pg_try_advisory_xact_lock(:k)").bindparams(k=SWEEPER_LOCK_KEY)
+_OVERDUE = (
+    sa.select(db.leases.c.lease_id, db.leases.c.pool_id, db.leases.c.node_id)
+    .where(db.leases.c.state == "active", db.leases.c.deadline < sa.bindparam("now"))
+    .order_by(db.leases.c.deadline)
+)
+# a node whose row another transaction holds (it is leasing or submitting now) is left to the
+# next sweep: a sweeper that appended to the ledger never waits for a row (see chain.lock)
+_NODE_UNLESS_BUSY = (
+    sa.select(db.nodes.c.node_id)
+    .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
+    .with_for_update(skip_locked=True)
+)
+_EXPIRE = (
+    db.leases.update()
+    .where(db.leases.c.lease_id == sa.bindparam("lease"), db.leases.c.state == "active")
+    .values(state="expired")
+)
+
+
+def _elected(conn: sa.Connection) -> bool:
+    """Whether this transaction is the one sweeper: on PostgreSQL, several server processes
+    each run a sweeper loop, and the one that takes the sweeper lock sweeps while the others
+    skip their turn (the lock ends with the transaction). SQLite has one process."""
+    if conn.dialect.name != "postgresql":
+        return True
+    return bool(conn.execute(_TRY_SWEEPER).scalar_one())
+
+
 def sweep(ctx: Context) -> dict[str, int]:
     """Advance node health and expire overdue leases (a soft invalidation each).
 
     Each health rule is one set-based update touching only the nodes it moves, so a sweep over
-    a large, healthy pool reads almost nothing.
+    a large, healthy pool reads almost nothing. Across processes a lease is expired once: one
+    sweeper runs at a time (:func:`_elected`), a lease whose node is busy (a submission may be
+    answering it) waits for the next sweep, and the expiry only moves a lease still active.
     """
     cfg, now = ctx.config, ctx.clock()
     changed = {"nodes": 0, "leases": 0}
     flush_beats(ctx)  # silence is judged on every beat this process answered
     last_sign = sa.func.coalesce(db.nodes.c.last_beat_at, db.nodes.c.joined_at)
     with ctx.engine.begin() as conn:
+        if not _elected(conn):
+            return changed
         for sources, target, threshold in SILENCE_TRANSITIONS:
             cutoff = now - getattr(cfg, threshold)
             if ctx.started_at >= cutoff:
@@ -404,18 +469,13 @@ def sweep(ctx: Context) -> dict[str, int]:
             changed["nodes"] += conn.execute(
                 db.nodes.update().where(where).values(state=target)
             ).rowcount
-        overdue = conn.execute(
-            sa.select(
-                db.leases.c.lease_id, db.leases.c.pool_id, db.leases.c.node_id, db.leases.c.deadline
-            ).where(db.leases.c.state == "active", db.leases.c.deadline < now)
-        ).all()
-        for lease in overdue:
+        for lease in conn.execute(_OVERDUE, {"now": now}).all():
+            node = {"p": lease.pool_id, "n": lease.node_id}
+            if conn.execute(_NODE_UNLESS_BUSY, node).first() is None:
+                continue
+            if conn.execute(_EXPIRE, {"lease": lease.lease_id}).rowcount != 1:
+                continue
             changed["leases"] += 1
-            conn.execute(
-                db.leases.update()
-                .where(db.leases.c.lease_id == lease.lease_id)
-                .values(state="expired")
-            )
             conn.execute(
                 db.nodes.update()
                 .where(db.nodes.c.pool_id == lease.pool_id, db.nodes.c.node_id == lease.node_id)

@@ -1,6 +1,12 @@
 """Pool work: leasing units to nodes, checking and storing their submissions.
 
-Each function is one database transaction (see ``swarmrl.pool.service``). A submission's
+Each function is one database transaction (see ``swarmrl.pool.service``). Across server
+processes sharing PostgreSQL, a lease holds its node's row locked (its in-flight count and
+lease counter are read, then written) and takes an orphaned lease only if no other transaction
+holds it; a submission holds its node's row, then its lease's row, so a second answer to one
+lease waits for the first and is then a 409 (the unique ``lease_id`` of a submission is the
+backstop, also a 409). Row locks are always taken node first, then lease, then the ledger's
+append lock, so two transactions never wait on each other in a cycle. A submission's
 rollout file is written before its row; if the row cannot be committed the file is removed, so a
 rejected request leaves nothing behind. Verdicts live in ``swarmrl.pool.judging``, trainer
 batches in ``swarmrl.pool.batches``. Knows nothing about HTTP or what a proof bundle holds.
@@ -53,7 +59,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
     now = ctx.clock()
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
-        row = node_row(conn, pool_id, node_id)
+        row = node_row(conn, pool_id, node_id, lock=True)
         require_member(row)
         retry = ctx.config.heartbeat_interval_s
         run = progress.plan(conn, pool_id)
@@ -81,6 +87,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             )
             .order_by(db.leases.c.deadline)
             .limit(1)
+            .with_for_update(skip_locked=True)  # another process may be handing it out now
         ).first()
         if orphan is not None:
             old = WorkUnit.model_validate_json(orphan.work)
@@ -290,20 +297,34 @@ def credit_entry(
     return Entry("credit", body, spec.pool_id, node_id, now)
 
 
+_LEASE_LOCKED = (
+    sa.select(db.leases)
+    .where(db.leases.c.lease_id == sa.bindparam("lease"), db.leases.c.pool_id == sa.bindparam("p"))
+    .with_for_update()
+)
+
+
 def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -> SubmissionReceipt:
+    """Store a node's answer to its lease. A second answer to one lease is a 409, also when
+    the two arrive at two server processes at once (see the module docstring)."""
+    try:
+        return _submit(ctx, pool_id, signed, sub)
+    except sa.exc.IntegrityError as exc:  # the unique lease_id of a submission: answered twice
+        raise Conflict(f"lease {sub.lease_id} was already answered") from exc
+
+
+def _submit(
+    ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission
+) -> SubmissionReceipt:
     now = ctx.clock()
     node_id = signed.node_id
     sid = _new_id()
     key = f"{pool_id}/{sid}.parquet"
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
-        member = node_row(conn, pool_id, node_id)
+        member = node_row(conn, pool_id, node_id, lock=True)
         require_member(member)
-        row = conn.execute(
-            sa.select(db.leases).where(
-                db.leases.c.lease_id == sub.lease_id, db.leases.c.pool_id == pool_id
-            )
-        ).first()
+        row = conn.execute(_LEASE_LOCKED, {"lease": sub.lease_id, "p": pool_id}).first()
         if row is None:
             raise NotFound(f"unknown lease {sub.lease_id} in pool {pool_id!r}")
         if row.node_id != node_id:
