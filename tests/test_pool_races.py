@@ -6,7 +6,8 @@ operation is held just before its write (``Pause``: a SQLAlchemy hook that block
 statement of one engine), the second runs meanwhile, then the first goes on. Without the lock
 each test names, the second would read the state the first has not written yet: a forked
 ledger, two leases past the cap, a 500 for a double submission or a double join, a lease
-expired twice. The last test serves one pool from two real processes (``--workers 2``).
+expired twice. The last test serves one pool from two real server processes (``--workers 2``) and checks the
+one ledger they wrote.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from swarmrl.identity.requests import MemoryNonceStore, RequestVerifier, sign_re
 from swarmrl.ledger.chain import ledger_table
 from swarmrl.pool import service, work
 from swarmrl.pool.audit import audit
+from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
 from swarmrl.pool.nonces import DatabaseNonceStore
 from swarmrl.pool.rejections import Conflict
@@ -34,7 +37,7 @@ from swarmrl.pool.server import make_context
 from swarmrl.pool.service import Context
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import JoinRequest, PoolSpec, Submission
-from swarmrl.testing.pool_nodes import CPU_NODE, synthetic_samples
+from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
 
 POOL = "race"
 HOLD_S = 0.6  # how long the first operation is held: ample for the second to reach its lock
@@ -134,7 +137,9 @@ def signed_submission(key: KeyPair, lease: Any) -> tuple[Any, Submission]:
 
 def ledger_kinds(ctx: Context) -> list[str]:
     with ctx.engine.connect() as conn:
-        return list(conn.execute(sa.select(ledger_table.c.kind).order_by(ledger_table.c.seq)).scalars())
+        return list(
+            conn.execute(sa.select(ledger_table.c.kind).order_by(ledger_table.c.seq)).scalars()
+        )
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -307,3 +312,59 @@ def test_workers_refuse_sqlite_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0
     assert len(err) == 1 and "PostgreSQL" in err[0] and "--workers" in err[0], err
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_two_server_processes_serve_one_pool_and_one_ledger(db_url, tmp_path):
+    orch, owner = KeyPair.generate(), KeyPair.generate()
+    orch.save(tmp_path / "orch.json")
+    (tmp_path / "spec.json").write_text(spec(owner, max_leases_in_flight=2).model_dump_json())
+    proc, url = spawn_orchestrator(
+        tmp_path / "run",
+        tmp_path / "orch.json",
+        [tmp_path / "spec.json"],
+        settings={"pool.join_rate_per_s": 1000, "pool.join_burst": 1000},
+        args=["--db", db_url, "--store", str(tmp_path / "store"), "--workers", "2", "--no-ui"],
+    )
+    try:
+        assert len(_children(proc.pid)) == 1  # the second server process
+
+        def node_life(key: KeyPair) -> int:
+            with PoolClient(url, key) as client:
+                client.join(POOL, CPU_NODE)
+                done = 0
+                for _ in range(3):
+                    units = [client.lease(POOL).work for _ in range(2)]
+                    for unit in units:
+                        sub = Submission(lease_id=unit.lease_id, samples=synthetic_samples(unit, 0))
+                        client.submit(POOL, sub)
+                        done += 1
+                return done
+
+        keys = [KeyPair.generate() for _ in range(12)]
+        with ThreadPoolExecutor(len(keys)) as pool:
+            assert list(pool.map(node_life, keys)) == [6] * len(keys)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert _children(proc.pid) == []
+    engine = sa.create_engine(db_url)
+    try:
+        audit(engine, orch.public_key_hex)  # one chain, and the tables agree with it
+        with engine.connect() as conn:
+            kinds = list(conn.execute(sa.select(ledger_table.c.kind)).scalars())
+    finally:
+        engine.dispose()
+    assert kinds.count("node_joined") == 12 and kinds.count("submission") == 72

@@ -44,12 +44,17 @@ class ThreadServer:
         *,
         name: str = "http",
         nodelay: bool = False,
+        reuse_port: bool = False,
         **options: Any,
     ) -> None:
         """``nodelay``: accepted sockets skip Nagle's delay (small replies go out at once);
-        ``options``: keyword arguments of ``uvicorn.Config`` (defaults: quiet, lifespan on)."""
+        ``reuse_port``: other processes may bind the same port (``SO_REUSEPORT``) and the kernel
+        spreads new connections over them; ``options``: keyword arguments of
+        ``uvicorn.Config`` (defaults: quiet, lifespan on)."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if nodelay:  # accepted sockets inherit it
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:

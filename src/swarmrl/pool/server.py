@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import LedgerMismatch
@@ -56,9 +56,12 @@ class OrchestratorServer(ThreadServer):
         port: int = 0,
         limits: HttpLimits = ORCHESTRATOR_LIMITS,
         mounts: Mapping[str, Any] | None = None,
+        reuse_port: bool = False,
     ) -> None:
         """``limits``: what a connection may cost before its request head is complete;
-        ``mounts``: further ASGI apps served under path prefixes (the dashboard at ``/ui``)."""
+        ``mounts``: further ASGI apps served under path prefixes (the dashboard at ``/ui``);
+        ``reuse_port``: other server processes of this database share the port (PostgreSQL
+        only: see ``swarmrl.pool.service`` for what keeps them apart)."""
         self.ctx = ctx
         app = build_app(ctx)
         for prefix, sub in (mounts or {}).items():
@@ -70,6 +73,7 @@ class OrchestratorServer(ThreadServer):
             port,
             name="orchestrator",
             nodelay=True,
+            reuse_port=reuse_port,
             backlog=4096,
             **uvicorn_options(limits),
         )
@@ -87,18 +91,38 @@ def serve_forever(
     port: int,
     port_file: str | None = None,
     mounts: Mapping[str, Any] | None = None,
+    *,
+    reuse_port: bool = False,
+    siblings: Siblings | None = None,
 ) -> None:
-    """Serve until interrupted; writes the bound port to ``port_file`` once listening."""
-    server = OrchestratorServer(ctx, host, port, mounts=mounts)
+    """Serve until interrupted; writes the bound port to ``port_file`` once listening.
+
+    ``siblings``: further server processes sharing the port (``reuse_port``), started once
+    this one listens and before the port file is written (so whoever waits for the file finds
+    all of them serving); serving stops when one of them ends.
+    """
+    server = OrchestratorServer(ctx, host, port, mounts=mounts, reuse_port=reuse_port)
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
-    print(f"orchestrator listening on {server.url} (key {ctx.key.public_key_hex})", flush=True)
-    if port_file:
-        tmp = Path(port_file + ".tmp")
-        tmp.write_text(f"{server.port}\n")
-        tmp.replace(port_file)
     try:
-        while server.alive():
+        if siblings is not None:
+            siblings.start(server.port)
+        print(f"orchestrator listening on {server.url} (key {ctx.key.public_key_hex})", flush=True)
+        if port_file:
+            tmp = Path(port_file + ".tmp")
+            tmp.write_text(f"{server.port}\n")
+            tmp.replace(port_file)
+        while server.alive() and (siblings is None or siblings.alive()):
             server.thread.join(0.5)
     finally:
         server.stop()
+
+
+class Siblings(Protocol):
+    """Other server processes of one orchestrator (``swarmrl orchestrator --workers N``)."""
+
+    def start(self, port: int) -> None:
+        """Start them on ``port``; return once they all listen (or raise)."""
+
+    def alive(self) -> bool:
+        """Whether all of them still run."""

@@ -13,7 +13,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from swarmrl.config.pool import PoolConfig
@@ -67,10 +67,12 @@ def spawn_orchestrator(
     spec_files: list[Path],
     timeout_s: float = 60.0,
     settings: dict[str, object] | None = None,
+    args: Sequence[str] = (),
 ) -> tuple[subprocess.Popen, str]:
     """``swarmrl orchestrator`` as a child process in its own session on 127.0.0.1:<free port>.
 
-    ``settings``: config keys to override (``{"pool.join_burst": 5000}`` → ``--set``).
+    ``settings``: config keys to override (``{"pool.join_burst": 5000}`` → ``--set``);
+    ``args``: further command-line arguments (``["--db", url, "--workers", "2"]``).
 
     Returns the process and its URL once it listens; its output goes to ``run_dir/orch.log``.
     The caller stops it (SIGTERM) and waits for it.
@@ -96,6 +98,7 @@ def spawn_orchestrator(
         cmd += ["--pool", str(spec)]
     for key, value in (settings or {}).items():
         cmd += ["--set", f"{key}={value}"]
+    cmd += list(args)
     log = (run_dir / "orch.log").open("ab")
     # own session: a clean process group, and on a machine with autogroup scheduling its own
     # fair share of CPU instead of one split with whoever started it

@@ -2,11 +2,12 @@
 
     swarmrl orchestrator [CONFIG] --key orch.json [--db URL] [--store DIR|URL]
                          [--run-dir DIR] [--host 127.0.0.1] [--port 8600] [--pool spec.json …]
-                         [--set pool.key=value …]
+                         [--workers N] [--set pool.key=value …]
 
 Applies the ``[pool]`` section of ``CONFIG`` (default: the embedded config) plus ``--set``
 overrides; ``--db`` and ``--store``, when given, replace ``pool.db_url`` and
-``pool.store_url``. Its ``/health`` answers with the settings it applies. Process wiring only;
+``pool.store_url``. ``--workers N`` serves the port from N processes (PostgreSQL only;
+:mod:`swarmrl.roles.orchestrator.workers`). Its ``/health`` answers with the settings it applies. Process wiring only;
 the service is :mod:`swarmrl.pool`. Imports neither torch nor transformers.
 """
 
@@ -22,6 +23,7 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.identity.keys import load_keypair
 from swarmrl.pool.cli import read_spec
 from swarmrl.rolekit.toolkit import StatusReporter, log_config, setup_logging
+from swarmrl.roles.orchestrator.workers import WorkerGroup, require_postgres
 
 if TYPE_CHECKING:
     from swarmrl.pool.service import Context
@@ -45,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8600, help="0 = any free port")
     parser.add_argument("--port-file", default=None, help="write the bound port here")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port (more than 1 needs PostgreSQL)",
+    )
+    # set on the further processes --workers starts: bind the port the first one holds
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--pool", action="append", default=[], help="pool spec JSON to host")
     parser.add_argument("--name", default="orchestrator", help="name shown in logs")
     parser.add_argument(
@@ -60,11 +70,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def pool_config(args: argparse.Namespace) -> PoolConfig:
-    """The ``[pool]`` section this process applies: CONFIG, ``--set``, then ``--db``/``--store``."""
+    """The ``[pool]`` section this process applies: CONFIG, ``--set``, then ``--db``/``--store``;
+    more than one ``--workers`` on a database other than PostgreSQL is a :class:`UserError`."""
     config = config_from_args(args)
-    log_config(setup_logging(args.name), config)
     flags = {"db_url": args.db, "store_url": args.store}
-    return config.pool.model_copy(update={k: v for k, v in flags.items() if v})
+    pool = config.pool.model_copy(update={k: v for k, v in flags.items() if v})
+    require_postgres(pool.db_url, args.workers)  # before any log line: the refusal is one line
+    log_config(setup_logging(args.name), config)
+    return pool
 
 
 def main(verb: str, argv: Sequence[str]) -> int:
@@ -95,9 +108,17 @@ def main(verb: str, argv: Sequence[str]) -> int:
         2.0,  # each refresh queries the database: every 2 s is live enough for a display
         refresh=lambda r: report_pools(r, ctx, pools),
     )
-    with reporter:
+    with reporter, WorkerGroup(argv, args.workers - 1, args.name) as siblings:
         reporter.set(state="serving")
-        serve_forever(ctx, args.host, args.port, args.port_file, mounts)
+        serve_forever(
+            ctx,
+            args.host,
+            args.port,
+            args.port_file,
+            mounts,
+            reuse_port=args.workers > 1 or args.reuse_port,
+            siblings=siblings if args.workers > 1 else None,
+        )
         reporter.set(state="stopped")
     return 0
 
