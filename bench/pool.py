@@ -1,6 +1,8 @@
 """Load test of the orchestrator: N simulated nodes on loopback, heartbeating, leasing, submitting.
 
-The orchestrator runs as its own process (``swarmrl orchestrator``, SQLite, one uvicorn worker);
+The orchestrator runs as its own process (``swarmrl orchestrator``; SQLite and one server
+process by default; ``--db postgresql`` starts a private PostgreSQL server for the run and
+``--workers N`` serves it from N processes);
 the nodes are asyncio tasks spread over ``--procs`` client processes (uvloop). Each node keeps
 its own kept-alive HTTP/1.1 connection (one request at a time on it, as one worker process
 would) and signs every request exactly as ``PoolClient`` does (``sign_request``); the HTTP is
@@ -13,6 +15,12 @@ over the measured window (request written → response read; joins excluded), an
 of the server and of the client processes. Run from the repository root:
 
     python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40
+    python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40 --db postgresql --workers 2
+
+On PostgreSQL each level gets a fresh database with ``synchronous_commit = off``: a commit does
+not wait for its WAL flush, as SQLite's ``synchronous=NORMAL`` in WAL mode (the embedded
+default) does not (a crash may lose the last commits, never consistency). "server CPU" is
+then all orchestrator processes together and "db CPU" PostgreSQL's, reported side by side.
 
 Time compression: ``--beat-s`` and ``--unit-s`` scale the real intervals (10 s and 30 s by
 default, i.e. uncompressed).
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -30,10 +39,13 @@ import resource
 import subprocess
 import tempfile
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import sqlalchemy as sa
 import uvloop
 
 from swarmrl.identity import KeyPair
@@ -278,17 +290,82 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     }
 
 
-def start_orchestrator(tmp: Path, spec: PoolSpec) -> tuple[subprocess.Popen, str]:
+def start_orchestrator(
+    tmp: Path, spec: PoolSpec, db_url: str = "", workers: int = 1
+) -> tuple[subprocess.Popen, str]:
     KeyPair.generate().save(tmp / "orch.json")
     (tmp / "spec.json").write_text(spec.model_dump_json())
     # every simulated node joins in the warm-up: admit them all at once (joins are not measured)
     joins = {"pool.join_rate_per_s": 1000, "pool.join_burst": 20000}
-    return spawn_orchestrator(tmp / "run", tmp / "orch.json", [tmp / "spec.json"], settings=joins)
+    args = ["--workers", str(workers)] + (["--db", db_url] if db_url else [])
+    return spawn_orchestrator(
+        tmp / "run", tmp / "orch.json", [tmp / "spec.json"], settings=joins, args=args
+    )
+
+
+def _stats() -> list[list[str]]:
+    """The fields after the command name of every process's ``/proc/<pid>/stat``."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            found.append([path.parent.name, *path.read_text().rsplit(")", 1)[1].split()])
+        except OSError:  # ended meanwhile
+            continue
+    return found
+
+
+def _cpu(fields: list[str]) -> float:  # fields as _stats gives them: pid first
+    return (int(fields[12]) + int(fields[13])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of the process group ``pid`` leads: the orchestrator and its further server
+    processes (``--workers``), which it starts in its own session."""
+    return sum(_cpu(f) for f in _stats() if f[3] == str(pid))
+
+
+def postgres_cpu_seconds(port: int | None) -> float:
+    """CPU seconds of the PostgreSQL server on ``port`` (its postmaster and its children); 0
+    without one. Backends that ended took their CPU time with them: the orchestrators keep
+    their connections, so few do."""
+    if port is None:
+        return 0.0
+    flag = f" -p {port} ".encode()
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if flag in b" " + path.read_bytes().replace(b"\0", b" "):
+                postmaster = path.parent.name
+                break
+        except OSError:
+            continue
+    else:
+        return 0.0
+    return sum(_cpu(f) for f in _stats() if postmaster in (f[0], f[2]))
+
+
+@contextlib.contextmanager
+def database(kind: str) -> Iterator[Callable[[], tuple[str, int | None]]]:
+    """``fresh()`` gives a new database URL and its server port per level ("" and None for
+    SQLite, which lives in the orchestrator's run directory)."""
+    if kind == "sqlite":
+        yield lambda: ("", None)
+        return
+    from swarmrl.testing.postgres import private_postgres
+
+    with private_postgres() as base:
+        admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+
+        def fresh() -> tuple[str, int | None]:
+            name = f"bench_{uuid.uuid4().hex[:12]}"
+            with admin.connect() as conn:
+                conn.execute(sa.text(f"CREATE DATABASE {name}"))
+                conn.execute(sa.text(f"ALTER DATABASE {name} SET synchronous_commit = off"))
+            return base.rsplit("/", 1)[0] + "/" + name, sa.engine.make_url(base).port
+
+        try:
+            yield fresh
+        finally:
+            admin.dispose()
 
 
 def request_costs(url: str, pid: int, n: int = 50, rounds: int = 5) -> dict[str, dict]:
@@ -325,6 +402,33 @@ def request_costs(url: str, pid: int, n: int = 50, rounds: int = 5) -> dict[str,
     }
 
 
+def measure_level(
+    n: int, spec: PoolSpec, args: argparse.Namespace, db_url: str, db_port: int | None
+) -> dict:
+    """One level: a fresh orchestrator (and database) driven by ``n`` nodes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_orchestrator(Path(tmp), spec, db_url, args.workers)
+        try:
+            load0 = os.getloadavg()[0]
+            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            db0 = postgres_cpu_seconds(db_port)
+            kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            row = run_level(url, n, args)
+            wall = time.monotonic() - t0
+            kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+            client_cpu = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
+            row["db"], row["workers"] = args.db, args.workers
+            row["server_cpu_share"] = round((cpu_seconds(proc.pid) - cpu0) / wall, 2)
+            row["db_cpu_share"] = round((postgres_cpu_seconds(db_port) - db0) / wall, 2)
+            row["client_cpu_share"] = round(client_cpu / wall, 2)
+            row["load_1min"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
@@ -337,49 +441,41 @@ def main() -> None:
     parser.add_argument(
         "--costs", action="store_true", help="only measure server CPU per request, one at a time"
     )
+    parser.add_argument(
+        "--db",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="the pool database (postgresql: a private server started for the run)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="orchestrator server processes (PostgreSQL only)"
+    )
     args = parser.parse_args()
     spec = bench_spec(lease_timeout_s=args.unit_s * 4)
-    if args.costs:
-        with tempfile.TemporaryDirectory() as tmp:
-            proc, url = start_orchestrator(Path(tmp), spec)
-            try:
-                print(json.dumps({"server_cpu_ms_per_request": request_costs(url, proc.pid)}))
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-        return
-    rows = []
-    for n in args.nodes:
-        with tempfile.TemporaryDirectory() as tmp:
-            proc, url = start_orchestrator(Path(tmp), spec)
-            try:
-                load0 = os.getloadavg()[0]
-                cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-                kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                row = run_level(url, n, args)
-                wall = time.monotonic() - t0
-                kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-                client_cpu = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
-                row["server_cpu_share"] = round((cpu_seconds(proc.pid) - cpu0) / wall, 2)
-                row["client_cpu_share"] = round(client_cpu / wall, 2)
-                row["load_1min"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    with database(args.db) as fresh:
+        if args.costs:
+            with tempfile.TemporaryDirectory() as tmp:
+                proc, url = start_orchestrator(Path(tmp), spec, fresh()[0], args.workers)
+                try:
+                    costs = request_costs(url, proc.pid)
+                    print(json.dumps({"server_cpu_ms_per_request": costs}))
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=60)
+            return
+        rows = [measure_level(n, spec, args, *fresh()) for n in args.nodes]
     print(
-        "\n| nodes | load (start → end) | req/s | p50 ms | p99 ms | max ms | server CPU "
-        "| client CPU | errors |"
+        "\n| nodes | db, workers | load (start → end) | req/s | p50 ms | p99 ms | max ms "
+        "| server CPU | db CPU | client CPU | errors |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         errors = sum(r["errors"].values())
         load = " → ".join(str(x) for x in r["load_1min"])
         print(
-            f"| {r['nodes']} | {load} | {r['req_per_s']} | {r['p50_ms']} | {r['p99_ms']} "
-            f"| {r['max_ms']} | {r['server_cpu_share']:.0%} | {r['client_cpu_share']:.0%} "
-            f"| {errors} |"
+            f"| {r['nodes']} | {r['db']}, {r['workers']} | {load} | {r['req_per_s']} "
+            f"| {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | {r['server_cpu_share']:.0%} "
+            f"| {r['db_cpu_share']:.0%} | {r['client_cpu_share']:.0%} | {errors} |"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
