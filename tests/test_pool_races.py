@@ -27,7 +27,7 @@ from swarmrl.errors import RateLimited
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import MemoryNonceStore, RequestVerifier, sign_request
 from swarmrl.ledger.chain import ledger_table
-from swarmrl.pool import service, work
+from swarmrl.pool import db, rejoin, service, work
 from swarmrl.pool.audit import audit
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
@@ -36,7 +36,7 @@ from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.server import make_context
 from swarmrl.pool.service import Context
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import JoinRequest, PoolSpec, Submission
+from swarmrl.protocol.pool import JoinRequest, PoolSpec, RejoinRequest, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
 
 POOL = "race"
@@ -220,6 +220,25 @@ def test_one_node_joining_at_two_processes_at_once_joins_once(two):
     assert first.node_id == second.node_id == node.node_id, (first, second)
     assert second.state == "healthy"
     assert ledger_kinds(a).count("node_joined") == 1
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_one_node_rejoining_at_two_processes_at_once_rejoins_once(two):
+    a, b = two
+    service.create_pool(a, spec(KeyPair.generate()))
+    node = KeyPair.generate()
+    join(a, node)
+    with a.engine.begin() as conn:  # let go for silence (what the sweep does after dead_after_s)
+        conn.execute(sa.update(db.nodes).values(state="ejected"))
+    req = RejoinRequest(metadata=CPU_NODE)
+    pause = Pause(a.engine, "UPDATE NODES")
+    first, second = race(
+        lambda: rejoin.rejoin(a, POOL, node.public_key_hex, node.node_id, req),
+        pause,
+        lambda: rejoin.rejoin(b, POOL, node.public_key_hex, node.node_id, req),
+    )
+    assert first.state == second.state == "healthy", (first, second)
+    assert ledger_kinds(a).count("node_rejoined") == 1
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

@@ -43,7 +43,8 @@ def rejoin(
     now = ctx.clock()
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
-        row = node_row(conn, pool_id, node_id)  # never admitted: NotFound, join first
+        # locked: two rejoins at two server processes take turns, the second finds it healthy
+        row = node_row(conn, pool_id, node_id, lock=True)  # never admitted: NotFound, join first
         if row.public_key != public_key_hex:
             raise Unauthorized(f"node {node_id} joined with another key")
         if row.state == "banned":
@@ -51,7 +52,7 @@ def rejoin(
         if row.state not in RETURNS:
             return _node_view(conn, row)
         _check_requirements(spec.requirements, req.metadata)
-        _admit_new(ctx, pool_id, now)
+        _admit_new(ctx, conn, pool_id, now)
         conn.execute(
             db.nodes.update()
             .where(

@@ -5,9 +5,9 @@ together with its ledger entries, or raises a :class:`Rejected` and leaves nothi
 functions are synchronous and run one at a time on each server process's event-loop thread
 (``swarmrl.pool.app``). On PostgreSQL several server processes may share the database, so each
 read-then-write is made safe by a lock or a constraint, said where it is taken: the ledger's
-append lock (``swarmrl.ledger.chain.lock``), the node row in a lease, the lease row in a
-submission, the join bucket's row and the primary keys of nodes and used invites in a join, and
-one sweeper at a time (an advisory lock). Work (leases, submissions, verdicts,
+append lock (``swarmrl.ledger.chain.lock``), the node row in a lease and a rejoin, the node and
+lease rows in a submission, the join bucket's row and the primary keys of nodes and used
+invites in a join, and one sweeper at a time (an advisory lock). Work (leases, submissions, verdicts,
 batches) lives in ``swarmrl.pool.work``. Knows nothing about HTTP.
 """
 
