@@ -73,6 +73,17 @@ def verify_gens(verifier: Verifier, worker: attacks.Worker, gens):
     return verifier.check_many(items)
 
 
+def logprob_gaps(gens, verdicts) -> list[list[float]]:
+    """Per sample, |declared - replayed| log-prob of every token ([] when nothing replayed)."""
+    out = []
+    for gen, verdict in zip(gens, verdicts, strict=True):
+        replayed = verdict.behaviour_logprobs or []
+        if len(replayed) != len(gen.logprobs):
+            replayed = []
+        out.append([abs(a - b) for a, b in zip(gen.logprobs, replayed, strict=False)])
+    return out
+
+
 def _reference():
     """The reference package; this file's own directory is hidden because it is toploc.py."""
     import importlib
@@ -263,6 +274,8 @@ def honest_and_cheats(args, results: dict, env: SimpleNamespace) -> None:
         ):
             verdicts = verify_gens(ver, wkr, gens)
             bad = [v.reasons for v in verdicts if not v.accepted]
+            gaps = logprob_gaps(gens, verdicts)
+            tolerance = ver.config.logprob_tolerance
             print(name, label, len(gens), "rejected", len(bad), bad[:1], flush=True)
             honest_rows.append(
                 {
@@ -273,6 +286,12 @@ def honest_and_cheats(args, results: dict, env: SimpleNamespace) -> None:
                     "tokens": sum(len(g.output_tokens) for g in gens),
                     "rejected": len(bad),
                     "first_reasons": [r.detail for r in bad[0]] if bad else [],
+                    # largest honest |declared - replayed| log-prob, and the samples with a
+                    # token beyond logprob_tolerance (isolated misses the rule lets pass)
+                    "logprob_err_max": max((max(g) for g in gaps if g), default=None),
+                    "samples_with_logprob_miss": sum(
+                        any(not x <= tolerance for x in g) for g in gaps
+                    ),
                 }
             )
     results["honest"] = honest_rows

@@ -83,7 +83,8 @@ def detection(verifier, worker, subs, honest_subs):
         (tuple(c.prompt_tokens), b.seed): (c.output_tokens, c.logprobs, c.reward, b.chunks)
         for b, c in honest_subs
     }
-    rejected, codes, same, hidden_pass, worst, lp_err = 0, {}, 0, 0, [], []
+    rejected, codes, same, hidden_pass, worst, lp_err, lp_share = 0, {}, 0, 0, [], [], []
+    tolerance = verifier.config.logprob_tolerance
     for verdict, (bundle, claim) in zip(verdicts, subs, strict=True):
         key = (tuple(claim.prompt_tokens), bundle.seed)
         if genuine.get(key) == (claim.output_tokens, claim.logprobs, claim.reward, bundle.chunks):
@@ -97,7 +98,9 @@ def detection(verifier, worker, subs, honest_subs):
             )
         replayed = verdict.behaviour_logprobs
         if replayed is not None and len(replayed) == len(claim.logprobs) and replayed:
-            lp_err.append(max(abs(a - b) for a, b in zip(claim.logprobs, replayed, strict=True)))
+            gaps = [abs(a - b) for a, b in zip(claim.logprobs, replayed, strict=True)]
+            lp_err.append(max(gaps))
+            lp_share.append(sum(not g <= tolerance for g in gaps) / len(gaps))
         for code in verdict.codes:
             codes[code] = codes.get(code, 0) + 1
     return {
@@ -111,6 +114,9 @@ def detection(verifier, worker, subs, honest_subs):
         # the weakest and the median sample's largest |claimed - replayed| log-prob (nats)
         "logprob_err_min": min(lp_err) if lp_err else None,
         "logprob_err_median": float(statistics.median(lp_err)) if lp_err else None,
+        # the weakest sample's share of tokens off by more than logprob_tolerance (the
+        # verifier lets up to logprob_outlier_share of them, at least one, pass)
+        "logprob_off_share_min": min(lp_share) if lp_share else None,
     }
 
 

@@ -40,7 +40,25 @@ class ToplocConfig(Section):
         1e-4, ge=0, description="slack on the top-p boundary, in probability mass"
     )
     logprob_tolerance: float = Field(
-        1e-2, ge=0, description="largest accepted |reported - replayed| log-prob (nats)"
+        1e-2,
+        ge=0,
+        description="largest accepted |reported - replayed| log-prob (nats) of every token but "
+        "a sample's isolated misses (logprob_outlier_share)",
+    )
+    logprob_outlier_share: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="share of a sample's tokens (at least one) whose log-prob may miss "
+        "logprob_tolerance, each by at most logprob_outlier_factor x logprob_tolerance: honest "
+        "fp32 decode and prefill differ by a few 1e-4 nats at isolated ill-conditioned inputs, "
+        "a cheat with other weights or dtype moves nearly every token",
+    )
+    logprob_outlier_factor: float = Field(
+        10.0,
+        ge=1,
+        description="an isolated log-prob miss beyond this multiple of logprob_tolerance "
+        "rejects the sample",
     )
     eos_min_prob: float = Field(
         1e-6,
