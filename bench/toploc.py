@@ -1,6 +1,6 @@
 """Verifiable-inference benchmark: false rejections, detection of known cheats, and costs.
 
-    python bench/toploc.py [--quick] [--out bench/toploc-results.json]
+    python bench/toploc.py [--quick] [--skip-costs | --costs-only] [--out bench/toploc-results.json]
 
 1. Models: the tiny Llama of ``swarmrl.model.factory`` (hidden 128, 4 layers), briefly trained
    on the reverse task (so its distributions are peaked like a real policy's), its checkpoint
@@ -186,6 +186,9 @@ def main() -> None:
     parser.add_argument(
         "--costs-only", action="store_true", help="skip the honest and cheat phases"
     )
+    parser.add_argument(
+        "--skip-costs", action="store_true", help="run the honest and cheat phases only"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     per_config = 8 if args.quick else 76
@@ -243,7 +246,8 @@ def main() -> None:
     )
     if not args.costs_only:
         honest_and_cheats(args, results, setup)
-    run_costs(args, results, setup)
+    if not args.skip_costs:
+        run_costs(args, results, setup)
 
 
 def honest_and_cheats(args, results: dict, env: SimpleNamespace) -> None:

@@ -19,6 +19,7 @@ from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.bundle import seal
 from swarmrl.toploc.calibrate import generate_without_cache, measure, recommend
 from swarmrl.toploc.prefill import prefill_many
+from swarmrl.toploc.replay import check_logprobs
 from swarmrl.toploc.verify import Verifier
 
 DIGEST = "ab" * 32
@@ -309,3 +310,118 @@ def test_binding_digest_of_a_fixed_bundle_is_pinned() -> None:
     assert binding_digest(ProofBundle.model_validate_json(bundle.model_dump_json()), claim) == (
         pinned
     )
+
+
+def _strict(world) -> Verifier:
+    """The world's verifier at the calibrated log-prob floor of 1e-4 nats (bench and demo)."""
+    verifier = world["verifier"]
+    config = verifier.config.model_copy(update={"logprob_tolerance": 1e-4})
+    return Verifier(
+        world["engine"],
+        config,
+        eos_token_ids=verifier.eos_token_ids,
+        vocab_size=verifier.vocab_size,
+        scorer=verifier.scorer,
+    )
+
+
+def _declaring(worker, bundle, claim, logprobs):
+    """The same sample, honestly sealed by the worker, with these declared log-probs."""
+    declared = claim.model_copy(update={"logprobs": logprobs})
+    return seal(bundle, declared, worker.keypair), declared
+
+
+def test_isolated_small_logprob_misses_of_honest_work_pass(world):
+    """The honest tail: where the policy is ill-conditioned in fp32, an honest worker's decode
+    and the validator's prefill differ by a few 1e-4 nats at an isolated token (measured in a
+    demo run: 1-3.9e-4 nats at decode step 1, every other token within 1.6e-6)."""
+    worker, verifier = world["worker"], _strict(world)
+    subs = attacks.honest(worker, world["prompts"], world["seeds"])
+    bundle, claim = max(subs, key=lambda s: len(s[1].output_tokens))
+    assert len(claim.output_tokens) >= 8
+    assignment = worker.assignment(claim.prompt_tokens, bundle.seed)
+    assert verifier.check(bundle, claim, assignment).accepted
+
+    one = list(claim.logprobs)
+    one[1] -= 3.9e-4  # the demo's worst case: -6.6037 declared, -6.6033 replayed
+    verdict = verifier.check(*_declaring(worker, bundle, claim, one), assignment)
+    assert verdict.accepted, verdict.reasons
+    # what trains is the validator's replay, not the declared miss
+    assert verdict.behaviour_logprobs == pytest.approx(claim.logprobs, abs=1e-5)
+
+    few = list(claim.logprobs)
+    few[1] += 2e-4
+    few[5] -= 3e-4
+    verdict = verifier.check(*_declaring(worker, bundle, claim, few), assignment)
+    assert verdict.accepted, verdict.reasons
+
+
+def test_logprob_misses_on_most_tokens_or_one_large_one_are_rejected(world):
+    worker, verifier = world["worker"], _strict(world)
+    subs = attacks.honest(worker, world["prompts"], world["seeds"])
+    bundle, claim = max(subs, key=lambda s: len(s[1].output_tokens))
+    assignment = worker.assignment(claim.prompt_tokens, bundle.seed)
+
+    broad = [x - 3e-4 for x in claim.logprobs]  # each as small as an isolated miss
+    verdict = verifier.check(*_declaring(worker, bundle, claim, broad), assignment)
+    assert verdict.codes == {"logprobs"}
+    assert "isolated" in verdict.reasons[0].detail
+
+    large = list(claim.logprobs)
+    large[2] += 1.5e-3  # past the ceiling of 10 x the tolerance
+    verdict = verifier.check(*_declaring(worker, bundle, claim, large), assignment)
+    assert verdict.codes == {"logprobs"}
+
+    missing = list(claim.logprobs)
+    missing[3] = float("nan")
+    verdict = verifier.check(*_declaring(worker, bundle, claim, missing), assignment)
+    assert not verdict.accepted
+
+
+def test_weight_noise_cheat_is_still_rejected_by_logprobs(world):
+    """Weights perturbed by 1e-3 of their spread move nearly every token's log-prob by a few
+    1e-4 nats: the hidden states pass, the log-probs catch every sample of 4 or more tokens
+    (and so the submission; shorter samples can look like an isolated honest miss)."""
+    worker, verifier = world["worker"], _strict(world)
+    cheat = copy.deepcopy(world["model"])
+    noise = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in cheat.parameters():
+            p.add_(torch.randn(p.shape, generator=noise) * 1e-3 * p.std())
+    engine = TorchEngine(cheat, world["tokenizer"])
+    subs = attacks.with_engine(worker, engine, world["prompts"], world["seeds"])
+    verdicts = verifier.check_many(
+        [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
+    )
+    judged = [v for v, (_, c) in zip(verdicts, subs, strict=True) if len(c.output_tokens) >= 4]
+    assert len(judged) >= 4
+    assert all(not v.accepted and "logprobs" in v.codes for v in judged)
+    assert any(v.codes == {"logprobs"} for v in judged)  # log-probs alone catch it
+
+
+def test_logprob_rule_on_the_measured_patterns():
+    """The rule on the gaps measured: the demo's honest miss passes, the weakest sample of the
+    1e-3 weight-noise cheat in ``bench/toploc.py`` (8 of 13 tokens off, worst 7.1e-4) fails."""
+    honest = [1.6e-6, -3.9e-4, 1e-6, -1.6e-6, 1e-6]  # decode steps 0-4 of the demo's sample
+    checked = check_logprobs(honest, torch.zeros(5), 1e-4, 0.25, 10.0)
+    assert checked.passed and checked.off == [1] and checked.allowed == 1
+    cheat = [
+        1e-5,
+        1.7e-4,
+        -2e-4,
+        5e-5,
+        3e-4,
+        -7.1e-4,
+        2e-5,
+        4e-4,
+        -1.8e-4,
+        6e-5,
+        2.5e-4,
+        9e-5,
+        1.2e-4,
+    ]
+    checked = check_logprobs(cheat, torch.zeros(13), 1e-4, 0.25, 10.0)
+    assert not checked.passed and len(checked.off) == 8 and checked.allowed == 3
+    assert "isolated" in (checked.problem(1e-4, 1e-3) or "")
+    assert not check_logprobs([-3.9e-4], torch.zeros(1), 1e-4, 0.25, 1.0).passed  # no outliers
+    assert check_logprobs([], torch.zeros(0), 1e-4, 0.25, 10.0).passed

@@ -11,7 +11,8 @@ with a reason. Order of work, cheapest first, so junk costs the validator almost
 4. binding digest and the worker's signature                            -> "binding"
 5. one prefill of prompt + output with the declared model, batched across samples
    (only for samples that passed 1-4)                                      -> "replay"
-6. hidden-state chunks, sampling replay, termination, log-probs, reward (all reported)
+6. hidden-state chunks, sampling replay, termination, log-probs (isolated small misses pass:
+   the rule and why are in ``toploc.replay``), reward (all reported)
 
 A "replay" rejection means the validator itself failed (not the peer's fault): callers should
 not penalise on it. The token count in the verdict is what was replayed, never a claim.
