@@ -94,3 +94,29 @@ def test_every_role_applies_the_run_toml(tmp_path):
     for name, resolved in logged.items():
         for section in ("pool", "shardcast", "toploc", "swarm"):
             _assert_applied(section, resolved[section], f"{name}'s log")
+
+
+def test_workers_and_validators_start_while_the_trainer_warms_up(tmp_path):
+    """They are started before version 0 is published (their start overlaps the trainer's
+    warm start instead of delaying step 0), wait for it, and the run still trains."""
+    config = load_config([_run_toml(tmp_path)])
+    run_dir = tmp_path / "run"
+    plan = prepare(config, run_dir)
+    seen_while_waiting: list[set[str]] = []
+
+    def on_wait() -> None:
+        if not seen_while_waiting:  # the first look for version 0
+            seen_while_waiting.append(set(sup.roles))
+
+    with Supervisor(run_dir, 5) as sup:
+        start_all(sup, plan, on_wait)
+        assert seen_while_waiting, "start_all never waited for version 0"
+        early = seen_while_waiting[0]
+        for name in plan.relays + plan.validators + plan.workers:
+            assert name in early, f"{name} was started only after version 0 was published"
+        trainer = sup.roles["trainer"]
+        wait_until(lambda: not trainer.alive(), "the trainer to finish its step", 300)
+        assert trainer.popen.returncode == 0, trainer.log_tail()
+        summary = json.loads((run_dir / "trainer" / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        assert summary["consumed_submissions"], "no worker's rollouts were trained"

@@ -84,6 +84,15 @@ class SwarmSection(Section):
     ready_timeout_s: float = Field(
         120.0, gt=0, description="longest wait for a started role to answer its health check"
     )
+    first_version_timeout_s: float = Field(
+        720.0,
+        gt=0,
+        description=(
+            "longest a worker waits for the run's first policy version, and `swarmrl run` for "
+            "the trainer to publish it (workers start while the trainer warms up, which takes "
+            "minutes when the warm start is not cached)"
+        ),
+    )
     peer_timeout_s: float = Field(
         30.0, gt=0, description="longest wait for one request to a peer before retrying"
     )

@@ -13,8 +13,14 @@ Layout of a run directory::
     relay-N/, worker-N/, validator-N/   each role's weight cache
     report.json, ledger.jsonl
 
-Start order, each step waiting (bounded) for the previous one to answer: orchestrator → trainer
-(publishes version 0 and serves it as the origin) → relays → validators → workers. The run ends
+Start order: the orchestrator (waited for until it answers), then the trainer, then relays
+(each waited for), validators and workers, all while the trainer warms up, calibrates and
+publishes version 0 through its origin; then the launcher waits for version 0 (bounded by
+``swarm.first_version_timeout_s``, which also bounds how long a worker waits for it). Relays
+follow the origin once it is up; workers join the pool and wait for version 0, validators for
+work. The roles' own start (interpreter, torch and transformers imports, joining the pool: tens
+of seconds when several start at once on a loaded machine) so overlaps the trainer's instead of
+delaying step 0. The run ends
 when the trainer exits after its last step; any other role dying first ends it with an error
 that quotes the role's log. Everything is started with the same commands an operator would
 type on separate machines (see docs/deploy.md); only the addresses are loopback.
@@ -207,6 +213,12 @@ def start_trainer(
 ) -> None:
     """Start the trainer and wait until its origin lists version 0 (``on_wait`` runs at each
     look: the display shows the warm start meanwhile)."""
+    spawn_trainer(sup, plan)
+    wait_for_version_0(sup, plan, on_wait)
+
+
+def spawn_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
+    """Start the trainer process without waiting for it (:func:`wait_for_version_0` does)."""
     args = _common(plan, "trainer") + [
         "--key", str(plan.key("trainer")),
         "--orchestrator", plan.orchestrator_url,
@@ -222,6 +234,12 @@ def start_trainer(
         sup.start("trainer", torchrun_command(nproc, "trainer", args))
     else:
         sup.start_role("trainer", "trainer", args)
+
+
+def wait_for_version_0(
+    sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None
+) -> None:
+    """Wait (``swarm.first_version_timeout_s``) until the trainer's origin lists version 0."""
 
     def published() -> bool:
         on_wait()
@@ -239,7 +257,7 @@ def start_trainer(
         published,
         f"the origin at {plan.origin_url} to list version 0 (the warm start may take minutes "
         "the first time; it is cached afterwards)",
-        plan.config.swarm.ready_timeout_s + 600,
+        plan.config.swarm.first_version_timeout_s,
     )
 
 
@@ -293,14 +311,18 @@ def start_worker(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
 def start_all(
     sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None
 ) -> None:
+    """Start every role. Relays, validators and workers start while the trainer warms up and
+    calibrates (module docstring), so that they are up by the time version 0 is published and
+    step 0's rollouts are generated at once."""
     start_orchestrator(sup, plan)
-    start_trainer(sup, plan, on_wait)
+    spawn_trainer(sup, plan)
     for name in plan.relays:
         start_relay(sup, plan, name)
     for name in plan.validators:
         start_validator(sup, plan, name)
     for name in plan.workers:
         start_worker(sup, plan, name)
+    wait_for_version_0(sup, plan, on_wait)
 
 
 # --- watching --------------------------------------------------------------------------------

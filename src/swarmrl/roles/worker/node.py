@@ -431,7 +431,7 @@ class WorkerNode:
             lambda: self._ready,
             "the first policy version from the weight sources",
             self.log,
-            timeout_s=self.config.swarm.ready_timeout_s,
+            timeout_s=self.config.swarm.first_version_timeout_s,
             stop=self.stop,
         )
 
