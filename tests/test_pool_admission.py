@@ -153,3 +153,29 @@ def test_the_trainer_is_served_what_goes_stale_first(pool):
     _submit(worker, [older], version=0)  # received later, but stale after step 1
     first = trainer.batch(POOL, step=1, limit=1).submissions[0]
     assert first.samples[0].policy_version == 0
+
+
+def test_groups_the_trainer_filtered_out_count_as_consumed_supply(pool):
+    """T counts the groups a step filters out, so the supply does too: otherwise every step
+    whose batch is taken looks short by them and the difference is leased again, to arrive
+    after the steps that could train it have their batches."""
+    trainer, worker = pool
+    trainer.set_version(POOL, 0, steps=4, tasks_per_step=2)
+    units, _ = _lease_all(worker)
+    assert len(units) == 4  # version 0, async_level 1: steps 0 and 1, 2 declared tasks each
+    _submit(worker, units)
+    served = [s.submission_id for s in trainer.batch(POOL, step=0, limit=4).submissions]
+    trainer.ack_batch(POOL, served[2:])  # filtered out: used up at once
+    trainer.set_version(POOL, 1)
+    trainer.ack_batch(POOL, served[:2])  # step 0 trained on the other two
+    # measured: step 0 consumed 4 tasks; at version 1 steps 1 and 2 can train new work (8)
+    units, _ = _lease_all(worker)
+    assert len(units) == 8
+    _submit(worker, units, version=1)
+    served = [s.submission_id for s in trainer.batch(POOL, step=1, limit=8).submissions]
+    assert len(served) == 8  # step 1's groups and step 2's, carried over
+    trainer.ack_batch(POOL, served[:2])  # step 1 filtered two out at once
+    # 8 tasks served for steps 1 and 2 cover both steps' 2 × 4: nothing more is leased
+    refusal = worker.lease(POOL)
+    assert refusal.outcome == "wait", "leased again what the filter used up"
+    assert "enough" in refusal.reason

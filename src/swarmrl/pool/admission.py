@@ -15,7 +15,12 @@ With, in tasks (one task = one group of G completions)::
     P = fresh tasks submitted and awaiting a validator          (the validation backlog)
     Q = fresh tasks accepted or in a trainer's batch, untrained (the trainable backlog)
     U = fresh tasks not selected for a spot check, waiting for a later passed check of their
-        node (``swarmrl.pool.spotcheck``); S = L + P + Q + U
+        node (``swarmrl.pool.spotcheck``)
+    F = tasks served to the trainer for step V or later and already used up: groups the online
+        filter dropped, acknowledged at once; T counts them, so the supply must too, else
+        every step whose batch is taken looks short by its filtered groups and the
+        difference is leased again (work that arrives after the steps it could train have
+        their batches); S = L + P + Q + U + F
 
 a lease is granted iff ``W > 0``, ``S < D``, ``P < b_v · T`` and ``Q < b_t · T``
 (``b_v``, ``b_t``: ``pool.admission_validation_backlog_steps`` and
@@ -47,16 +52,17 @@ STARVING_WITHIN_S = 2.0  # an empty batch reply this recent means the trainer wa
 
 @dataclass(frozen=True)
 class Supply:
-    """Work already on its way to the trainer, in tasks (module docstring: L, P, Q)."""
+    """Work already on its way to the trainer, in tasks (module docstring: L, P, Q, U, F)."""
 
     leased: int  # L: in active leases
     pending: int  # P: fresh, awaiting a validator
     trainable: int  # Q: fresh, accepted or in a trainer's batch, not yet trained
     unchecked: int = 0  # U: fresh, not spot-checked, trainable once a later check passes
+    used: int = 0  # F: served for the current step or later, already used up (filtered out)
 
     @property
     def total(self) -> int:
-        return self.leased + self.pending + self.trainable + self.unchecked
+        return self.leased + self.pending + self.trainable + self.unchecked + self.used
 
 
 @dataclass(frozen=True)

@@ -58,15 +58,20 @@ def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
     return RunPlan(row.steps, row.tasks_per_step, row.finished_at is not None)
 
 
-# samples by status of the fresh submissions not yet trained
+# samples by status of the fresh submissions not yet trained, and of those served for step v or
+# later that the trainer already used up ("trained": F, fresh by construction)
 _QUEUED = (
     sa.select(
         db.submissions.c.status, sa.func.coalesce(sa.func.sum(db.submissions.c.n_samples), 0)
     )
     .where(
         db.submissions.c.pool_id == sa.bindparam("p"),
-        db.submissions.c.status.in_(("pending", "accepted", "leased", "unchecked")),
+        db.submissions.c.status.in_(("pending", "accepted", "leased", "unchecked", "trained")),
         db.submissions.c.min_version >= sa.bindparam("oldest"),
+        sa.or_(
+            db.submissions.c.status != "trained",
+            db.submissions.c.consumed_step >= sa.bindparam("v"),
+        ),
     )
     .group_by(db.submissions.c.status)
 )
@@ -78,10 +83,11 @@ _LEASED = sa.select(sa.func.coalesce(sa.func.sum(db.leases.c.n_tasks), 0)).where
 
 
 def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
-    """L, P, Q and U of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``."""
+    """L, P, Q, U and F of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``
+    (F: submissions served for step ``version`` or later and acknowledged as used up)."""
     g = spec.samples_per_task
     oldest = version - spec.async_level
-    rows = conn.execute(_QUEUED, {"p": spec.pool_id, "oldest": oldest}).all()
+    rows = conn.execute(_QUEUED, {"p": spec.pool_id, "oldest": oldest, "v": version}).all()
     samples = {status: int(n) for status, n in rows}
     leased = conn.execute(_LEASED, {"p": spec.pool_id}).scalar_one()
     return Supply(
@@ -89,6 +95,7 @@ def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
         pending=samples.get("pending", 0) // g,
         trainable=(samples.get("accepted", 0) + samples.get("leased", 0)) // g,
         unchecked=samples.get("unchecked", 0) // g,
+        used=samples.get("trained", 0) // g,
     )
 
 
