@@ -29,6 +29,16 @@ a lease is granted iff ``W > 0``, ``S < D``, ``P < b_v · T`` and ``Q < b_t · T
 submissions can never train and do not count as supply. Once the last step has its batch,
 ``W · T`` is covered by what the trainer already holds and nothing more is leased.
 
+Unchecked work is supply the trainer cannot take yet: it waits for a later passed check of its
+node, and a node refused work submits nothing that could be checked. So a node that holds fresh
+unchecked work with nothing leased or awaiting a validator (``L_node + P_node = 0``) is
+granted the pool's smallest unit m even when the supply already covers the demand
+(:func:`unblock`): its next submission, checked with the node's rate p, is what releases that
+work before it goes stale. It is worth it when the units expected until a check cost no more
+than what they release, ``m / p ≤ U_node`` (never at p = 0). Only one such unit is on its way
+per node at a time, and never against the validation or trainable backlog or after the last
+step.
+
 T and Q are estimates (a step may filter out more groups than measured so far; part of a
 submission the trainer holds may already be trained), so a trainer that is *starving* — its
 last request for rollouts, within :data:`STARVING_WITHIN_S`, came back empty — while nothing
@@ -67,10 +77,13 @@ class Supply:
 
 @dataclass(frozen=True)
 class Admission:
-    """A lease decision: ``tasks`` > 0 grants at most that many tasks; 0 says wait (``reason``)."""
+    """A lease decision: ``tasks`` > 0 grants at most that many tasks; 0 says wait (``reason``).
+    ``covered``: refused only because the supply covers the demand (no backlog bound, not the
+    run's end), the one refusal :func:`unblock` may lift."""
 
     tasks: int
     reason: str = ""
+    covered: bool = False
 
 
 def steps_left(version: int, steps: int | None, async_level: int) -> int:
@@ -125,5 +138,18 @@ def admit(
             0,
             f"the trainer has enough: {supply.total} tasks leased, submitted or queued ≥ "
             f"{need} it can train while fresh",
+            covered=True,
         )
     return Admission(max(smallest, min(wanted, room)))
+
+
+def unblock(decision: Admission, node: Supply, smallest: int, check_rate: float) -> Admission:
+    """``decision`` for one node, lifted to the smallest unit m when the node holds fresh
+    unchecked work U with ``m ≤ p · U`` (p = ``check_rate``, the node's chance that a
+    submission is checked) and nothing of it is leased or awaits a validator (module
+    docstring); ``node``: that node's own L, P and U."""
+    idle = node.leased + node.pending == 0
+    worth = check_rate > 0 and smallest <= check_rate * node.unchecked + 1e-9
+    if decision.covered and idle and worth:
+        return Admission(smallest)
+    return decision

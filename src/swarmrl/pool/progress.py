@@ -99,6 +99,35 @@ def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
     )
 
 
+def node_supply(conn: sa.Connection, spec: PoolSpec, version: int, node_id: str) -> Supply:
+    """One node's fresh L, P and U in tasks (for ``swarmrl.pool.admission.unblock``)."""
+    subs, g = db.submissions, spec.samples_per_task
+    rows = conn.execute(
+        sa.select(subs.c.status, sa.func.coalesce(sa.func.sum(subs.c.n_samples), 0))
+        .where(
+            subs.c.pool_id == spec.pool_id,
+            subs.c.status.in_(("pending", "unchecked")),
+            subs.c.node_id == node_id,
+            subs.c.min_version >= version - spec.async_level,
+        )
+        .group_by(subs.c.status)
+    ).all()
+    samples = {status: int(n) for status, n in rows}
+    leased = conn.execute(
+        sa.select(sa.func.count()).where(
+            db.leases.c.pool_id == spec.pool_id,
+            db.leases.c.node_id == node_id,
+            db.leases.c.state == "active",
+        )
+    ).scalar_one()
+    return Supply(
+        leased=int(leased),  # leases, not tasks: only whether any is on its way matters
+        pending=samples.get("pending", 0) // g,
+        trainable=0,
+        unchecked=samples.get("unchecked", 0) // g,
+    )
+
+
 def tasks_per_step(
     conn: sa.Connection, spec: PoolSpec, version: int, told: int | None
 ) -> float | None:

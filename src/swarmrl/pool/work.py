@@ -74,6 +74,10 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             return _wait(retry, f"{in_flight} leases in flight (cap {spec.max_leases_in_flight})")
         version = current_version(conn, pool_id)
         admitted = _admission(ctx, conn, spec, run, version, row.measured_tps)
+        if admitted.covered:  # its own unchecked work may need this node's next submission
+            own = progress.node_supply(conn, spec, version, node_id)
+            rate = spotcheck.node_rate(conn, spec, node_id)
+            admitted = admission.unblock(admitted, own, spec.min_tasks_per_lease, rate)
         if not admitted.tasks:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
         lease_id = _new_id()
