@@ -14,9 +14,22 @@ def _entry(kind: str, ts: float, **body) -> dict:
 def test_the_wasted_share_counts_accepted_work_never_trained():
     facts = wasted({"trained": 18, "accepted": 1, "unchecked": 1, "dropped": 0, "rejected": 7})
     assert facts["accepted_ever"] == 20
-    assert facts["never_trained"] == {"queued_at_end": 1, "unchecked_at_end": 1, "dropped": 0}
-    assert facts["wasted_share"] == 0.1
+    assert facts["never_trained"] == {
+        "queued_at_end": 1,
+        "unchecked_at_end": 1,
+        "dropped": 0,
+        "acknowledged_stale": 0,
+    }
+    assert facts["wasted_share"] == facts["wasted_share_by_status"] == 0.1
     assert wasted({"rejected": 3})["wasted_share"] is None
+
+
+def test_submissions_acknowledged_with_every_group_stale_count_as_never_trained():
+    """The pool counts them trained (the trainer acknowledged them); nothing of them was."""
+    facts = wasted({"trained": 18, "accepted": 1, "unchecked": 1}, stale_dropped=2)
+    assert facts["never_trained"]["acknowledged_stale"] == 2
+    assert facts["wasted_share"] == 0.2
+    assert facts["wasted_share_by_status"] == 0.1
 
 
 def test_the_timeline_comes_from_the_ledger_and_the_trainer():

@@ -63,15 +63,16 @@ def swarm(tmp_path):
             lambda version, final: announced.append((version, final)),
         )
 
-        def accepted(n: int) -> None:
-            """``n`` one-task units generated, submitted and accepted by the validator."""
+        def accepted(n: int, version: int = 0) -> None:
+            """``n`` one-task units generated with ``version``, submitted and accepted by the
+            validator."""
             digits = tokenizer.encode("123", add_special_tokens=False)
             for _ in range(n):
                 work = worker.lease(POOL).work
                 samples = [
                     Sample(task_index=t, prompt_tokens=digits, output_tokens=digits,
                            logprobs=[-0.5] * len(digits), finish_reason="length",
-                           policy_version=0)
+                           policy_version=version)
                     for t in work.task_indices for _ in range(G)
                 ]  # fmt: skip
                 worker.submit(POOL, Submission(lease_id=work.lease_id, samples=samples))
@@ -106,3 +107,22 @@ def test_the_next_batch_is_leased_while_the_step_trains(swarm):
     source.commit(2, 3)
     assert announced == [(1, False), (2, False), (3, True)]  # the last step says the run ended
     assert len(source.consumed) == 6 and len(set(source.consumed)) == 6
+
+
+def test_a_submission_whose_groups_all_went_stale_is_counted_never_trained(swarm):
+    """Acknowledged (the pool counts it trained), yet none of its groups was: the trainer
+    lists it in ``stale_dropped``; the ones it trained are not listed."""
+    source, accepted, _ = swarm
+    accepted(4)
+    assert len(source.next_batch(0, 0).groups) == 2
+    carried = {sid for sid, _ in source.carry}
+    assert len(carried) == 2  # one-task units: two submissions carried over
+    source.commit(0, 1)
+    trained = set(source.consumed)
+    source.pool.set_version(POOL, 3)
+    accepted(2, version=3)
+    assert len(source.next_batch(3, 3).groups) == 2  # versions ≥ 1: the carried are too stale
+    source.commit(3, 4)
+    assert set(source.stale_dropped) == carried
+    assert not trained & set(source.stale_dropped)
+    assert carried <= set(source.consumed)  # acknowledged all the same

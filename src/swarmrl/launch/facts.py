@@ -48,7 +48,7 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     by_status = metrics.submissions_by_status
     summary = trainer_summary(plan)
     origin = summary.get("origin", {})
-    waste = wasted(by_status)
+    waste = wasted(by_status, len(summary.get("flow", {}).get("stale_dropped", [])))
     return {
         "swarm": {
             "workers": worker_rows(plan, nodes, names, judged),

@@ -14,13 +14,19 @@ from __future__ import annotations
 from typing import Any
 
 
-def wasted(by_status: dict[str, int]) -> dict[str, Any]:
-    """Accepted submissions never trained, from the pool's submission statuses at the end.
+def wasted(by_status: dict[str, int], stale_dropped: int = 0) -> dict[str, Any]:
+    """Accepted submissions never trained, from the pool's submission statuses at the end and
+    the trainer's count of those it acknowledged untrained.
 
     Accepted ever = trained + still accepted or leased (queued: stale or unused at the end) +
     unchecked at the end (stored and credited, never released by a later passed spot check) +
-    dropped (accepted, then invalidated with their node). ``wasted_share`` = (accepted ever −
-    trained) ÷ accepted ever; None when nothing was accepted."""
+    dropped (accepted, then invalidated with their node). "Trained" in the pool means
+    acknowledged by the trainer, which includes submissions it used up without training any of
+    their groups: filtered out (all rewards equal: the filter used them) or every group dropped
+    as too stale to carry into a later step (``stale_dropped``: never trained).
+    ``wasted_share`` = (accepted ever − trained + stale_dropped) ÷ accepted ever;
+    ``wasted_share_by_status`` leaves the stale-dropped out (the pool's statuses alone). Both
+    None when nothing was accepted."""
     trained = by_status.get("trained", 0)
     queued = by_status.get("accepted", 0) + by_status.get("leased", 0)
     unchecked = by_status.get("unchecked", 0)
@@ -32,8 +38,10 @@ def wasted(by_status: dict[str, int]) -> dict[str, Any]:
             "queued_at_end": queued,
             "unchecked_at_end": unchecked,
             "dropped": dropped,
+            "acknowledged_stale": stale_dropped,
         },
-        "wasted_share": (accepted - trained) / accepted if accepted else None,
+        "wasted_share": (accepted - trained + stale_dropped) / accepted if accepted else None,
+        "wasted_share_by_status": (accepted - trained) / accepted if accepted else None,
     }
 
 

@@ -264,7 +264,11 @@ def run(
                 source.restore(saved["source"])
             history: list[dict[str, Any]] = list(saved["history"])
             summary.source, summary.history = source, history
-            summary.flow = {"versions": announce.published, "acks": source.acks}
+            summary.flow = {
+                "versions": announce.published,
+                "acks": source.acks,
+                "stale_dropped": source.stale_dropped,
+            }
             hooks = role_hooks(
                 log, status, work / "steps.jsonl", history, summary, run_dir / "policy"
             )
@@ -399,7 +403,8 @@ class Summary:
         self.source: PoolSource | None = None
         self.history: list[dict[str, Any]] | None = None
         # the run over time (swarmrl.launch.flow): rl_started_at (Unix s), versions
-        # [(Unix s, version)] as announced, acks [(Unix s, submissions acknowledged)]
+        # [(Unix s, version)] as announced, acks [(Unix s, submissions acknowledged)],
+        # stale_dropped [submission ids acknowledged with every group dropped as too stale]
         self.flow: dict[str, Any] = {}
 
     def follow(self, result: TrainingResult) -> None:

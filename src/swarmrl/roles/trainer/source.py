@@ -78,6 +78,11 @@ class PoolSource:
         self._finished: list[str] = []  # used up, not yet acknowledged
         self._in_step: set[str] = set()  # with a group in the step not yet committed
         self._served: set[str] = set()
+        # submissions with a group trained or filtered out; one used up without either (every
+        # group dropped as too stale to carry) goes to ``stale_dropped``: acknowledged, so the
+        # pool counts it trained, yet nothing of it was
+        self._useful: set[str] = set()
+        self.stale_dropped: list[str] = []
         # the prefetch thread and the loop share the fields above and the client
         self._lock = threading.RLock()
         self._client_lock = threading.Lock()
@@ -124,6 +129,7 @@ class PoolSource:
         with self._lock:
             self.carry = kept[need:]
             self._in_step = {sid for sid, _ in kept[:need]}
+            self._useful |= self._in_step
             for sid, _ in kept[:need]:
                 self._used(sid)
         if step + 1 < rl.steps:
@@ -225,6 +231,7 @@ class PoolSource:
             if not rl.online_filter or is_informative(group.rewards):
                 kept.append((sid, group))
             else:
+                self._useful.add(sid)
                 self._used(sid)
         self._used(sid)
 
@@ -233,6 +240,10 @@ class PoolSource:
         if self._outstanding[submission_id] == 0:
             del self._outstanding[submission_id]
             self._finished.append(submission_id)
+            if submission_id in self._useful:
+                self._useful.discard(submission_id)
+            else:
+                self.stale_dropped.append(submission_id)
 
     def state(self) -> dict[str, Any]:
         """Where this source is in the rollout stream, for a checkpoint taken after a commit:
@@ -249,6 +260,8 @@ class PoolSource:
             "outstanding": dict(self._outstanding),
             "finished": list(self._finished),
             "served": sorted(self._served),
+            "useful": sorted(self._useful),
+            "stale_dropped": list(self.stale_dropped),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -257,6 +270,8 @@ class PoolSource:
         self._outstanding = dict(state["outstanding"])
         self._finished = list(state["finished"])
         self._served = set(state["served"])
+        self._useful = set(state.get("useful", ()))  # absent in older checkpoints
+        self.stale_dropped = list(state.get("stale_dropped", ()))
 
     def _take(self, step: int, stop: threading.Event | None = None) -> list[TrainableSubmission]:
         """One answer of ``/batches`` for ``step``, leased to this process."""
