@@ -18,7 +18,7 @@ from swarmrl.pool import db, penalties, service, work
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import make_context
 from swarmrl.protocol.pool import Heartbeat, JoinRequest, PoolSpec
-from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, spawn_orchestrator
 
 POOL = "beats"
 
@@ -135,3 +135,73 @@ def test_a_crash_loses_at_most_the_last_flush_and_replays_stay_refused(tmp_path)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_a_beat_claims_its_nonce_in_its_own_transaction_and_a_replay_is_refused(db_url, tmp_path):
+    """The hot lane claims a beat's nonce with the beat: a replay is refused, a refused beat
+    (an unknown node) keeps its nonce used, and the FastAPI route (a query string sends the
+    request there) claims it once, as before."""
+    orch, node, stranger = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    cfg = PoolConfig(db_url=db_url)
+    spec = PoolSpec(
+        pool_id=POOL, owner_key=orch.public_key_hex, task_count=10, open=True, validated_fraction=0
+    )
+    path = f"/pools/{POOL}/heartbeat"
+    body = Heartbeat(status="ok").model_dump_json().encode()
+
+    def send(url, key, target=path):
+        headers = sign_request(key, "POST", target, body) | {"Content-Type": "application/json"}
+        return headers, httpx.post(url + target, content=body, headers=headers)
+
+    def replay(url, headers, target=path):
+        return httpx.post(url + target, content=body, headers=headers)
+
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, node).join(POOL, CPU_NODE)
+        headers, first = send(server.url, node)
+        assert first.status_code == 200 and first.json()["state"] == "healthy"
+        again = replay(server.url, headers)
+        assert again.status_code == 401 and again.json()["error"]["code"] == "replayed_request"
+        headers, unknown = send(server.url, stranger)
+        assert unknown.status_code == 404
+        again = replay(server.url, headers)
+        assert again.status_code == 401 and again.json()["error"]["code"] == "replayed_request"
+        slow_lane = path + "?via=fastapi"
+        headers, first = send(server.url, node, slow_lane)
+        assert first.status_code == 200, first.text
+        again = replay(server.url, headers, slow_lane)
+        assert again.status_code == 401 and again.json()["error"]["code"] == "replayed_request"
+
+
+def test_a_nonce_claimed_in_a_transaction_is_refused_until_expiry(db_url, tmp_path):
+    from swarmrl.errors import ReplayedRequest
+    from swarmrl.identity.keys import PublicKey
+    from swarmrl.identity.requests import SignedRequest
+    from swarmrl.pool.db import make_engine, sqlite_url
+    from swarmrl.pool.nonces import DatabaseNonceStore, claim_in
+
+    engine = make_engine(db_url or sqlite_url(tmp_path / "n.db"))
+    now = [1000.0]
+    store = DatabaseNonceStore(engine, clock=lambda: now[0], purge_every_s=1e9)
+
+    def who(key: str, expires_at: float) -> SignedRequest:
+        return SignedRequest(PublicKey(key), "n", 0, "n" * 16, "s", "d", b"", expires_at, False)
+
+    def claim(key: str, expires_at: float) -> bool:
+        try:
+            with engine.begin() as conn:
+                claim_in(store, who(key, expires_at), conn)
+            return True
+        except ReplayedRequest:
+            return False
+
+    key, other = "a" * 64, "b" * 64
+    assert claim(key, 1060.0)
+    assert not claim(key, 1060.0)
+    assert not store.claim(key, "n" * 16, 1060.0)  # one table for both ways of claiming
+    assert claim(other, 1060.0)  # per key
+    now[0] = 1061.0  # expired and not yet purged: reused once
+    assert claim(key, 1121.0)
+    assert not claim(key, 1121.0)
+    engine.dispose()

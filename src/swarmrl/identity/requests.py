@@ -84,6 +84,9 @@ class SignedRequest:
     signature: str
     body_digest: str
     body: bytes = field(default=b"", repr=False)  # the signed body, for whoever must keep it
+    nonce_expires_at: float = 0.0  # Unix s: until when the nonce must be remembered
+    # False: verified with ``claim=False``; the caller must claim the nonce before acting
+    nonce_claimed: bool = True
 
 
 class NonceStore(Protocol):
@@ -147,11 +150,14 @@ class RequestVerifier:
         headers: Mapping[str, str],
         *,
         now_s: float | None = None,
+        claim: bool = True,
     ) -> SignedRequest:
         """Return who signed the request, or raise a :class:`PeerError` saying what is wrong.
 
         The nonce is claimed only after every other check passes, so a forged or stale request
-        leaves nothing behind.
+        leaves nothing behind. ``claim=False``: every check but the nonce's; the caller claims
+        the nonce itself (in the transaction that acts on the request, saving one) before it
+        acts, and refuses the request if the claim fails.
         """
         if len(body) > self.max_body_bytes:
             raise OversizedRequest(
@@ -179,8 +185,8 @@ class RequestVerifier:
                 f"−{self.window_s:g} s … +{self.max_future_s:g} s"
             )
         expires_at = timestamp_ms / 1000.0 + self.window_s
-        if not self.nonce_store.claim(key_hex, nonce, expires_at):
-            raise ReplayedRequest(f"nonce {nonce} was already used by this key")
+        if claim and not self.nonce_store.claim(key_hex, nonce, expires_at):
+            raise replayed(nonce)
         return SignedRequest(
             public_key=PublicKey(key_hex),
             node_id=node_id_for(key_hex),
@@ -189,4 +195,11 @@ class RequestVerifier:
             signature=signature,
             body_digest=body_digest,
             body=body,
+            nonce_expires_at=expires_at,
+            nonce_claimed=claim,
         )
+
+
+def replayed(nonce: str) -> ReplayedRequest:
+    """The refusal of a request whose nonce this key already used."""
+    return ReplayedRequest(f"nonce {nonce} was already used by this key")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
@@ -36,7 +37,7 @@ from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
 from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
-from swarmrl.pool import batches, judging, penalties, rejections, rejoin, service, work
+from swarmrl.pool import batches, judging, nonces, penalties, rejections, rejoin, service, work
 from swarmrl.pool.db import WalCheckpointer, is_retryable
 from swarmrl.pool.hotroutes import HotRoute, HotRoutes, error_summary
 from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
@@ -158,8 +159,9 @@ def run_transaction(fn: Callable[..., T], *args: Any) -> T:
 def build_app(ctx: Context) -> FastAPI:
     """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper."""
     # nonces live in the database, so a request captured before a restart is refused after it
+    nonce_store = DatabaseNonceStore(ctx.engine, ctx.clock)
     verifier = RequestVerifier(
-        DatabaseNonceStore(ctx.engine, ctx.clock),
+        nonce_store,
         window_s=ctx.config.request_window_s,
         max_future_s=ctx.config.request_future_skew_s,
         max_body_bytes=ctx.config.max_body_bytes,
@@ -213,7 +215,9 @@ def build_app(ctx: Context) -> FastAPI:
     )
 
     async def beat_op(pool_id: str, who: SignedRequest, beat: Heartbeat) -> HeartbeatReply:
-        return await on_db(service.heartbeat, ctx, pool_id, who.node_id, beat)
+        # the hot lane claims a beat's nonce in the beat's own transaction (one, not two)
+        claim = None if who.nonce_claimed else functools.partial(nonces.claim_in, nonce_store, who)
+        return await on_db(service.heartbeat, ctx, pool_id, who.node_id, beat, claim)
 
     async def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
         return await on_db(work.lease, ctx, pool_id, who.node_id)
@@ -222,7 +226,7 @@ def build_app(ctx: Context) -> FastAPI:
         return await on_db(work.submit, ctx, pool_id, who, sub)
 
     hot = {
-        "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op),
+        "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op, claims_nonce=True),
         "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op),
         "submissions": HotRoute("/pools/{pool_id}/submissions", Submission, submit_op),
     }

@@ -43,11 +43,14 @@ from swarmrl.protocol.pool import POOL_ID_PATTERN
 class HotRoute:
     """One route: its body type (None = the body is signed but not read) and its operation.
 
-    ``run(pool_id, who, body)`` returns the reply model; it may raise :class:`PeerError`."""
+    ``run(pool_id, who, body)`` returns the reply model; it may raise :class:`PeerError`.
+    ``claims_nonce``: the request is verified with ``claim=False`` and ``run`` claims the nonce
+    in its own transaction (``who.nonce_claimed`` is False), before it acts."""
 
     template: str  # the FastAPI path template, the metrics' route label
     body: type[BaseModel] | None
     run: Callable[[str, SignedRequest, Any], Awaitable[BaseModel]]
+    claims_nonce: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,11 +67,11 @@ class HotRoutes:
         self,
         app: Any,
         routes: dict[str, HotRoute],
-        verify: Callable[[str, str, bytes, Any], SignedRequest],
+        verify: Callable[..., SignedRequest],
         on_peer_error: Callable[[PeerError], Any],
         on_infra_error: Callable[[InfraError], Any],
     ) -> None:
-        """``verify(method, path, body, headers)``: the app's request verifier."""
+        """``verify(method, path, body, headers, *, claim)``: the app's request verifier."""
         self.app, self.routes, self.verify = app, routes, verify
         self.on_peer_error, self.on_infra_error = on_peer_error, on_infra_error
         names = "|".join(re.escape(name) for name in routes)
@@ -116,7 +119,7 @@ class HotRoutes:
         self, route: HotRoute, pool_id: str, body: bytes, parsed: Any, scope: dict[str, Any]
     ) -> BaseModel:
         path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-        who = self.verify("POST", path, body, _headers(scope))
+        who = self.verify("POST", path, body, _headers(scope), claim=not route.claims_nonce)
         value = None
         if route.body is not None:
             try:

@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
+from swarmrl.identity.requests import SignedRequest, replayed
 from swarmrl.pool import db
 
 # built once: a claim runs on every signed request
@@ -73,3 +75,40 @@ class DatabaseNonceStore:
             return True
         except sa.exc.IntegrityError:  # present and live (or just claimed by another process)
             return False
+
+
+# a fresh pair inserted (its nonce returned), an existing one left alone (nothing returned),
+# without an error that would abort the caller's transaction
+_INSERT_NEW = {
+    "sqlite": sqlite.insert(_t).on_conflict_do_nothing().returning(_t.c.nonce),
+    "postgresql": postgresql.insert(_t).on_conflict_do_nothing().returning(_t.c.nonce),
+}
+
+
+def claim_in(store: DatabaseNonceStore, who: SignedRequest, conn: sa.Connection) -> None:
+    """Claim the nonce of ``who`` (verified with ``claim=False``) inside the caller's
+    transaction, or raise :class:`~swarmrl.errors.ReplayedRequest`: one transaction for the
+    claim and the request's own work instead of two. As :meth:`DatabaseNonceStore.claim`, a
+    pair still inside its window is refused and an expired one is reused, once, across
+    processes (the insert and the conditional update are each atomic)."""
+    now = store.clock()
+    if now >= store._next_purge_s:
+        conn.execute(_PURGE, {"now": now})
+        store._next_purge_s = now + store.purge_every_s
+    key, nonce = who.public_key.hex, who.nonce
+    row = dict(public_key=key, nonce=nonce, expires_at=who.nonce_expires_at)
+    insert = _INSERT_NEW.get(conn.dialect.name)
+    if insert is not None:
+        fresh = conn.execute(insert, row).first() is not None
+    else:  # another database: a savepoint keeps a duplicate key from aborting the transaction
+        try:
+            with conn.begin_nested():
+                conn.execute(_INSERT, row)
+            fresh = True
+        except sa.exc.IntegrityError:
+            fresh = False
+    if fresh:
+        return
+    params = {"k": key, "n": nonce, "now": now, "e": who.nonce_expires_at}
+    if conn.execute(_RENEW, params).rowcount != 1:
+        raise replayed(nonce)

@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
-from swarmrl.errors import BadSignature, RateLimited
+from swarmrl.errors import BadSignature, PeerError, RateLimited
 from swarmrl.identity.keys import KeyPair, canonical_json, verify_signature
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
@@ -358,9 +358,19 @@ _BEAT_READ = (
 )
 
 
-def heartbeat(ctx: Context, pool_id: str, node_id: str, beat: Heartbeat) -> HeartbeatReply:
+def heartbeat(
+    ctx: Context,
+    pool_id: str,
+    node_id: str,
+    beat: Heartbeat,
+    claim: Callable[[sa.Connection], None] | None = None,
+) -> HeartbeatReply:
     """Record a node's beat: buffered if it leaves the node's state as it was, else written at
-    once (with what the buffer held for the node), so state changes never wait for a flush."""
+    once (with what the buffer held for the node), so state changes never wait for a flush.
+
+    ``claim(conn)``: claims the request's nonce first, in the beat's transaction (raising
+    :class:`~swarmrl.errors.ReplayedRequest` if it was used); the claim stands even when the
+    beat is then refused, as a claim made before the operation would."""
     limit = ctx.config.max_log_line_chars
     state = "unhealthy" if beat.status == "error" else "healthy"
     now_beat = Beat(
@@ -372,23 +382,43 @@ def heartbeat(ctx: Context, pool_id: str, node_id: str, beat: Heartbeat) -> Hear
         [line[:limit] for line in beat.log_tail[-LOG_TAIL_LINES:]],
     )
     with ctx.engine.connect() as conn:
-        ctx.spec(conn, pool_id)
-        row = conn.execute(_BEAT_READ, {"p": pool_id, "n": node_id}).first()
-        if row is None:
-            node_row(conn, pool_id, node_id)  # raises the "join first" rejection
-        require_member(row, ("healthy", "unhealthy", "dead"))
+        if claim is not None:
+            claim(conn)
+        try:
+            row = _beating_member(ctx, conn, pool_id, node_id)
+        except PeerError:
+            if claim is not None:
+                conn.commit()
+            raise
         if row.state == state and ctx.config.heartbeat_flush_s > 0:
-            ctx.beats.add(pool_id, node_id, now_beat)
+            if claim is not None:
+                conn.commit()
+            ctx.beats.add(pool_id, node_id, now_beat)  # once committed: a retry adds it once
         else:
             earlier = ctx.beats.take(pool_id, node_id)
             merged = now_beat if earlier is None else earlier.then(now_beat)
-            beats.write(conn, [((pool_id, node_id), merged)], buffered=False)
-            conn.commit()
+            try:
+                beats.write(conn, [((pool_id, node_id), merged)], buffered=False)
+                conn.commit()
+            except BaseException:
+                if earlier is not None:  # not written: it waits for the next flush or beat
+                    ctx.beats.add(pool_id, node_id, earlier)
+                raise
     return HeartbeatReply(
         state=state,
         current_version=row.current_version,
         next_beat_s=ctx.config.heartbeat_interval_s,
     )
+
+
+def _beating_member(ctx: Context, conn: sa.Connection, pool_id: str, node_id: str) -> Any:
+    """The node's state and its pool's version, or the rejection of its beat."""
+    ctx.spec(conn, pool_id)
+    row = conn.execute(_BEAT_READ, {"p": pool_id, "n": node_id}).first()
+    if row is None:
+        node_row(conn, pool_id, node_id)  # raises the "join first" rejection
+    require_member(row, ("healthy", "unhealthy", "dead"))
+    return row
 
 
 def flush_beats(ctx: Context) -> int:
