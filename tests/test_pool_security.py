@@ -41,7 +41,9 @@ POOL = "secure"
 def env(tmp_path_factory):
     run = tmp_path_factory.mktemp("sec")
     orch, owner, validator = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
-    cfg = PoolConfig(max_body_bytes=64 << 10, request_window_s=30)
+    # beats written at once: the tests compare the database before and after refused requests,
+    # which a flush of an earlier test's beats in between would change
+    cfg = PoolConfig(max_body_bytes=64 << 10, request_window_s=30, heartbeat_flush_s=0)
     with local_orchestrator(run, orch, cfg) as server:
         spec = PoolSpec(
             pool_id=POOL,

@@ -20,6 +20,8 @@ Several server processes: each buffers the beats it answered and flushes them it
 moves only a node still in the state the beat saw (a ban, an ejection or a sweep committed by any
 process in between stays; the node's next beat then writes at once), and takes the log tails it
 extends row-locked in node order (PostgreSQL), so two flushes never lose each other's lines.
+The one elected sweeper judges silence on what is written, which trails a node's last beat by
+at most a flush period (1 s against ``unhealthy_after_s``, 15 s by default).
 Knows nothing about HTTP or signatures; the heartbeat's checks live in ``swarmrl.pool.service``.
 """
 
