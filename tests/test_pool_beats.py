@@ -205,3 +205,28 @@ def test_a_nonce_claimed_in_a_transaction_is_refused_until_expiry(db_url, tmp_pa
     assert claim(key, 1121.0)
     assert not claim(key, 1121.0)
     engine.dispose()
+
+
+def test_a_database_made_before_lease_task_counts_gets_them(tmp_path):
+    """An orchestrator started on a database without ``leases.n_tasks`` adds the column and
+    counts the tasks of the leases in flight (admission sums them)."""
+    from swarmrl.pool.db import make_engine, sqlite_url
+
+    url = sqlite_url(tmp_path / "old.db")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE leases DROP COLUMN n_tasks"))
+        for lease_id, state, tasks in (("a", "active", [3, 5, 8]), ("b", "submitted", [1])):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO leases (lease_id, pool_id, node_id, state, work, created_at, "
+                    "deadline) VALUES (:i, 'p', 'n', :s, :w, 0, 1)"
+                ),
+                {"i": lease_id, "s": state, "w": json.dumps({"task_indices": tasks})},
+            )
+    engine.dispose()
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        counts = dict(conn.execute(sa.select(db.leases.c.lease_id, db.leases.c.n_tasks)).all())
+    assert counts == {"a": 3, "b": 0}
+    engine.dispose()

@@ -8,6 +8,7 @@ rollout store, not here. Knows nothing about HTTP or the protocol's rules.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -221,11 +222,31 @@ def make_engine(url: str) -> sa.Engine:
         else:
             engine = sa.create_engine(url, pool_pre_ping=True)
         metadata.create_all(engine)
+        _add_lease_task_counts(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
         raise UserError(f"cannot open database {url!r}: {exc.orig}") from exc
     return engine
+
+
+def _add_lease_task_counts(engine: sa.Engine) -> None:
+    """A database made before ``leases.n_tasks`` existed gets the column, filled in from each
+    active lease's work unit (the only leases admission counts), so it serves on unchanged."""
+    if "n_tasks" in {c["name"] for c in sa.inspect(engine).get_columns("leases")}:
+        return
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE leases ADD COLUMN n_tasks INTEGER NOT NULL DEFAULT 0"))
+        active = conn.execute(
+            sa.select(leases.c.lease_id, leases.c.work).where(leases.c.state == "active")
+        ).all()
+        if active:
+            conn.execute(
+                leases.update()
+                .where(leases.c.lease_id == sa.bindparam("lid"))
+                .values(n_tasks=sa.bindparam("n")),
+                [{"lid": lid, "n": len(json.loads(work)["task_indices"])} for lid, work in active],
+            )
 
 
 class WalCheckpointer:
