@@ -2,6 +2,8 @@
 a node to wait (typed, with a retry-after) otherwise, and tells it the run is finished once the
 trainer says so."""
 
+import time
+
 import pytest
 
 from swarmrl.config.pool import PoolConfig
@@ -275,3 +277,53 @@ def test_a_node_that_is_never_checked_gets_no_unit_to_release_its_work(db_url, t
         assert reply.outcome == "wait" and "enough" in reply.reason
     finally:
         server.__exit__(None, None, None)
+
+
+def test_a_trainer_starving_past_the_overdue_bound_looks_past_leased_work():
+    args = dict(version=0, steps=10, async_level=1, validation_backlog_steps=2.0,
+                trainable_backlog_steps=2.0, smallest=1, tasks_per_step=4, wanted=8)  # fmt: skip
+    held = Supply(8, 0, 0)  # leases nobody submits cover the demand
+    assert admit(held, starving=True, starving_for_s=3.0, overdue_s=10.0, **args).tasks == 0
+    assert admit(held, starving=True, starving_for_s=11.0, overdue_s=10.0, **args).tasks == 8
+    checking = Supply(7, 1, 0)  # work awaiting a validator is still the answer
+    assert admit(checking, starving=True, starving_for_s=11.0, overdue_s=10.0, **args).tasks == 0
+
+
+def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdue(
+    db_url, tmp_path
+):
+    """A node that took a unit and stalls must not hold the run until its lease times out."""
+    orch, owner, node = (KeyPair.generate() for _ in range(3))
+    cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        spec = PoolSpec(
+            pool_id=POOL,
+            owner_key=owner.public_key_hex,
+            task_count=50,
+            open=True,
+            samples_per_task=2,
+            sampling=SamplingParams(max_new_tokens=2),
+            async_level=1,
+            validated_fraction=0.0,
+            min_tasks_per_lease=1,
+            max_tasks_per_lease=1,
+            max_leases_in_flight=64,
+            lease_target_s=0.5,  # overdue after 2 × 0.5 s of starving
+            lease_timeout_s=600,
+        )
+        PoolClient(server.url, orch).create_pool(spec)
+        trainer, worker = PoolClient(server.url, owner), PoolClient(server.url, node)
+        worker.join(POOL, CPU_NODE)
+        trainer.set_version(POOL, 0, steps=3, tasks_per_step=1)
+        stalled, _ = _lease_all(worker)  # leased, never submitted
+        assert len(stalled) == 2
+        assert trainer.batch(POOL, step=0).submissions == []  # the trainer starves
+        assert worker.lease(POOL).outcome == "wait"  # the leased work is on its way
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert trainer.batch(POOL, step=0).submissions == []
+            reply = worker.lease(POOL)
+            if reply.outcome == "work":
+                break
+            time.sleep(0.2)
+        assert reply.outcome == "work", reply.reason

@@ -167,8 +167,10 @@ def _admission(
     cfg = ctx.config
     if not cfg.admission:
         return admission.Admission(wanted)
+    now = ctx.clock()
     starved_at = ctx.starved_at.get(spec.pool_id)
-    starving = starved_at is not None and ctx.clock() - starved_at < admission.STARVING_WITHIN_S
+    starving = starved_at is not None and now - starved_at < admission.STARVING_WITHIN_S
+    since = ctx.starving_since.get(spec.pool_id, now)
     return admission.admit(
         progress.supply(conn, spec, version),
         version,
@@ -180,6 +182,8 @@ def _admission(
         wanted,
         spec.min_tasks_per_lease,
         starving,
+        starving_for_s=now - since if starving else 0.0,
+        overdue_s=admission.OVERDUE_LEASE_TARGETS * spec.lease_target_s,
     )
 
 
