@@ -169,6 +169,9 @@ def start_vllm(path: Path) -> tuple[Any, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     # vLLM keeps one core for itself by default; on a 2-core machine its model would get one
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # vLLM stops an engine whose model step takes over 300 s; on a heavily shared machine a
+    # stalled step is load, not a fault of the engine being measured
+    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
     plain = LLM(
         model=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False, seed=0
     )
@@ -199,6 +202,18 @@ def measure(run: Callable[[], int], clock: Callable[[], float]) -> float:
     with torch.no_grad():
         tokens = run()
     return tokens / (clock() - start)
+
+
+def report(
+    console: Console,
+    name: str,
+    batch: int,
+    rates: dict[str, list[float]],
+    arms: tuple[str, ...] = WHO,
+) -> None:
+    """Print one model and batch's tokens/s per repetition as soon as they are measured."""
+    spread = "  ".join(f"{w} {[round(r) for r in rates[w]]}" for w in arms)
+    console.print(f"{name} batch {batch} tok/s per rep: {spread}", highlight=False)
 
 
 def main() -> None:
@@ -251,6 +266,7 @@ def main() -> None:
                 args.reps,
                 clock,
             )
+            report(console, name, batch, rates[batch])
         if args.vllm:  # then both vLLM arms, interleaved with each other
             with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch:
                 plain, verif = start_vllm(save_for_vllm(model, Path(scratch)))
@@ -266,6 +282,7 @@ def main() -> None:
                             args.reps,
                             clock,
                         )
+                        report(console, name, batch, rates[batch], VLLM_WHO)
                 finally:
                     stop_vllm(plain, verif)
         for batch in batches:
@@ -277,8 +294,6 @@ def main() -> None:
                 row.append(f"{med['vllm-verif'] / med['vllm']:.2f}x")
             rows.append(row)
             table.add_row(*row)
-            spread = "  ".join(f"{w} {[round(r) for r in rates[batch][w]]}" for w in who)
-            console.print(f"{name} batch {batch} tok/s per rep: {spread}")
     console.print(table)
     print("| " + " | ".join(str(c.header) for c in table.columns) + " |")
     print("|" + "---|" * len(table.columns))
