@@ -18,7 +18,9 @@ saved once to a scratch directory: ``vllm`` is plain vLLM (its own sampler at T 
 a separate ``vllm.LLM``), ``vllm-verif`` is ``VllmEngine`` as a worker runs it: seeded
 Gumbel-max through the logits processor, final-norm hidden states captured for every
 position, and the TOPLOC proof chunks built from them. ``verif/plain`` is the price of
-verifiability.
+verifiability. With ``--clock cpu`` each vLLM arm is timed on the CPU time of its own engine
+processes plus this process (``engine_cpu_clock``), which other load on the machine moves
+far less than the wall clock.
 """
 
 from __future__ import annotations
@@ -158,10 +160,14 @@ def vllm_verifiable_runner(engine: Any, prompts: list[list[int]], new: int) -> C
     return run
 
 
-def start_vllm(path: Path) -> tuple[Any, Any]:
-    """(plain vllm.LLM, VllmEngine) on the checkpoint ``path``, both fp32, eager."""
+def start_vllm(path: Path) -> tuple[Any, Any, list[int], list[int]]:
+    """(plain vllm.LLM, VllmEngine, pids of each one's engine processes) on ``path``.
+
+    Both fp32, eager. The pids are the child processes each engine started.
+    """
     import os
 
+    import psutil
     from vllm import LLM
 
     from swarmrl.inference.vllm_engine import VllmEngine
@@ -172,10 +178,38 @@ def start_vllm(path: Path) -> tuple[Any, Any]:
     # vLLM stops an engine whose model step takes over 300 s; on a heavily shared machine a
     # stalled step is load, not a fault of the engine being measured
     os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
+    me = psutil.Process()
+    before = {c.pid for c in me.children()}
     plain = LLM(
         model=str(path), dtype="float32", enforce_eager=True, enable_prefix_caching=False, seed=0
     )
-    return plain, VllmEngine(path)
+    plain_pids = [c.pid for c in me.children() if c.pid not in before]
+    before |= set(plain_pids)
+    engine = VllmEngine(path)
+    return plain, engine, plain_pids, [c.pid for c in me.children() if c.pid not in before]
+
+
+def engine_cpu_clock(pids: list[int]) -> Callable[[], float]:
+    """CPU seconds of this process plus the processes ``pids`` and all their descendants.
+
+    With ``--clock cpu`` a vLLM arm is timed on the CPU its own engine (and this process,
+    which submits the requests and builds the proofs) used: the other arm's idle engine and
+    other work on the machine are not counted. Threads that spin while a preempted sibling
+    catches up still count, so heavy load inflates it a little, far less than the wall clock.
+    """
+    import psutil
+
+    roots = [psutil.Process(pid) for pid in pids]
+
+    def clock() -> float:
+        total = time.process_time()
+        for root in roots:
+            for proc in (root, *root.children(recursive=True)):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
+
+    return clock
 
 
 def stop_vllm(plain: Any, engine: Any) -> None:
@@ -184,15 +218,21 @@ def stop_vllm(plain: Any, engine: Any) -> None:
 
 
 def interleaved(
-    runs: dict[str, Callable[[], int]], reps: int, clock: Callable[[], float]
+    runs: dict[str, Callable[[], int]],
+    reps: int,
+    clock: Callable[[], float] | dict[str, Callable[[], float]],
 ) -> dict[str, list[float]]:
-    """Tokens/s of every arm, ``reps`` rounds of one run each (after one warm-up run each)."""
+    """Tokens/s of every arm, ``reps`` rounds of one run each (after one warm-up run each).
+
+    ``clock``: one clock for every arm, or one per arm.
+    """
     for run in runs.values():
         run()
+    clocks = clock if isinstance(clock, dict) else dict.fromkeys(runs, clock)
     rates: dict[str, list[float]] = {w: [] for w in runs}
     for _ in range(reps):
         for w, run in runs.items():
-            rates[w].append(measure(run, clock))
+            rates[w].append(measure(run, clocks[w]))
     return rates
 
 
@@ -236,8 +276,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.vllm = args.vllm or args.vllm_only
-    if args.vllm and args.clock == "cpu":
-        raise SystemExit("--vllm needs --clock wall: vLLM computes in its own process")
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
     who = (() if args.vllm_only else WHO) + (VLLM_WHO if args.vllm else ())
@@ -269,7 +307,15 @@ def main() -> None:
             report(console, name, batch, rates[batch])
         if args.vllm:  # then both vLLM arms, interleaved with each other
             with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch:
-                plain, verif = start_vllm(save_for_vllm(model, Path(scratch)))
+                plain, verif, plain_pids, verif_pids = start_vllm(
+                    save_for_vllm(model, Path(scratch))
+                )
+                vllm_clock: Any = clock
+                if args.clock == "cpu":  # each arm on its own engine's CPU time
+                    vllm_clock = {
+                        "vllm": engine_cpu_clock(plain_pids),
+                        "vllm-verif": engine_cpu_clock(verif_pids),
+                    }
                 try:
                     for batch in batches:
                         rates[batch] |= interleaved(
@@ -280,7 +326,7 @@ def main() -> None:
                                 ),
                             },
                             args.reps,
-                            clock,
+                            vllm_clock,
                         )
                         report(console, name, batch, rates[batch], VLLM_WHO)
                 finally:
