@@ -12,6 +12,7 @@ one ledger they wrote.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from swarmrl.errors import RateLimited
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import MemoryNonceStore, RequestVerifier, sign_request
 from swarmrl.ledger.chain import ledger_table
-from swarmrl.pool import db, rejoin, service, work
+from swarmrl.pool import db, judging, rejoin, service, work
 from swarmrl.pool.audit import audit
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
@@ -208,6 +209,26 @@ def test_a_lease_answered_at_two_processes_at_once_is_one_submission_and_a_409(t
     assert first.status == "pending"
     assert isinstance(second, Conflict), second  # not a duplicate-key 500
     assert ledger_kinds(a).count("submission") == 1
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_two_validators_claiming_at_two_processes_get_different_submissions(two):
+    a, b = two
+    v1, v2 = KeyPair.generate(), KeyPair.generate()
+    validators = [v1.public_key_hex, v2.public_key_hex]
+    service.create_pool(a, spec(KeyPair.generate(), validated_fraction=1.0, validators=validators))
+    for _ in range(2):
+        node = KeyPair.generate()
+        join(a, node)
+        work.submit(a, POOL, *signed_submission(node, work.lease(a, POOL, node.node_id).work))
+    pause = Pause(a.engine, "UPDATE SUBMISSIONS")
+    first, second = race(
+        lambda: judging.claim(a, POOL, v1.public_key_hex, 1),
+        pause,
+        lambda: judging.claim(b, POOL, v2.public_key_hex, 1),
+    )
+    ids = [json.loads(reply)["submissions"][0]["submission_id"] for reply in (first, second)]
+    assert ids[0] != ids[1]
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

@@ -116,6 +116,8 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
             # the one closest to going stale first (earliest deadline first), then the oldest
             .order_by(db.submissions.c.min_version, db.submissions.c.received_at)
             .limit(limit)
+            # two batch requests at two server processes take different submissions
+            .with_for_update(skip_locked=True, of=db.submissions)
         ).all()
         served, parts = serialise_rows(
             conn, rows, lambda r: _trainable(ctx, r), lambda r: r.submission_id

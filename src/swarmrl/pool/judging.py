@@ -66,6 +66,8 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
             )
             .order_by(stale_last, db.submissions.c.received_at)
             .limit(limit)
+            # two validators claiming at two server processes get different submissions
+            .with_for_update(skip_locked=True, of=db.submissions)
         ).all()
         served, parts = serialise_rows(
             conn, rows, lambda r: _pending(ctx, r), lambda r: r.submission_id
