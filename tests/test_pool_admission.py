@@ -279,14 +279,15 @@ def test_a_node_that_is_never_checked_gets_no_unit_to_release_its_work(db_url, t
         server.__exit__(None, None, None)
 
 
-def test_a_trainer_starving_past_the_overdue_bound_looks_past_leased_work():
+def test_a_starving_trainer_looks_past_leases_once_every_one_is_overdue():
     args = dict(version=0, steps=10, async_level=1, validation_backlog_steps=2.0,
                 trainable_backlog_steps=2.0, smallest=1, tasks_per_step=4, wanted=8)  # fmt: skip
     held = Supply(8, 0, 0)  # leases nobody submits cover the demand
-    assert admit(held, starving=True, starving_for_s=3.0, overdue_s=10.0, **args).tasks == 0
-    assert admit(held, starving=True, starving_for_s=11.0, overdue_s=10.0, **args).tasks == 8
+    assert admit(held, starving=True, leases_overdue=False, **args).tasks == 0
+    assert admit(held, starving=True, leases_overdue=True, **args).tasks == 8
+    assert admit(held, starving=False, leases_overdue=True, **args).tasks == 0
     checking = Supply(7, 1, 0)  # work awaiting a validator is still the answer
-    assert admit(checking, starving=True, starving_for_s=11.0, overdue_s=10.0, **args).tasks == 0
+    assert admit(checking, starving=True, leases_overdue=True, **args).tasks == 0
 
 
 def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdue(
@@ -308,7 +309,7 @@ def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdu
             min_tasks_per_lease=1,
             max_tasks_per_lease=1,
             max_leases_in_flight=64,
-            lease_target_s=0.5,  # overdue after 2 × 0.5 s of starving
+            lease_target_s=0.5,  # a lease is overdue after 2 × 0.5 s
             lease_timeout_s=600,
         )
         PoolClient(server.url, orch).create_pool(spec)

@@ -42,10 +42,10 @@ step.
 T and Q are estimates (a step may filter out more groups than measured so far; part of a
 submission the trainer holds may already be trained), so a trainer that is *starving* — its
 last request for rollouts, within :data:`STARVING_WITHIN_S`, came back empty — while nothing
-is on its way to it (``L + P = 0``, or only leases that are overdue: the trainer has been
-starving for longer than :data:`OVERDUE_LEASE_TARGETS` × the pool's ``lease_target_s``, the
-time a unit is sized to take, so a node holding a lease it does not work on cannot hold the
-run until the lease times out) overrides ``S < D`` and the trainable bound (U is released only by the node's next
+is on its way to it (``L + P = 0``, or ``P = 0`` and every active lease is overdue: older
+than :data:`OVERDUE_LEASE_TARGETS` × the pool's ``lease_target_s``, the time a unit is sized
+to take, so a node holding a lease it does not work on cannot hold the run until the lease
+times out) overrides ``S < D`` and the trainable bound (U is released only by the node's next
 checked submission, so it never counts as on its way): it
 gets what a node asks for, so an estimate can never stall the run. While work is leased or
 awaits a validator, that work is the answer to a starving trainer; leasing more would only
@@ -61,7 +61,7 @@ import math
 from dataclasses import dataclass
 
 STARVING_WITHIN_S = 2.0  # an empty batch reply this recent means the trainer waits for work
-OVERDUE_LEASE_TARGETS = 2.0  # starving this many lease_target_s: leased work is overdue
+OVERDUE_LEASE_TARGETS = 2.0  # a lease older than this many lease_target_s is overdue
 
 
 @dataclass(frozen=True)
@@ -112,22 +112,19 @@ def admit(
     wanted: int,
     smallest: int,
     starving: bool = False,
-    starving_for_s: float = 0.0,
-    overdue_s: float = math.inf,
+    leases_overdue: bool = False,
 ) -> Admission:
     """Grant up to ``wanted`` tasks (never fewer than ``smallest``) or say why not (module
     docstring). ``tasks_per_step`` None: the trainer's pace is unknown, so ``wanted`` is
     granted as long as the run has steps left. ``starving``: the trainer waits for work now
-    (it overrides the demand only while nothing is leased or awaits a validator, or once it
-    has been starving for ``starving_for_s`` > ``overdue_s``, only while nothing awaits a
-    validator)."""
+    (it overrides the demand only while nothing awaits a validator and nothing is leased or
+    every active lease is overdue: ``leases_overdue``)."""
     if steps_left(version, steps, async_level) == 0:
         return Admission(0, f"the run's last step ({steps}) has its rollouts")
     if tasks_per_step is None:
         return Admission(wanted)
     need = demand(version, steps, async_level, tasks_per_step)
-    overdue = starving_for_s > overdue_s
-    if starving and supply.pending == 0 and (supply.leased == 0 or overdue):
+    if starving and supply.pending == 0 and (supply.leased == 0 or leases_overdue):
         return Admission(max(smallest, wanted))
     if supply.pending >= validation_backlog_steps * tasks_per_step:
         return Admission(

@@ -21,7 +21,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.pool import assignments, db, progress
-from swarmrl.pool.admission import STARVING_WITHIN_S
 from swarmrl.pool.rejections import Conflict, NotFound
 from swarmrl.pool.replies import json_object, serialise_rows
 from swarmrl.pool.service import Context, current_version
@@ -123,12 +122,8 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
             conn, rows, lambda r: _trainable(ctx, r), lambda r: r.submission_id
         )
         if not served:  # the trainer is waiting for work (admission control lets more in)
-            last = ctx.starved_at.get(pool_id)
-            if last is None or now - last >= STARVING_WITHIN_S:
-                ctx.starving_since[pool_id] = now  # a new run of empty replies
             ctx.starved_at[pool_id] = now
         if served:
-            ctx.starving_since.pop(pool_id, None)
             ids = [r.submission_id for r in served]
             conn.execute(
                 db.submissions.update()

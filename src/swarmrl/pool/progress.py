@@ -128,6 +128,18 @@ def node_supply(conn: sa.Connection, spec: PoolSpec, version: int, node_id: str)
     )
 
 
+def leases_overdue(conn: sa.Connection, pool_id: str, before: float) -> bool:
+    """Whether no active lease of the pool was created at or after ``before`` (Unix s)."""
+    recent = conn.execute(
+        sa.select(sa.func.count()).where(
+            db.leases.c.pool_id == pool_id,
+            db.leases.c.state == "active",
+            db.leases.c.created_at >= before,
+        )
+    ).scalar_one()
+    return int(recent) == 0
+
+
 def tasks_per_step(
     conn: sa.Connection, spec: PoolSpec, version: int, told: int | None
 ) -> float | None:

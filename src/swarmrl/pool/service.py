@@ -67,8 +67,6 @@ class Context:
     _specs: dict[str, PoolSpec] = field(default_factory=dict)
     # per pool: when a trainer's batch request last came back empty (swarmrl.pool.admission)
     starved_at: dict[str, float] = field(default_factory=dict)
-    # per pool: when the current run of empty batch replies began (gaps < STARVING_WITHIN_S)
-    starving_since: dict[str, float] = field(default_factory=dict)
     # heartbeats answered by this process and not yet written (swarmrl.pool.beats)
     beats: BeatBuffer = field(default_factory=BeatBuffer)
 

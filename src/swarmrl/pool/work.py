@@ -170,7 +170,6 @@ def _admission(
     now = ctx.clock()
     starved_at = ctx.starved_at.get(spec.pool_id)
     starving = starved_at is not None and now - starved_at < admission.STARVING_WITHIN_S
-    since = ctx.starving_since.get(spec.pool_id, now)
     return admission.admit(
         progress.supply(conn, spec, version),
         version,
@@ -182,8 +181,10 @@ def _admission(
         wanted,
         spec.min_tasks_per_lease,
         starving,
-        starving_for_s=now - since if starving else 0.0,
-        overdue_s=admission.OVERDUE_LEASE_TARGETS * spec.lease_target_s,
+        leases_overdue=starving
+        and progress.leases_overdue(
+            conn, spec.pool_id, now - admission.OVERDUE_LEASE_TARGETS * spec.lease_target_s
+        ),
     )
 
 
