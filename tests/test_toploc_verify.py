@@ -12,6 +12,7 @@ from swarmrl.config.toploc import ToplocConfig
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.sampling import gumbel_noise
+from swarmrl.inference.types import Prefill
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.protocol import SamplingParams
@@ -19,7 +20,7 @@ from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.bundle import seal
 from swarmrl.toploc.calibrate import generate_without_cache, measure, recommend
 from swarmrl.toploc.prefill import prefill_many
-from swarmrl.toploc.replay import check_logprobs
+from swarmrl.toploc.replay import check_logprobs, replay_sampling
 from swarmrl.toploc.verify import Verifier
 
 DIGEST = "ab" * 32
@@ -425,3 +426,84 @@ def test_logprob_rule_on_the_measured_patterns():
     assert "isolated" in (checked.problem(1e-4, 1e-3) or "")
     assert not check_logprobs([-3.9e-4], torch.zeros(1), 1e-4, 0.25, 1.0).passed  # no outliers
     assert check_logprobs([], torch.zeros(0), 1e-4, 0.25, 10.0).passed
+
+
+class _NearTieReplayer:
+    """The world's engine, except that at ``steps`` the replay's logits make the honest token
+    trail the seeded runner-up by ``trail`` score units: the fp32 decode/prefill tail (a few
+    1e-4 at an isolated ill-conditioned input) meeting a near-tie of the Gumbel-max choice."""
+
+    def __init__(self, engine, seed: int, steps: list[int], trail: float):
+        self.engine, self.seed, self.steps, self.trail = engine, seed, steps, trail
+
+    def prefill(self, prompt_tokens, output_tokens):
+        replay = self.engine.prefill(prompt_tokens, output_tokens)
+        logits = replay.logits.clone()  # [n, vocab]; temperature 1, no top-k/top-p
+        for step in self.steps:
+            noise = gumbel_noise(torch.tensor([self.seed]), step, logits.shape[1])[0]
+            scores = logits[step] + noise
+            mine = int(output_tokens[step])
+            runner_up = int(scores.masked_fill(torch.arange(len(scores)) == mine, -1e9).argmax())
+            logits[step, runner_up] += float(scores[mine] - scores[runner_up]) + self.trail
+        return Prefill(logits=logits, hidden_states=replay.hidden_states)
+
+
+def _near_tie_verdict(world, steps: list[int], trail: float):
+    worker, verifier = world["worker"], world["verifier"]
+    subs = attacks.honest(worker, world["prompts"], world["seeds"])
+    bundle, claim = max(subs, key=lambda s: len(s[1].output_tokens))
+    assert len(claim.output_tokens) >= 8
+    # sampling at the calibrated floor; log-probs loose, since raising the runner-up's logit
+    # moves the honest token's log-prob too and this test is about the sampling rule alone
+    config = verifier.config.model_copy(
+        update={"sampling_tolerance": 1e-4, "logprob_tolerance": 1.0}
+    )
+    near_tie = Verifier(
+        _NearTieReplayer(world["engine"], bundle.seed, steps, trail),
+        config,
+        eos_token_ids=verifier.eos_token_ids,
+        vocab_size=verifier.vocab_size,
+        scorer=verifier.scorer,
+    )
+    return near_tie.check(bundle, claim, worker.assignment(claim.prompt_tokens, bundle.seed))
+
+
+def test_honest_token_at_an_isolated_near_tie_passes(world):
+    """One honest token trailing the replay's seeded choice by 3e-4 (3 x the calibrated
+    tolerance of 1e-4): an isolated near-tie miss, accepted."""
+    verdict = _near_tie_verdict(world, [1], 3e-4)
+    assert verdict.accepted, verdict.reasons
+
+
+def test_near_tie_misses_past_the_ceiling_or_repeated_are_rejected(world):
+    far = _near_tie_verdict(world, [1], 1.5e-3)  # past 10 x 1e-4
+    assert far.codes == {"sampling"}
+    many = _near_tie_verdict(world, [1, 3, 5], 3e-4)  # one isolated miss per sample by default
+    assert many.codes == {"sampling"} and "3 tokens" in many.reasons[0].detail
+
+
+def test_sampling_rule_counts_and_caps_isolated_misses():
+    """replay_sampling on hand-made logits: exact winners except where a token trails."""
+    vocab, n, seed = 5, 8, 7
+    noise = gumbel_noise(torch.full((n,), seed), torch.arange(n), vocab)  # [n, vocab]
+    logits = torch.zeros(n, vocab)
+    logits[:, 0] = 40.0  # token 0 wins every step by far
+    tokens = [0] * n
+    params = SamplingParams(temperature=1.0, max_new_tokens=n)
+
+    def trailing(steps: list[int], by: float, share: float = 0.0):
+        shifted = logits.clone()
+        for t in steps:  # token 1 now beats token 0 by ``by``
+            shifted[t, 1] = 40.0 + float(noise[t, 0] - noise[t, 1]) + by
+        return replay_sampling(shifted, tokens, params, seed, 1e-4, 0.0, share, 10.0)
+
+    one = trailing([2], 3e-4)
+    assert one.bad_steps == [] and one.near_ties == [2]
+    assert one.worst_margin == pytest.approx(3e-4, abs=2e-5)
+    assert trailing([2], 1.5e-3).bad_steps == [2]
+    assert trailing([2, 6], 3e-4).bad_steps == [2, 6]
+    assert trailing([2, 6], 3e-4, share=0.25).near_ties == [2, 6]  # max(1, 8 // 4) = 2
+    shifted = logits.clone()
+    shifted[2, 1] = 40.0 + float(noise[2, 0] - noise[2, 1]) + 3e-4
+    strict = replay_sampling(shifted, tokens, params, seed, 1e-4, 0.0)
+    assert strict.bad_steps == [2]  # the defaults admit no isolated miss

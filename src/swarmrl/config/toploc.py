@@ -36,6 +36,21 @@ class ToplocConfig(Section):
         ge=0,
         description="near-tie slack of the Gumbel-max replay, in units of logit/T + noise",
     )
+    sampling_outlier_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of a sample's tokens (at least one) whose Gumbel-max score may trail "
+        "the replay's best by more than sampling_tolerance, each by at most "
+        "sampling_outlier_factor x sampling_tolerance: an honest near-tie flipped by the fp32 "
+        "decode/prefill tail needs that tail and a near-tie at one token, so one per sample",
+    )
+    sampling_outlier_factor: float = Field(
+        10.0,
+        ge=1,
+        description="a token trailing the replay's best score by more than this multiple of "
+        "sampling_tolerance rejects the sample",
+    )
     top_p_tolerance: float = Field(
         1e-4, ge=0, description="slack on the top-p boundary, in probability mass"
     )

@@ -322,12 +322,24 @@ class Verifier:
             bundle.seed,
             cfg.sampling_tolerance,
             cfg.top_p_tolerance,
+            cfg.sampling_outlier_share,
+            cfg.sampling_outlier_factor,
         )
         if replay.bad_steps:
             case.reject(
                 "sampling",
                 f"{len(replay.bad_steps)} tokens are not the seeded choice, "
                 f"first at step {replay.bad_steps[0]}",
+            )
+        elif replay.near_ties:  # the honest tail at near-ties, worth watching
+            log.info(
+                "isolated sampling near-tie passed: %d of %d tokens trail the seeded choice "
+                "by up to %.3g (tolerance %.3g), first at step %d",
+                len(replay.near_ties),
+                len(claim.output_tokens),
+                replay.worst_margin,
+                cfg.sampling_tolerance,
+                replay.near_ties[0],
             )
         for problem in termination_problems(
             claim.output_tokens,
