@@ -1,6 +1,8 @@
 """Joining costs something: new identities are admitted at a bounded rate per pool, label
 sizes are bounded, and a new node's credit is held until its first checks pass (probation)."""
 
+import time
+
 import pytest
 import sqlalchemy as sa
 
@@ -29,6 +31,10 @@ def test_fresh_identities_are_admitted_at_a_bounded_rate(tmp_path):
     )
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
         PoolClient(server.url, orch).create_pool(spec)
+        # the pool's clock stands still: a loaded machine taking 2 s over these joins would
+        # otherwise refill a token (the bucket lives in the database and reads this clock)
+        frozen = time.time()
+        server.ctx.clock = lambda: frozen
         first = [KeyPair.generate() for _ in range(3)]
         for key in first:
             PoolClient(server.url, key).join(POOL, CPU_NODE)
