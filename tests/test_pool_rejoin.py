@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -227,6 +228,30 @@ def test_retry_backs_off_when_given_a_longest_pause():
     assert [g >= want for g, want in zip(gaps, [0.05, 0.1, 0.2, 0.2], strict=True)] == [True] * 4
 
 
+def make_worker(url: str, key: KeyPair, invite, tmp_path: Path) -> WorkerNode:
+    config = load_config([], ["pool.heartbeat_interval_s=0.2", "swarm.retry_s=0.1"])
+    settings = WorkerSettings(url, POOL, ["http://127.0.0.1:9"], "ab" * 32, tmp_path, invite)
+    status = StatusReporter("worker", "w0", tmp_path / "status", node_id=key.node_id)
+    return WorkerNode(config, settings, key, status, logging.getLogger("test.worker"))
+
+
+def test_a_worker_the_pool_does_not_know_joins_it_anew(tmp_path):
+    """A pool whose database was replaced does not know the node: its rejoin becomes a join
+    with the node's invite (unspent in that database), not a crash."""
+    orch, owner, validator, key = (KeyPair.generate() for _ in range(4))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(closed_spec(owner, validator))
+        worker = make_worker(server.url, key, make_invite(owner, POOL, 600), tmp_path)
+        try:
+            worker.rejoin(NotMember("gone"))
+            [view] = PoolClient(server.url, owner).nodes(POOL)
+            assert view.node_id == key.node_id and view.state == "healthy"
+            assert rejoined(server) == [] and worker.rejoins == 0
+        finally:
+            worker.pool.close()
+            worker.weights.close()
+
+
 def test_an_ejected_worker_rejoins_by_itself_once(tmp_path):
     """The worker's heartbeat loop meets the ejection, rejoins without an invite (its own was
     spent), logs it once, and goes on beating; it neither stops nor asks again and again."""
@@ -234,13 +259,7 @@ def test_an_ejected_worker_rejoins_by_itself_once(tmp_path):
     with local_orchestrator(tmp_path / "run", orch, PoolConfig(sweep_interval_s=0.05)) as server:
         PoolClient(server.url, orch).create_pool(closed_spec(owner, validator))
         admin = PoolClient(server.url, owner)
-        config = load_config([], ["pool.heartbeat_interval_s=0.2", "swarm.retry_s=0.1"])
-        invite = make_invite(owner, POOL, 600)
-        settings = WorkerSettings(
-            server.url, POOL, ["http://127.0.0.1:9"], "ab" * 32, tmp_path, invite
-        )
-        status = StatusReporter("worker", "w0", tmp_path / "status", node_id=key.node_id)
-        worker = WorkerNode(config, settings, key, status, logging.getLogger("test.worker"))
+        worker = make_worker(server.url, key, make_invite(owner, POOL, 600), tmp_path)
         worker.join()
         eject(server, admin, key.node_id)  # before its heartbeats start
         beats = threading.Thread(target=worker._heartbeat_loop, daemon=True)

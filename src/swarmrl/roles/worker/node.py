@@ -39,6 +39,7 @@ from swarmrl.envs import build_env
 from swarmrl.errors import (
     InfraError,
     NodeBanned,
+    NotFound,
     NotMember,
     PeerError,
     WaitTimeout,
@@ -204,29 +205,38 @@ class WorkerNode:
             return False
         except WaitTimeout:
             return not self.stop.is_set()  # the work thread meets the same refusal and decides
+        except PeerError as exc:  # refused for good (e.g. requirements): beating again is noise
+            self.log.error("cannot rejoin the pool (%s); heartbeats stop", exc)
+            return False
         return True
 
     def rejoin(self, refusal: NotMember) -> None:
         """Come back after an ejection for silence, with this node's key and no invite.
 
         Transient failures (the pool unreachable, its join rate spent) back off, doubling the
-        pause up to :data:`REJOIN_MAX_PAUSE_S`; a refusal (banned, unknown to the pool) is
-        raised. The heartbeat and work threads may both call it: the second finds the node a
+        pause up to :data:`REJOIN_MAX_PAUSE_S`. A pool that does not know the node at all (its
+        database was replaced) gets a plain join with the node's invite; any other refusal
+        (banned, requirements) is raised. The heartbeat and work threads may both call it: the second finds the node a
         member again and gets its view back at the cost of one request.
         """
         swarm = self.config.swarm
         with self._rejoin_lock:
             self.log.warning("the orchestrator let this node go (%s); rejoining", refusal)
             self.status.set(state="rejoining")
-            view = retry(
-                lambda: self.pool.rejoin(self.settings.pool_id, self._metadata()),
-                f"rejoin pool {self.settings.pool_id}",
-                self.log,
-                give_up_s=swarm.give_up_s,
-                pause_s=swarm.retry_s,
-                max_pause_s=max(swarm.retry_s, REJOIN_MAX_PAUSE_S),
-                stop=self.stop,
-            )
+            try:
+                view = retry(
+                    lambda: self.pool.rejoin(self.settings.pool_id, self._metadata()),
+                    f"rejoin pool {self.settings.pool_id}",
+                    self.log,
+                    give_up_s=swarm.give_up_s,
+                    pause_s=swarm.retry_s,
+                    max_pause_s=max(swarm.retry_s, REJOIN_MAX_PAUSE_S),
+                    stop=self.stop,
+                )
+            except NotFound:
+                self.log.warning("the pool does not know this node; joining it anew")
+                self.join()
+                return
             self.rejoins += 1
             self.status.event(f"rejoined the pool ({view.state})")
             self.log.info("rejoined pool %s as node %s", self.settings.pool_id, view.node_id)
