@@ -42,8 +42,10 @@ def env(tmp_path_factory):
     run = tmp_path_factory.mktemp("sec")
     orch, owner, validator = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
     # beats written at once: the tests compare the database before and after refused requests,
-    # which a flush of an earlier test's beats in between would change
-    cfg = PoolConfig(max_body_bytes=64 << 10, request_window_s=30, heartbeat_flush_s=0)
+    # which a flush of an earlier test's beats in between would change; and silence never moves
+    # a node during the module (a loaded machine can take longer than the default 15 s)
+    silence = dict(unhealthy_after_s=3600, dead_after_s=7200, eject_after_s=10800)
+    cfg = PoolConfig(max_body_bytes=64 << 10, request_window_s=30, heartbeat_flush_s=0, **silence)
     with local_orchestrator(run, orch, cfg) as server:
         spec = PoolSpec(
             pool_id=POOL,
