@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from swarmrl.config.model import TinyModelConfig
-from swarmrl.errors import MissingPathError
+from swarmrl.errors import MissingPathError, UserError
 from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
+from swarmrl.tools import serve
 from swarmrl.tools.checkpoint import find_policy
 
 openai = pytest.importorskip("openai", reason="pip install openai (the test extra)")
@@ -121,3 +122,11 @@ def test_find_policy_reads_checkpoints_colocated_and_swarm_runs(run_dir: Path, t
         find_policy(tmp_path / "swarm" / "trainer")
     with pytest.raises(MissingPathError, match="no such run directory"):
         find_policy(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("extra", [["--port", "0"], ["--port", "8123", "--port-file", "p"]])
+def test_vllm_serving_refuses_a_port_it_cannot_report(tmp_path: Path, extra: list[str]):
+    """vLLM binds after this process is replaced: an any-port request or a port file would
+    be a promise nobody keeps, so both are refused before anything loads."""
+    with pytest.raises(UserError, match="fixed --port"):
+        serve.main("serve", [str(tmp_path / "absent"), "--engine", "vllm", *extra])

@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from swarmrl.errors import UserError
 from swarmrl.tools.checkpoint import find_policy
 
 
@@ -103,6 +104,10 @@ def exec_vllm(policy: Path, name: str, args: argparse.Namespace) -> None:
 
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
+    if args.engine == "vllm" and (args.port == 0 or args.port_file):
+        # vLLM's server binds its own socket after this process is replaced, so there is no
+        # moment at which the bound port is known here to report it truthfully
+        raise UserError("--engine vllm needs a fixed --port (not 0) and takes no --port-file")
     path = Path(args.path).expanduser()
     policy = find_policy(path)
     name = args.name or model_name(path, policy)
