@@ -98,6 +98,16 @@ class Announcer:
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    def told(self) -> int:
+        """The version the orchestrator holds as current (the last one told)."""
+        return retry(
+            lambda: self.pool.pool(self.pool_id).current_version,
+            "read the pool's current version",
+            self.log,
+            give_up_s=self.config.swarm.give_up_s,
+            pause_s=self.config.swarm.retry_s,
+        )
+
     def tell(self, version: int, finished: bool = False) -> None:
         """``/version`` with the run's plan (its length and batch size, for admission)."""
         swarm, rl = self.config.swarm, self.config.rl

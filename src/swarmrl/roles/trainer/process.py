@@ -311,8 +311,13 @@ def continue_versions(
     announce: Announcer,
     log: logging.Logger,
 ) -> None:
-    """After a resume: versions published after the checkpoint are skipped, never reused; the
-    orchestrator is told the current one again (idempotent)."""
+    """After a resume: versions published or announced after the checkpoint are skipped, never
+    reused; the orchestrator is told the current one again (idempotent).
+
+    The orchestrator learns a version before its weights are out (``Announcer``), so a trainer
+    killed in between leaves the orchestrator one version ahead of the origin. Nobody could
+    fetch that version's weights, so the checkpoint's weights are published under its number
+    and the run goes on from there."""
     published = origin.publisher.latest()
     if published is not None and published > learner.version:
         log.info(
@@ -322,6 +327,19 @@ def continue_versions(
             published + 1,
         )
         learner.version = published
+    told = announce.told()
+    if told > learner.version:
+        log.info(
+            "the orchestrator was told v%d, whose weights never went out; the checkpoint's "
+            "weights are published as v%d",
+            told,
+            told,
+        )
+        learner.version = told
+        source.announced = told
+        announce(told)
+        announce.wait()
+        return
     source.announced = learner.version
     announce.tell(learner.version)
 
