@@ -193,12 +193,20 @@ def summary_text(report: dict) -> str:
                 + (f" ({w['first_rejection']})" if w["first_rejection"] else "")
                 + f"; {'banned' if w['state'] == 'banned' else 'state ' + w['state']}"
             )
+    taken = subs.get("accepted_ever")
     lines.append(
-        f"submissions: {subs['accepted']} accepted, {subs['rejected']} rejected "
+        "submissions: "
+        + (
+            f"{taken} taken in, {subs['accepted']} of them accepted by a validator's check "
+            "(the rest not drawn for one), "
+            if taken is not None
+            else f"{subs['accepted']} accepted, "
+        )
+        + f"{subs['rejected']} rejected "
         f"({subs['rejected_honest']} of them from honest workers), "
         f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on"
         + (
-            f" ({subs['wasted_share']:.0%} of the accepted never trained)"
+            f" ({subs['wasted_share']:.0%} of those taken in never trained)"
             if subs.get("wasted_share") is not None
             else ""
         )
