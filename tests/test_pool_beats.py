@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
-from swarmrl.pool import db, penalties, service, work
+from swarmrl.pool import db, joins, penalties, service, work
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import make_context
 from swarmrl.protocol.pool import Heartbeat, JoinRequest, PoolSpec
@@ -42,7 +42,7 @@ def pool(db_url, tmp_path):
         pool_id=POOL, owner_key=owner.public_key_hex, task_count=10, open=True, validated_fraction=0
     )
     service.create_pool(ctx, spec)
-    service.join(ctx, POOL, node.public_key_hex, node.node_id, JoinRequest(metadata=CPU_NODE))
+    joins.join(ctx, POOL, node.public_key_hex, node.node_id, JoinRequest(metadata=CPU_NODE))
     yield ctx, clock, node.node_id
     ctx.engine.dispose()
 

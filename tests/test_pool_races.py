@@ -28,7 +28,7 @@ from swarmrl.errors import RateLimited
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import MemoryNonceStore, RequestVerifier, sign_request
 from swarmrl.ledger.chain import ledger_table
-from swarmrl.pool import db, judging, rejoin, service, work
+from swarmrl.pool import db, joins, judging, service, work
 from swarmrl.pool.audit import audit
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
@@ -124,7 +124,7 @@ def two(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def join(ctx: Context, key: KeyPair, invite: Any = None) -> Any:
     req = JoinRequest(metadata=CPU_NODE, invite=invite)
-    return service.join(ctx, POOL, key.public_key_hex, key.node_id, req)
+    return joins.join(ctx, POOL, key.public_key_hex, key.node_id, req)
 
 
 def signed_submission(key: KeyPair, lease: Any) -> tuple[Any, Submission]:
@@ -254,9 +254,9 @@ def test_one_node_rejoining_at_two_processes_at_once_rejoins_once(two):
     req = RejoinRequest(metadata=CPU_NODE)
     pause = Pause(a.engine, "UPDATE NODES")
     first, second = race(
-        lambda: rejoin.rejoin(a, POOL, node.public_key_hex, node.node_id, req),
+        lambda: joins.rejoin(a, POOL, node.public_key_hex, node.node_id, req),
         pause,
-        lambda: rejoin.rejoin(b, POOL, node.public_key_hex, node.node_id, req),
+        lambda: joins.rejoin(b, POOL, node.public_key_hex, node.node_id, req),
     )
     assert first.state == second.state == "healthy", (first, second)
     assert ledger_kinds(a).count("node_rejoined") == 1

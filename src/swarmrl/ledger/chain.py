@@ -30,7 +30,7 @@ GENESIS_HASH = "0" * 64
 EntryKind = Literal[
     "pool_created",
     "node_joined",
-    "node_rejoined",  # a node ejected for silence came back with its key (swarmrl.pool.rejoin)
+    "node_rejoined",  # a node ejected for silence came back with its key (swarmrl.pool.joins)
     "submission",
     "verdict",
     "invalidation",

@@ -37,7 +37,7 @@ from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
 from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
-from swarmrl.pool import batches, judging, nonces, penalties, rejections, rejoin, service, work
+from swarmrl.pool import batches, joins, judging, nonces, penalties, rejections, service, work
 from swarmrl.pool.db import WalCheckpointer, is_retryable
 from swarmrl.pool.hotroutes import HotRoute, HotRoutes, error_summary
 from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
@@ -312,14 +312,14 @@ def build_app(ctx: Context) -> FastAPI:
         pool_id: PoolId, req: JoinRequest, who: SignedRequest = Depends(signed)
     ) -> NodeView:
         return await on_db(
-            rejoin.join_or_rejoin, ctx, pool_id, who.public_key.hex, who.node_id, req
+            joins.join_or_rejoin, ctx, pool_id, who.public_key.hex, who.node_id, req
         )
 
     @app.post("/pools/{pool_id}/rejoin", response_model=NodeView, responses=ERRORS)
     async def rejoin_pool(
         pool_id: PoolId, req: RejoinRequest, who: SignedRequest = Depends(signed)
     ) -> NodeView:
-        return await on_db(rejoin.rejoin, ctx, pool_id, who.public_key.hex, who.node_id, req)
+        return await on_db(joins.rejoin, ctx, pool_id, who.public_key.hex, who.node_id, req)
 
     @app.post("/pools/{pool_id}/heartbeat", response_model=HeartbeatReply, responses=ERRORS)
     async def heartbeat(

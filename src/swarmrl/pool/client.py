@@ -173,7 +173,7 @@ class PoolClient(_Base):
 
     def rejoin(self, pool_id: str, metadata: NodeMetadata) -> NodeView:
         """Come back after an ejection for silence, with this key and no invite
-        (``swarmrl.pool.rejoin``); a member gets its view, a banned node ``NodeBanned``."""
+        (``swarmrl.pool.joins``); a member gets its view, a banned node ``NodeBanned``."""
         req = RejoinRequest(metadata=metadata)
         return self._call("POST", f"/pools/{pool_id}/rejoin", req, NodeView)
 

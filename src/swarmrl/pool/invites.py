@@ -1,4 +1,4 @@
-"""Making invites offline from a pool owner's key (verified by ``swarmrl.pool.service.join``)."""
+"""Making invites offline from a pool owner's key (verified by ``swarmrl.pool.joins.join``)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from swarmrl.pool import db
 from swarmrl.pool.rejections import Conflict, NotFound
-from swarmrl.pool.service import Context, _node_view, node_row, release_leases
+from swarmrl.pool.service import Context, node_row, node_view, release_leases
 from swarmrl.protocol.pool import NodeView
 
 # statuses of work not yet handed to a trainer (swarmrl.pool.db): an invalidation drops it
@@ -116,4 +116,4 @@ def invalidate(
             if owner is None or owner.node_id != node_id:
                 raise NotFound(f"submission {submission_id} of node {node_id} not found")
         invalidate_in(ctx, conn, pool_id, node_id, severity, reason, submission_id)
-        return _node_view(conn, node_row(conn, pool_id, node_id))
+        return node_view(conn, node_row(conn, pool_id, node_id))

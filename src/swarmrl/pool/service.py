@@ -1,4 +1,4 @@
-"""Pool membership: pools, joins with invites, heartbeats, health sweeps, admin views.
+"""Pool membership: pools, heartbeats, health sweeps, admin views (joins: ``swarmrl.pool.joins``).
 
 Every public function runs one database transaction: it either commits the whole state change
 together with its ledger entries, or raises a :class:`Rejected` and leaves nothing behind. The
@@ -22,35 +22,30 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
-from swarmrl.errors import BadSignature, PeerError, RateLimited
-from swarmrl.identity.keys import KeyPair, canonical_json, verify_signature
+from swarmrl.errors import PeerError
+from swarmrl.identity.keys import KeyPair
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
 from swarmrl.pool import assignments, beats, db
 from swarmrl.pool.beats import LOG_TAIL_LINES, Beat, BeatBuffer
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
-from swarmrl.pool.limits import take_join_token
 from swarmrl.pool.rejections import (
     Conflict,
-    Expired,
     Invalid,
     NodeBanned,
     NotFound,
     NotMember,
-    Unauthorized,
 )
 from swarmrl.pool.store import RolloutStore
 from swarmrl.protocol.pool import (
     Heartbeat,
     HeartbeatReply,
-    JoinRequest,
     NodeLogs,
     NodeMetadata,
     NodeView,
     PoolInfo,
     PoolMetrics,
     PoolSpec,
-    Requirements,
 )
 
 
@@ -141,7 +136,7 @@ def require_member(row: Any, allowed: tuple[str, ...] = ("healthy", "unhealthy")
         raise NotMember(f"node {row.node_id} is {row.state}; join again to take part")
 
 
-def _node_view(conn: sa.Connection, row: Any) -> NodeView:
+def node_view(conn: sa.Connection, row: Any) -> NodeView:
     in_flight = leases_in_flight(conn, row.pool_id, row.node_id)
     return NodeView(
         node_id=row.node_id,
@@ -222,128 +217,6 @@ def list_pools(ctx: Context) -> list[PoolInfo]:
 
 
 # --- joining ---------------------------------------------------------------------------------
-
-
-def _check_requirements(req: Requirements, meta: NodeMetadata) -> None:
-    problems = []
-    if req.engines and meta.engine not in req.engines:
-        problems.append(f"engine {meta.engine!r} not in {req.engines}")
-    if meta.memory_gb < req.min_memory_gb:
-        problems.append(f"memory {meta.memory_gb:g} GiB < {req.min_memory_gb:g} GiB")
-    if req.accelerators and meta.accelerator not in req.accelerators:
-        problems.append(f"accelerator {meta.accelerator!r} not in {req.accelerators}")
-    if problems:
-        raise Unauthorized("node does not meet the pool's requirements: " + "; ".join(problems))
-
-
-def _check_invite(
-    conn: sa.Connection, spec: PoolSpec, req: JoinRequest, node_id: str, now: float
-) -> str:
-    invite = req.invite
-    if invite is None:
-        raise Unauthorized(f"pool {spec.pool_id!r} is closed: an invite from its owner is required")
-    if invite.pool_id != spec.pool_id:
-        raise Unauthorized(f"invite is for pool {invite.pool_id!r}, not {spec.pool_id!r}")
-    try:
-        verify_signature(spec.owner_key, canonical_json(invite.signed_part()), invite.signature)
-    except BadSignature as exc:
-        raise Unauthorized(f"invite is not signed by the pool owner ({exc})") from exc
-    if invite.expires_at <= now:
-        raise Expired(f"invite {invite.invite_id} expired at {invite.expires_at:.0f}")
-    if invite.node_id is not None and invite.node_id != node_id:
-        raise Unauthorized(f"invite {invite.invite_id} is for another node")
-    used = conn.execute(
-        sa.select(db.invites_used.c.node_id).where(db.invites_used.c.invite_id == invite.invite_id)
-    ).first()
-    if used is not None:
-        raise Conflict(f"invite {invite.invite_id} was already used")
-    conn.execute(
-        db.invites_used.insert(),
-        dict(invite_id=invite.invite_id, pool_id=spec.pool_id, node_id=node_id, used_at=now),
-    )
-    return invite.invite_id
-
-
-def _admit_new(ctx: Context, conn: sa.Connection, pool_id: str, now: float) -> None:
-    """Take a join token of the pool, or :class:`RateLimited` saying when to come back."""
-    cfg = ctx.config
-    wait_s = take_join_token(conn, pool_id, cfg.join_rate_per_s, cfg.join_burst, now)
-    if wait_s > 0:
-        raise RateLimited(
-            f"too many new nodes joining pool {pool_id!r} (at most {cfg.join_rate_per_s:g}/s, "
-            f"bursts of {cfg.join_burst}); try again in {wait_s:.1f} s"
-        )
-
-
-def join(
-    ctx: Context, pool_id: str, public_key_hex: str, node_id: str, req: JoinRequest
-) -> NodeView:
-    """Admit a node (or return it unchanged if it is already a member).
-
-    Two joins racing from two server processes (the same node twice, or two nodes with one
-    single-use invite) both insert a row under one primary key (``nodes``, ``invites_used``,
-    a pool's first ``join_buckets`` row); PostgreSQL makes the second wait for the first and
-    then fail with a duplicate key. That join runs once more and now sees the committed state:
-    the node is a member (its view is the answer) or the invite was used (409).
-    """
-    try:
-        return _join(ctx, pool_id, public_key_hex, node_id, req)
-    except sa.exc.IntegrityError:
-        return _join(ctx, pool_id, public_key_hex, node_id, req)
-
-
-def _join(
-    ctx: Context, pool_id: str, public_key_hex: str, node_id: str, req: JoinRequest
-) -> NodeView:
-    now = ctx.clock()
-    with ctx.engine.begin() as conn:
-        spec = ctx.spec(conn, pool_id)
-        existing = node_row_or_none(conn, pool_id, node_id, lock=True)
-        if existing is not None and existing.state == "banned":
-            raise NodeBanned(f"node {node_id} is banned from pool {pool_id!r}")
-        if existing is not None and existing.state != "ejected":
-            return _node_view(conn, existing)
-        _check_requirements(spec.requirements, req.metadata)
-        _admit_new(ctx, conn, pool_id, now)
-        invite_id = None if spec.open else _check_invite(conn, spec, req, node_id, now)
-        values = dict(
-            public_key=public_key_hex,
-            state="healthy",
-            metadata=req.metadata.model_dump_json(),
-            joined_at=now,
-            last_beat_at=now,
-            status="ok",
-        )
-        if existing is None:
-            conn.execute(
-                db.nodes.insert(),
-                dict(
-                    pool_id=pool_id,
-                    node_id=node_id,
-                    log_tail="[]",
-                    lease_counter=0,
-                    accepted=0,
-                    soft=0,
-                    hard=0,
-                    **values,
-                ),
-            )
-        else:
-            conn.execute(
-                db.nodes.update()
-                .where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
-                .values(**values)
-            )
-        body = {"public_key": public_key_hex, "metadata": req.metadata.model_dump(mode="json")}
-        ctx.ledger.append(
-            conn,
-            "node_joined",
-            {**body, "invite_id": invite_id},
-            pool_id=pool_id,
-            node_id=node_id,
-            ts=now,
-        )
-        return _node_view(conn, node_row(conn, pool_id, node_id))
 
 
 # --- health ----------------------------------------------------------------------------------
@@ -532,7 +405,7 @@ def list_nodes(ctx: Context, pool_id: str) -> list[NodeView]:
         rows = conn.execute(
             sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id).order_by(db.nodes.c.joined_at)
         ).all()
-        return [_node_view(conn, r) for r in rows]
+        return [node_view(conn, r) for r in rows]
 
 
 def node_logs(ctx: Context, pool_id: str, node_id: str) -> NodeLogs:
