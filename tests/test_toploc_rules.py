@@ -5,9 +5,9 @@ sampling choice. The same rules inside the whole verifier: ``test_toploc_verify.
 import pytest
 import torch
 
-from swarmrl.inference.sampling import gumbel_noise
+from swarmrl.inference.sampling import gumbel_noise, sample_tokens
 from swarmrl.protocol import SamplingParams
-from swarmrl.toploc.replay import check_logprobs, replay_sampling
+from swarmrl.toploc.replay import check_logprobs, replay_sampling, replay_sampling_many
 
 
 def test_logprob_rule_on_the_measured_patterns():
@@ -63,3 +63,39 @@ def test_sampling_rule_counts_and_caps_isolated_misses():
     shifted[2, 1] = 40.0 + float(noise[2, 0] - noise[2, 1]) + 3e-4
     strict = replay_sampling(shifted, tokens, params, seed, 1e-4, 0.0)
     assert strict.bad_steps == [2]  # the defaults admit no isolated miss
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=9),
+        SamplingParams(temperature=1.0, max_new_tokens=9),
+        SamplingParams(temperature=0.0, max_new_tokens=9),
+    ],
+)
+def test_sampling_replay_of_many_samples_keys_noise_per_sample(params):
+    """Samples of different lengths and seeds replayed in one pass: each is checked against
+    its own seed's noise from step 0, as the engine sampled it (``sample_tokens``), and a token
+    changed in one sample flags that sample alone."""
+    torch.manual_seed(0)
+    vocab, lengths, seeds = 11, [3, 9, 1, 6], [5, 2**40 + 3, 77, 5]
+    logits, tokens, logprobs = [], [], []
+    for n, seed in zip(lengths, seeds, strict=True):
+        z = torch.randn(n, vocab) * 2  # [n, vocab]
+        picked, lp = zip(
+            *(sample_tokens(z[t : t + 1], params, torch.tensor([seed]), t) for t in range(n)),
+            strict=True,
+        )
+        logits.append(z)
+        tokens.append([int(p) for p in picked])
+        logprobs.append(torch.cat(lp))
+    many = replay_sampling_many(logits, tokens, params, seeds, 1e-4, 0.0)
+    assert [r.bad_steps for r in many] == [[], [], [], []]
+    for replay, expected in zip(many, logprobs, strict=True):
+        assert torch.allclose(replay.logprobs.float(), expected, atol=1e-5)
+    wrong = [list(t) for t in tokens]
+    order = torch.argsort(logits[1][4], descending=True)  # step 4 of sample 1
+    wrong[1][4] = int(order[1] if int(order[0]) == tokens[1][4] else order[0])
+    flagged = replay_sampling_many(logits, wrong, params, seeds, 1e-4, 0.0)
+    assert [r.bad_steps for r in flagged] == [[], [4], [], []]
+    assert replay_sampling_many([], [], params, [], 1e-4, 0.0) == []

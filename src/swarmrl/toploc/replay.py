@@ -81,47 +81,113 @@ def replay_sampling(
 
     The defaults (share 0, factor 1) admit no isolated miss beyond ``tolerance``.
     """
-    n, vocab = logits.shape
-    token = torch.tensor(list(tokens), dtype=torch.int64).view(n, 1)  # [n, 1]
-    scaled = logits.float()
+    return replay_sampling_many(
+        [logits],
+        [tokens],
+        params,
+        [seed],
+        tolerance,
+        top_p_tolerance,
+        outlier_share,
+        outlier_factor,
+    )[0]
+
+
+def replay_sampling_many(
+    logits: Sequence[torch.Tensor],
+    tokens: Sequence[Sequence[int]],
+    params: SamplingParams,
+    seeds: Sequence[int],
+    tolerance: float,
+    top_p_tolerance: float,
+    outlier_share: float = 0.0,
+    outlier_factor: float = 1.0,
+) -> list[SamplingReplay]:
+    """``replay_sampling`` of many samples drawn with the same ``params``, in one pass.
+
+    logits: per sample [n_i, vocab] float32 (one vocabulary); tokens and seeds: per sample.
+    Every operation of the rule is row-wise, so the rows of all samples are stacked
+    ([sum n_i, vocab], noise keyed by each row's own (seed, step)) and only the isolated-miss
+    count is taken per sample: the same outcome as one call per sample, at the cost of one.
+    """
+    lengths = [len(t) for t in tokens]
+    if not lengths:
+        return []
+    rows = sum(lengths)
+    vocab = logits[0].shape[-1]
+    stacked = torch.cat([x.float().reshape(-1, vocab) for x in logits])  # [rows, vocab]
+    token = torch.tensor([t for ts in tokens for t in ts], dtype=torch.int64).view(rows, 1)
+    scaled = stacked
     if not params.greedy and params.temperature != 1.0:
         scaled = scaled / params.temperature
-    allowed = mask_logits(logits, params)  # [n, vocab], -inf outside A
-    token_scaled = scaled.gather(1, token)  # [n, 1]
+    allowed = mask_logits(stacked, params)  # [rows, vocab], -inf outside A
+    token_scaled = scaled.gather(1, token)  # [rows, 1]
 
-    member = torch.ones(n, dtype=torch.bool)
+    member = torch.ones(rows, dtype=torch.bool)
     if 0 < params.top_k < vocab:
-        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]  # [n, 1]
-        member &= (token_scaled >= kth - tolerance).view(n)
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]  # [rows, 1]
+        member &= (token_scaled >= kth - tolerance).view(rows)
         after_k = scaled.masked_fill(scaled < kth, float("-inf"))
     else:
         after_k = scaled
     if params.top_p < 1.0:
-        probs = torch.softmax(after_k, dim=-1)  # [n, vocab]
-        mass_before = (probs * (after_k > token_scaled)).sum(dim=-1)  # [n]
+        probs = torch.softmax(after_k, dim=-1)  # [rows, vocab]
+        mass_before = (probs * (after_k > token_scaled)).sum(dim=-1)  # [rows]
         member &= mass_before < params.top_p + top_p_tolerance
 
     if params.greedy:
-        noise = torch.zeros(n, vocab)
+        noise = torch.zeros(rows, vocab)
     else:
-        seeds = torch.full((n,), seed, dtype=torch.int64)
-        noise = gumbel_noise(seeds, torch.arange(n), vocab)  # [n, vocab]: row t = step t
-    best = (allowed + noise).max(dim=-1).values  # [n]
-    mine = (token_scaled + noise.gather(1, token)).view(n)
-    margin = best - mine  # [n]; > 0: another token scored higher
-    off = ~(margin <= tolerance)  # NaN margins count as off and as over the ceiling
-    over = ~(margin <= outlier_factor * tolerance)
-    bad = (~member) | over
-    if int(off.sum()) > max(1, math.floor(outlier_share * n)):
-        bad |= off
-
+        counts = torch.tensor(lengths, dtype=torch.int64)
+        row_seeds = torch.tensor([int(s) for s in seeds], dtype=torch.int64)
+        steps = torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths])  # [rows]
+        noise = gumbel_noise(row_seeds.repeat_interleave(counts), steps, vocab)  # [rows, vocab]
+    best = (allowed + noise).max(dim=-1).values  # [rows]
+    mine = (token_scaled + noise.gather(1, token)).view(rows)
+    margin = best - mine  # [rows]; > 0: another token scored higher
     with_token = allowed.scatter(1, token, token_scaled)  # A plus y
-    logprobs = torch.log_softmax(with_token.double(), dim=-1).gather(1, token).view(n)
-    worst = float(margin.max()) if n else 0.0
-    near = off & ~bad
-    return SamplingReplay(
-        bad.nonzero().flatten().tolist(), near.nonzero().flatten().tolist(), logprobs, worst
-    )
+    logprobs = torch.log_softmax(with_token.double(), dim=-1).gather(1, token).view(rows)
+
+    margins, members = margin.tolist(), member.tolist()
+    out: list[SamplingReplay] = []
+    start = 0
+    for n in lengths:
+        out.append(
+            _sample_outcome(
+                margins[start : start + n],
+                members[start : start + n],
+                logprobs[start : start + n],
+                tolerance,
+                outlier_share,
+                outlier_factor,
+            )
+        )
+        start += n
+    return out
+
+
+def _sample_outcome(
+    margins: list[float],
+    members: list[bool],
+    logprobs: torch.Tensor,
+    tolerance: float,
+    outlier_share: float,
+    outlier_factor: float,
+) -> SamplingReplay:
+    """One sample's verdict from its per-step margins m_t and top-k/top-p membership."""
+    n = len(margins)
+    off = [not (m <= tolerance) for m in margins]  # NaN margins count as off and as over
+    over = [not (m <= outlier_factor * tolerance) for m in margins]
+    too_many = sum(off) > max(1, math.floor(outlier_share * n))
+    bad = [not members[t] or over[t] or (too_many and off[t]) for t in range(n)]
+    near = [t for t in range(n) if off[t] and not bad[t]]
+    if not n:
+        worst = 0.0
+    elif any(math.isnan(m) for m in margins):
+        worst = math.nan
+    else:
+        worst = max(margins)
+    return SamplingReplay([t for t in range(n) if bad[t]], near, logprobs, worst)
 
 
 def termination_problems(

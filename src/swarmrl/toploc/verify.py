@@ -11,8 +11,8 @@ with a reason. Order of work, cheapest first, so junk costs the validator almost
 4. binding digest and the worker's signature                            -> "binding"
 5. one prefill of prompt + output with the declared model, batched across samples
    (only for samples that passed 1-4)                                      -> "replay"
-6. hidden-state chunks, sampling replay, termination, log-probs (isolated small misses pass:
-   the rule and why are in ``toploc.replay``), reward (all reported)
+6. hidden-state chunks and sampling replay (each batched), termination, log-probs (isolated
+   small misses pass: the rule and why are in ``toploc.replay``), reward (all reported)
 
 A "replay" rejection means the validator itself failed (not the peer's fault): callers should
 not penalise on it. The token count in the verdict is what was replayed, never a claim.
@@ -40,6 +40,7 @@ from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import BadProof, BadSignature, MissingPathError, UserError
 from swarmrl.identity import canonical_json, verify_signature
 from swarmrl.inference.types import Prefill
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.proofs import (
     Assignment,
     ChunkReport,
@@ -53,7 +54,12 @@ from swarmrl.toploc.bundle import binding_digest
 from swarmrl.toploc.encoding import chunk_count, decode_chunks
 from swarmrl.toploc.hidden import ChunkAgreement, compare_chunks
 from swarmrl.toploc.prefill import prefill_many
-from swarmrl.toploc.replay import check_logprobs, replay_sampling, termination_problems
+from swarmrl.toploc.replay import (
+    SamplingReplay,
+    check_logprobs,
+    replay_sampling_many,
+    termination_problems,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +171,10 @@ class Verifier:
             self._take_replay(case, replay)
         live = [c for c in cases if not c.reasons and c.prefill is not None]
         agreements = self._compare(live)
-        return [self._judge(case, agreements.get(id(case))) for case in cases]
+        sampling = self._replay_sampling(live)
+        return [
+            self._judge(case, agreements.get(id(case)), sampling.get(id(case))) for case in cases
+        ]
 
     # -- stages 1-4: no model work --------------------------------------------------------
 
@@ -285,6 +294,34 @@ class Verifier:
         )
         return {id(c): r for c, r in zip(live, results, strict=True)}
 
+    def _replay_sampling(self, live: list[_Case]) -> dict[int, SamplingReplay]:
+        """The sampling replay of every live case, one vectorised pass per sampling-parameter
+        set (a work unit has one)."""
+        cfg = self.config
+        groups: list[tuple[SamplingParams, list[_Case]]] = []
+        for case in live:
+            params = case.bundle.sampling  # type: ignore[union-attr]  # the assignment's
+            for known, members in groups:
+                if known == params:
+                    members.append(case)
+                    break
+            else:
+                groups.append((params, [case]))
+        out: dict[int, SamplingReplay] = {}
+        for params, members in groups:
+            replays = replay_sampling_many(
+                [c.prefill.logits for c in members],  # type: ignore[union-attr]
+                [c.claim.output_tokens for c in members],  # type: ignore[union-attr]
+                params,
+                [c.bundle.seed for c in members],  # type: ignore[union-attr]
+                cfg.sampling_tolerance,
+                cfg.top_p_tolerance,
+                cfg.sampling_outlier_share,
+                cfg.sampling_outlier_factor,
+            )
+            out.update((id(c), r) for c, r in zip(members, replays, strict=True))
+        return out
+
     def _chunk_passes(self, chunk: ChunkAgreement) -> bool:
         cfg = self.config
         need = math.ceil(cfg.min_exponent_matches * chunk.k / cfg.topk)
@@ -294,8 +331,13 @@ class Verifier:
             and chunk.mant_err_median <= cfg.max_mantissa_median
         )
 
-    def _judge(self, case: _Case, agreements: list[ChunkAgreement] | None) -> ProofVerdict:
-        if case.prefill is None or agreements is None:
+    def _judge(
+        self,
+        case: _Case,
+        agreements: list[ChunkAgreement] | None,
+        replay: SamplingReplay | None,
+    ) -> ProofVerdict:
+        if case.prefill is None or agreements is None or replay is None:
             return ProofVerdict(accepted=False, reasons=case.reasons or _no_replay())
         claim, bundle, cfg = case.claim, case.bundle, self.config
         assert claim is not None and bundle is not None
@@ -315,16 +357,6 @@ class Verifier:
             )
 
         params = bundle.sampling  # the assignment's, checked equal above
-        replay = replay_sampling(
-            case.prefill.logits,
-            claim.output_tokens,
-            params,
-            bundle.seed,
-            cfg.sampling_tolerance,
-            cfg.top_p_tolerance,
-            cfg.sampling_outlier_share,
-            cfg.sampling_outlier_factor,
-        )
         if replay.bad_steps:
             case.reject(
                 "sampling",

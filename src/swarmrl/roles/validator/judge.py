@@ -82,6 +82,7 @@ def judge(
     work = pending.work
     g = work.samples_per_task
     tasks: list[Task] = []
+    by_index: dict[int, Task] = {}
     for i, sample in enumerate(pending.samples):
         expected = work.task_indices[i // g] if i // g < len(work.task_indices) else None
         if sample.task_index != expected:
@@ -89,7 +90,9 @@ def judge(
                 pending,
                 [f"sample {i}: task {sample.task_index} where the lease assigned {expected}"],
             )
-        tasks.append(env.task("train", sample.task_index))
+        if sample.task_index not in by_index:  # a task's G samples share it
+            by_index[sample.task_index] = env.task("train", sample.task_index)
+        tasks.append(by_index[sample.task_index])
     by_version: dict[int, list[int]] = {}
     for i, sample in enumerate(pending.samples):
         by_version.setdefault(sample.policy_version, []).append(i)
@@ -102,12 +105,15 @@ def judge(
         tokenizer = loaded.tokenizer
 
         items = []
+        prompts: dict[int, list[int]] = {}  # by task index: a task's G samples share a prompt
         for i in indices:
             sample = pending.samples[i]
+            if sample.task_index not in prompts:
+                prompts[sample.task_index] = encode_prompt(tokenizer, tasks[i])
             assignment = Assignment(
                 policy_version=version,
                 model_digest=loaded.root_digest,
-                prompt_tokens=encode_prompt(tokenizer, tasks[i]),
+                prompt_tokens=list(prompts[sample.task_index]),
                 sampling=work.sampling,
                 seed=sample_seed(work.seed, i),
                 worker_key=pending.node_key,
