@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,8 +24,9 @@ from swarmrl.inference import interface
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
 from swarmrl.roles.validator.process import KEEP_LOADED, Versions
-from swarmrl.shardcast import store
+from swarmrl.shardcast import WeightClient, store
 from swarmrl.shardcast.publisher import Publisher
+from swarmrl.testing.shardcast import random_weights, serve_store, write_checkpoint
 
 TOKENIZER = build_char_tokenizer("0123456789+-*= ")
 PAIR = ([1, 5, 6, 18, 7], [9, 4, 12])
@@ -96,3 +99,39 @@ def test_vllm_validator_keeps_one_engine_and_swaps_versions_into_it(tmp_path):
         assert list(versions.loaded) == [1]
     finally:
         versions.close()
+
+
+def test_validator_downloads_each_announced_version_before_a_check_asks(tmp_path):
+    """The follower fetches every version a weight source announces, so the first check on a
+    new version finds it on disk instead of waiting for its download."""
+    keep = ShardcastConfig(long_poll_timeout_s=5, request_timeout_s=10)
+    publisher = Publisher(tmp_path / "origin", KeyPair.from_seed(bytes(32)), keep)
+    weights = random_weights(64 * 1024, seed=1)
+    publisher.publish(write_checkpoint(tmp_path / "ck1", weights), 1)
+    origin = serve_store(tmp_path / "origin", keep)
+    out = tmp_path / "validator" / "weights"
+    client = WeightClient([origin.url], KeyPair.from_seed(bytes(32)).public_key_hex, out, keep)
+    stop = threading.Event()
+    versions = Versions(client, SwarmConfig(), logging.getLogger("test"), stop)
+    follower = threading.Thread(target=versions.follow, kwargs={"wait_s": 2.0}, daemon=True)
+    follower.start()
+
+    def ready(version: int) -> bool:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if store.manifest_path(store.ready_dir(out, version)).is_file():
+                return True
+            time.sleep(0.05)
+        return False
+
+    try:
+        assert ready(1)
+        bumped = {k: v + np.float32(1e-3) for k, v in weights.items()}
+        publisher.publish(write_checkpoint(tmp_path / "ck2", bumped), 2)
+        assert ready(2)  # announced, downloaded; no check has asked for it
+        assert not versions.loaded  # downloading loads nothing
+    finally:
+        stop.set()
+        follower.join(10)
+        origin.stop()
+    assert not follower.is_alive()

@@ -19,7 +19,7 @@ from pathlib import Path
 from swarmrl.config import SwarmConfig
 from swarmrl.config.swarm import SwarmSection
 from swarmrl.envs import build_env
-from swarmrl.errors import PeerError
+from swarmrl.errors import PeerError, PeerUnavailable, VersionGone, WaitTimeout
 from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
 from swarmrl.inference.interface import require_backend
@@ -42,11 +42,18 @@ from swarmrl.shardcast import WeightClient
 # its own processes and KV cache, while loading new weights into it takes well under a second.
 KEEP_LOADED = {"torch": 3, "vllm": 1}
 FINISHED_CHECK_S = 2.0  # how often an idle validator asks whether the run is over
+FOLLOW_WAIT_S = 5.0  # one long-poll for a newer version; the follower checks ``stop`` between
 
 
 class Versions:
     """Policy versions on demand: fetched through shardcast, the last few kept loaded; a new
-    version beyond ``KEEP_LOADED`` reuses the least recently used engine (weights swapped)."""
+    version beyond ``KEEP_LOADED`` reuses the least recently used engine (weights swapped).
+
+    ``follow`` (run in a thread) downloads each version as soon as a weight source announces
+    it, so the first check on a new version does not wait for its download. One fetch runs at
+    a time (the client's connections and its pruning of old versions are not shared), and a
+    version is loaded under the same lock, so pruning never removes files being read.
+    """
 
     def __init__(
         self, client: WeightClient, config: SwarmConfig, log: logging.Logger, stop: threading.Event
@@ -56,6 +63,7 @@ class Versions:
         self.log = log
         self.stop = stop
         self.loaded: OrderedDict[int, LoadedVersion] = OrderedDict()
+        self._fetching = threading.Lock()
 
     def close(self) -> None:
         """Release every loaded engine (vLLM engines run their own processes)."""
@@ -66,6 +74,13 @@ class Versions:
         if version in self.loaded:
             self.loaded.move_to_end(version)
             return self.loaded[version]
+        with self._fetching:
+            loaded = self._load(version)
+        self.loaded[version] = loaded
+        return loaded
+
+    def _load(self, version: int) -> LoadedVersion:
+        """Fetch ``version`` and load it into a new engine or the least recently used one."""
         swarm = self.config.swarm
         path = retry(
             lambda: self.client.fetch(version, allow_rollback=True),
@@ -76,16 +91,30 @@ class Versions:
             stop=self.stop,
         )
         if len(self.loaded) < KEEP_LOADED[self.config.inference.backend]:
-            loaded = load_version(path, version, inference=self.config.inference)
-        else:
-            oldest = self.loaded.popitem(last=False)[1]
+            return load_version(path, version, inference=self.config.inference)
+        oldest = self.loaded.popitem(last=False)[1]
+        try:
+            return swap_version(oldest, path, version)
+        except BaseException:
+            oldest.engine.close()  # its weights are in an unknown state
+            raise
+
+    def follow(self, wait_s: float = FOLLOW_WAIT_S) -> None:
+        """Download every newly announced version until ``stop`` is set (a thread's target)."""
+        swarm = self.config.swarm
+        while not self.stop.is_set():
             try:
-                loaded = swap_version(oldest, path, version)
-            except BaseException:
-                oldest.engine.close()  # its weights are in an unknown state
-                raise
-        self.loaded[version] = loaded
-        return loaded
+                with self._fetching:
+                    self.client.fetch("latest")
+                self.client.wait_for_newer(timeout_s=wait_s)
+            except (WaitTimeout, VersionGone):
+                continue  # nothing newer yet, or it went before it came: ask again
+            except PeerUnavailable as exc:  # e.g. nothing published yet (the warm start runs)
+                self.log.debug("no version to download ahead yet (%s)", exc)
+                self.stop.wait(swarm.retry_s)
+            except PeerError as exc:
+                self.log.info("could not download the newest version ahead (%s)", exc)
+                self.stop.wait(swarm.retry_s)
 
 
 def run_finished(pool: PoolClient, pool_id: str, swarm: SwarmSection, log: logging.Logger) -> bool:
@@ -116,6 +145,7 @@ def run(
         client_id=keypair.node_id[:12],
     )
     versions = Versions(weights, config, log, stop)
+    threading.Thread(target=versions.follow, name="weights", daemon=True).start()
     banned: set[str] = set()
     try:
         with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
@@ -191,7 +221,8 @@ def run(
                         status.event(f"banned node {sub.node_id[:8]}: {reason[:80]}")
 
     finally:
-        versions.close()
+        stop.set()  # ends the version follower
+        versions.close()  # the follower only downloads files: no engine of its to wait for
 
 
 def start(args: argparse.Namespace) -> int:
