@@ -6,6 +6,9 @@ message must match, and nasty input is a 4xx on both. Runs on SQLite and Postgre
 """
 
 import json
+import socket
+import struct
+import time
 
 import httpx
 import pytest
@@ -137,3 +140,47 @@ def test_hot_routes_are_timed_under_their_route_template(pool):
     text = httpx.get(server.url + "/metrics", timeout=30).text
     assert 'route="/pools/{pool_id}/lease"' in text
     assert "node_id" not in text.split("swarmrl_orchestrator_request_seconds", 1)[1][:2000]
+
+
+def test_a_hot_answer_leaves_in_one_segment_and_oversized_bodies_are_refused(pool):
+    """The server answers heartbeats from its parser (``swarmrl.protocol.fastlane``): one
+    socket write per answer, not a head and a body apart."""
+    server, node = pool
+    path = f"/pools/{POOL}/heartbeat"
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        for _ in range(3):
+            body = BEATS[0]
+            headers = sign_request(node, "POST", path, body) | {"content-type": "application/json"}
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            before = _data_segments_in(sock)
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n{head}\r\n".encode()
+                + body
+            )
+            _read_answer(sock)
+            time.sleep(0.2)  # a second segment, if any, has arrived
+            assert _data_segments_in(sock) - before == 1
+    huge = b'{"status": "ok", "log_tail": ["' + b"x" * (PoolConfig().max_body_bytes + 1) + b'"]}'
+    hot, slow = both(server, node, "heartbeat", huge)
+    assert hot == slow and hot[0] == 413
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(1 << 16)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += sock.recv(1 << 16)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return rest
+
+
+def _data_segments_in(sock: socket.socket) -> int:
+    """Linux ``tcp_info.tcpi_data_segs_in``: TCP segments with data this socket received."""
+    return struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 152)[
+        0
+    ]

@@ -39,7 +39,7 @@ from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, joins, judging, nonces, penalties, rejections, service, work
 from swarmrl.pool.db import WalCheckpointer, is_retryable
-from swarmrl.pool.hotroutes import HotRoute, HotRoutes, error_summary
+from swarmrl.pool.hotroutes import HotLane, HotRoute, HotRoutes, error_summary
 from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
 from swarmrl.pool.nonces import DatabaseNonceStore
 from swarmrl.pool.rejections import Unauthorized
@@ -214,32 +214,37 @@ def build_app(ctx: Context) -> FastAPI:
         ),
     )
 
-    async def beat_op(pool_id: str, who: SignedRequest, beat: Heartbeat) -> HeartbeatReply:
+    def beat_op(pool_id: str, who: SignedRequest, beat: Heartbeat) -> HeartbeatReply:
         # the hot lane claims a beat's nonce in the beat's own transaction (one, not two)
         claim = None if who.nonce_claimed else functools.partial(nonces.claim_in, nonce_store, who)
-        return await on_db(service.heartbeat, ctx, pool_id, who.node_id, beat, claim)
+        return run_transaction(service.heartbeat, ctx, pool_id, who.node_id, beat, claim)
 
-    async def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
-        return await on_db(work.lease, ctx, pool_id, who.node_id)
+    def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
+        return run_transaction(work.lease, ctx, pool_id, who.node_id)
 
-    async def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
-        return await on_db(work.submit, ctx, pool_id, who, sub)
+    def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
+        return run_transaction(work.submit, ctx, pool_id, who, sub)
 
+    prometheus = OrchestratorMetrics(ctx)
     hot = {
         "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op, claims_nonce=True),
         "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op),
         "submissions": HotRoute("/pools/{pool_id}/submissions", Submission, submit_op),
     }
-    # innermost first: the body limit and the request timer wrap the hot routes too
-    app.add_middleware(
-        HotRoutes,
-        routes=hot,
+    lane = HotLane(
+        hot,
         verify=verifier.verify,
         on_peer_error=_error_response,
         on_infra_error=_unavailable,
+        max_body_bytes=ctx.config.max_body_bytes,
+        observe=lambda route, status, s: prometheus.latency.labels(
+            "POST", route, str(status)
+        ).observe(s),
     )
+    app.state.hot_lane = lane  # the server answers these from its parser (swarmrl.pool.server)
+    # innermost first: the body limit and the request timer wrap the hot routes too
+    app.add_middleware(HotRoutes, lane=lane)
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
-    prometheus = OrchestratorMetrics(ctx)
     app.add_middleware(RequestTimer, metrics=prometheus)
 
     @app.exception_handler(PeerError)
@@ -311,9 +316,7 @@ def build_app(ctx: Context) -> FastAPI:
     async def join(
         pool_id: PoolId, req: JoinRequest, who: SignedRequest = Depends(signed)
     ) -> NodeView:
-        return await on_db(
-            joins.join_or_rejoin, ctx, pool_id, who.public_key.hex, who.node_id, req
-        )
+        return await on_db(joins.join_or_rejoin, ctx, pool_id, who.public_key.hex, who.node_id, req)
 
     @app.post("/pools/{pool_id}/rejoin", response_model=NodeView, responses=ERRORS)
     async def rejoin_pool(
@@ -325,17 +328,17 @@ def build_app(ctx: Context) -> FastAPI:
     async def heartbeat(
         pool_id: PoolId, beat: Heartbeat, who: SignedRequest = Depends(signed)
     ) -> Response:
-        return _json(await beat_op(pool_id, who, beat))
+        return _json(beat_op(pool_id, who, beat))
 
     @app.post("/pools/{pool_id}/lease", response_model=LeaseReply, responses=ERRORS)
     async def lease(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> Response:
-        return _json(await lease_op(pool_id, who, None))
+        return _json(lease_op(pool_id, who, None))
 
     @app.post("/pools/{pool_id}/submissions", response_model=SubmissionReceipt, responses=ERRORS)
     async def submit(
         pool_id: PoolId, sub: Submission, who: SignedRequest = Depends(signed)
     ) -> Response:
-        return _json(await submit_op(pool_id, who, sub))
+        return _json(submit_op(pool_id, who, sub))
 
     # --- validators ------------------------------------------------------------------------
 

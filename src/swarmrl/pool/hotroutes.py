@@ -21,6 +21,12 @@ that do not match a hot route exactly — another method, an id outside its patt
 string — go to FastAPI untouched. The FastAPI routes stay registered: they document the API and
 serve whatever falls through.
 
+The server's direct lane (``swarmrl.protocol.fastlane``) hands :class:`HotLane` the same
+requests straight from uvicorn's parser, before any ASGI machinery, and writes its answer in one
+socket write; the middleware answers what the lane did not take (a pipelined request, a server
+without the lane, an in-process call of the app). Both time each answer under its route
+template, as the app's request timer does.
+
 Knows nothing about what the operations do (``swarmrl.pool.service`` / ``work``).
 """
 
@@ -28,14 +34,17 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
 
-from swarmrl.errors import InfraError, Malformed, PeerError
+from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
 from swarmrl.identity.requests import SignedRequest
+from swarmrl.protocol.fastlane import Answer, Headers
 from swarmrl.protocol.pool import POOL_ID_PATTERN
 
 
@@ -49,7 +58,7 @@ class HotRoute:
 
     template: str  # the FastAPI path template, the metrics' route label
     body: type[BaseModel] | None
-    run: Callable[[str, SignedRequest, Any], Awaitable[BaseModel]]
+    run: Callable[[str, SignedRequest, Any], BaseModel]
     claims_nonce: bool = False
 
 
@@ -60,66 +69,60 @@ class _Template:
     path: str
 
 
-class HotRoutes:
-    """ASGI middleware: answers the routes in ``routes`` (by last path segment) itself."""
+Observe = Callable[[str, int, float], None]  # (route template, status, seconds)
+
+
+class HotLane:
+    """The hot routes' answers, for the ASGI middleware and for the server's direct lane
+    (``swarmrl.protocol.fastlane.Lane``: uvicorn's parser hands complete requests to
+    :meth:`answer`, which times them itself; ``observe`` records the time)."""
 
     def __init__(
         self,
-        app: Any,
         routes: dict[str, HotRoute],
         verify: Callable[..., SignedRequest],
-        on_peer_error: Callable[[PeerError], Any],
-        on_infra_error: Callable[[InfraError], Any],
+        on_peer_error: Callable[[PeerError], Response],
+        on_infra_error: Callable[[InfraError], Response],
+        max_body_bytes: int,
+        observe: Observe,
     ) -> None:
-        """``verify(method, path, body, headers, *, claim)``: the app's request verifier."""
-        self.app, self.routes, self.verify = app, routes, verify
+        """``verify(method, path, body, headers, *, claim)``: the app's request verifier;
+        ``on_peer_error`` / ``on_infra_error``: the app's error answers."""
+        self.routes, self.verify = routes, verify
         self.on_peer_error, self.on_infra_error = on_peer_error, on_infra_error
+        self.max_body_bytes, self.observe = max_body_bytes, observe
         names = "|".join(re.escape(name) for name in routes)
         pool_id = POOL_ID_PATTERN.removeprefix("^").removesuffix("$")
         self.pattern = re.compile(rf"/pools/({pool_id})/({names})")
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        match = None
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope["query_string"]:
-            raw = scope.get("raw_path") or scope["path"].encode()
-            match = self.pattern.fullmatch(raw.decode("latin-1"))
-        if match is None:
-            await self.app(scope, receive, send)
-            return
-        message = await _whole_body(receive)
-        body = message["body"]
-        route = self.routes[match[2]]
-        parsed = _json_body(body, _headers(scope)) if route.body is not None else None
-        if parsed is _NOT_JSON:
-            await self.app(scope, _replay(message, receive), send)
-            return
-        scope["route"] = _Template(route.template)
-        try:
-            reply = await self._answer(route, match[1], body, parsed, scope)
-        except PeerError as exc:
-            await self.on_peer_error(exc)(scope, receive, send)
-            return
-        except InfraError as exc:
-            await self.on_infra_error(exc)(scope, receive, send)
-            return
-        payload = reply.model_dump_json().encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
+        self._oversized = _answer_of(
+            on_peer_error(
+                OversizedRequest(f"request body exceeds the limit of {max_body_bytes} bytes")
+            )
         )
-        await send({"type": "http.response.body", "body": payload})
 
-    async def _answer(
-        self, route: HotRoute, pool_id: str, body: bytes, parsed: Any, scope: dict[str, Any]
+    def match(self, path: str) -> re.Match[str] | None:
+        """The route and pool id of a ``POST`` to ``path`` (raw, latin-1), or None."""
+        return self.pattern.fullmatch(path)
+
+    def respond(self, match: re.Match[str], body: bytes, headers: _Headers) -> Answer | None:
+        """The answer to a complete request of a matched route, or None where FastAPI answers
+        it (a body FastAPI would not parse as JSON)."""
+        route = self.routes[match[2]]
+        parsed = _json_body(body, headers) if route.body is not None else None
+        if parsed is _NOT_JSON:
+            return None
+        try:
+            reply = self._run(route, match, body, parsed, headers)
+        except PeerError as exc:
+            return _answer_of(self.on_peer_error(exc))
+        except InfraError as exc:
+            return _answer_of(self.on_infra_error(exc))
+        return Answer(200, [_JSON], reply.model_dump_json().encode())
+
+    def _run(
+        self, route: HotRoute, match: re.Match[str], body: bytes, parsed: Any, headers: _Headers
     ) -> BaseModel:
-        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-        who = self.verify("POST", path, body, _headers(scope), claim=not route.claims_nonce)
+        who = self.verify("POST", match[0], body, headers, claim=not route.claims_nonce)
         value = None
         if route.body is not None:
             try:
@@ -127,7 +130,52 @@ class HotRoutes:
             except ValidationError as exc:
                 located = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
                 raise Malformed(error_summary(located)) from exc
-        return await route.run(pool_id, who, value)
+        return route.run(match[1], who, value)
+
+    # -- the direct lane (swarmrl.protocol.fastlane.Lane) ----------------------------------
+    def wants(self, raw_path: bytes) -> bool:
+        return self.match(raw_path.decode("latin-1")) is not None
+
+    def answer(self, raw_path: bytes, headers: Headers, body: bytes) -> Answer | None:
+        started = time.perf_counter()
+        match = self.match(raw_path.decode("latin-1"))
+        if match is None:
+            return None
+        answer = self.respond(match, body, _headers_of(headers))
+        if answer is not None:
+            template = self.routes[match[2]].template
+            self.observe(template, answer.status, time.perf_counter() - started)
+        return answer
+
+    def too_large(self) -> Answer:
+        self.observe("unmatched", self._oversized.status, 0.0)  # as the ASGI body limit's
+        return self._oversized
+
+
+class HotRoutes:
+    """ASGI middleware: answers the routes of ``lane`` (by last path segment) itself."""
+
+    def __init__(self, app: Any, lane: HotLane) -> None:
+        self.app, self.lane = app, lane
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        match = None
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope["query_string"]:
+            raw = scope.get("raw_path") or scope["path"].encode()
+            match = self.lane.match(raw.decode("latin-1"))
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        message = await _whole_body(receive)
+        scope["route"] = _Template(self.lane.routes[match[2]].template)
+        answer = self.lane.respond(match, message["body"], _headers(scope))
+        if answer is None:
+            del scope["route"]
+            await self.app(scope, _replay(message, receive), send)
+            return
+        headers = [*answer.headers, (b"content-length", b"%d" % len(answer.body))]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer.body})
 
 
 def error_summary(errors: Sequence[Any]) -> str:
@@ -150,14 +198,28 @@ class _Headers(dict):
 
 
 def _headers(scope: dict[str, Any]) -> _Headers:
-    """The scope's headers; of a repeated header the first, as Starlette's ``Headers`` gives."""
+    """The scope's headers (see :func:`_headers_of`), read once per request."""
     cached = scope.get("swarmrl.headers")
     if cached is None:
-        cached = _Headers()
-        for key, value in scope["headers"]:
-            cached.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
-        scope["swarmrl.headers"] = cached
+        cached = scope["swarmrl.headers"] = _headers_of(scope["headers"])
     return cached
+
+
+def _headers_of(raw: Headers) -> _Headers:
+    """Headers by lower-case name; of a repeated header the first, as Starlette's gives."""
+    found = _Headers()
+    for key, value in raw:
+        found.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
+    return found
+
+
+def _answer_of(response: Response) -> Answer:
+    """A Starlette response's status, headers (its content length left out) and body."""
+    headers = [(k, v) for k, v in response.raw_headers if k != b"content-length"]
+    return Answer(response.status_code, headers, bytes(response.body))
+
+
+_JSON = (b"content-type", b"application/json")
 
 
 async def _whole_body(receive: Any) -> dict[str, Any]:

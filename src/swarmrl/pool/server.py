@@ -75,7 +75,8 @@ class OrchestratorServer(ThreadServer):
             nodelay=True,
             reuse_port=reuse_port,
             backlog=4096,
-            **uvicorn_options(limits),
+            # heartbeats, leases and submissions straight from the parser (pool.hotroutes)
+            **uvicorn_options(limits, lane=app.state.hot_lane),
         )
 
     def stop(self, timeout_s: float = 20.0) -> None:

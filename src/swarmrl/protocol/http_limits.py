@@ -28,6 +28,7 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from swarmrl.protocol import zerocopy
+from swarmrl.protocol.fastlane import Lane, with_lane
 
 log = logging.getLogger(__name__)
 
@@ -164,23 +165,28 @@ def _guarded_httptools() -> type | None:
     return _GuardedHttpTools
 
 
-def guarded_http(limits: HttpLimits, parser: str = "auto") -> type:
+def guarded_http(limits: HttpLimits, parser: str = "auto", lane: Lane | None = None) -> type:
     """A uvicorn HTTP protocol class enforcing ``limits``; ``parser`` is "h11", "httptools" or
-    "auto" (httptools when installed, else h11, as uvicorn chooses)."""
+    "auto" (httptools when installed, else h11, as uvicorn chooses); ``lane``: requests the
+    httptools protocol answers directly (``swarmrl.protocol.fastlane``; ignored over h11)."""
     if parser not in ("auto", "h11", "httptools"):
         raise ValueError(f"parser must be auto, h11 or httptools, got {parser!r}")
     httptools = _guarded_httptools() if parser != "h11" else None
     if parser == "httptools" and httptools is None:
         raise ValueError("httptools is not installed")
     base = httptools or _GuardedH11
+    if lane is not None and httptools is not None:
+        base = with_lane(httptools, lane)
     return type(f"Guarded{base.__name__}", (base,), {"limits": limits})
 
 
-def uvicorn_options(limits: HttpLimits, parser: str = "auto") -> dict[str, Any]:
-    """Keyword arguments of ``uvicorn.Config`` that apply ``limits`` (``parser``: see
-    :func:`guarded_http`)."""
+def uvicorn_options(
+    limits: HttpLimits, parser: str = "auto", lane: Lane | None = None
+) -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.Config`` that apply ``limits`` (``parser`` and ``lane``:
+    see :func:`guarded_http`)."""
     return {
-        "http": guarded_http(limits, parser),
+        "http": guarded_http(limits, parser, lane),
         "timeout_keep_alive": limits.keep_alive_s,
         # h11's own cap (a 400) sits above ours, which counts whole reads of up to 256 KiB
         "h11_max_incomplete_event_size": limits.max_head_bytes + (512 << 10),
