@@ -5,6 +5,7 @@ trainer says so."""
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
@@ -328,3 +329,29 @@ def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdu
                 break
             time.sleep(0.2)
         assert reply.outcome == "work", reply.reason
+
+
+def test_a_lease_counts_the_backlog_only_when_the_decision_needs_it(tmp_path):
+    """Counting the supply reads every fresh submission of the pool (tens of thousands in a
+    large pool): a lease whose answer does not depend on it (the trainer's pace unknown, the
+    run's last step taken) must not pay for it."""
+    orch, owner, node = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig()) as server:
+        spec = PoolSpec(pool_id=POOL, owner_key=owner.public_key_hex, task_count=50, open=True,
+                        sampling=SamplingParams(max_new_tokens=2), validated_fraction=0.0)  # fmt: skip
+        PoolClient(server.url, orch).create_pool(spec)
+        worker, trainer = PoolClient(server.url, node), PoolClient(server.url, owner)
+        worker.join(POOL, CPU_NODE)
+        seen: list[str] = []
+
+        def record(conn, cursor, statement, *_) -> None:  # type: ignore[no-untyped-def]
+            seen.append(statement.lower())
+
+        sa.event.listen(server.ctx.engine, "before_cursor_execute", record)
+        _submit(worker, [worker.lease(POOL).work])
+        assert worker.lease(POOL).outcome == "work"  # pace unknown: granted as asked
+        counted = [s for s in seen if "sum(submissions.n_samples)" in s and "group by" in s]
+        assert counted == []
+        trainer.set_version(POOL, 0, steps=10, tasks_per_step=4)
+        assert worker.lease(POOL).outcome in ("work", "wait")
+        assert any("sum(submissions.n_samples)" in s and "group by" in s for s in seen)

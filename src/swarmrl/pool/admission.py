@@ -119,10 +119,10 @@ def admit(
     granted as long as the run has steps left. ``starving``: the trainer waits for work now
     (it overrides the demand only while nothing awaits a validator and nothing is leased or
     every active lease is overdue: ``leases_overdue``)."""
-    if steps_left(version, steps, async_level) == 0:
-        return Admission(0, f"the run's last step ({steps}) has its rollouts")
-    if tasks_per_step is None:
-        return Admission(wanted)
+    early = without_supply(version, steps, async_level, tasks_per_step, wanted)
+    if early is not None:
+        return early
+    assert tasks_per_step is not None  # without_supply decides every case without it
     need = demand(version, steps, async_level, tasks_per_step)
     if starving and supply.pending == 0 and (supply.leased == 0 or leases_overdue):
         return Admission(max(smallest, wanted))
@@ -147,6 +147,19 @@ def admit(
             covered=True,
         )
     return Admission(max(smallest, min(wanted, room)))
+
+
+def without_supply(
+    version: int, steps: int | None, async_level: int, tasks_per_step: float | None, wanted: int
+) -> Admission | None:
+    """:func:`admit`'s decision where the supply plays no part (the run's last step has its
+    rollouts; the trainer's pace is unknown), else None: counting the supply reads the pool's
+    whole fresh backlog, so a caller asks this first."""
+    if steps_left(version, steps, async_level) == 0:
+        return Admission(0, f"the run's last step ({steps}) has its rollouts")
+    if tasks_per_step is None:
+        return Admission(wanted)
+    return None
 
 
 def unblock(decision: Admission, node: Supply, smallest: int, check_rate: float) -> Admission:

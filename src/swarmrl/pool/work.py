@@ -167,6 +167,10 @@ def _admission(
     cfg = ctx.config
     if not cfg.admission:
         return admission.Admission(wanted)
+    per_step = progress.tasks_per_step(conn, spec, version, run.tasks_per_step)
+    early = admission.without_supply(version, run.steps, spec.async_level, per_step, wanted)
+    if early is not None:  # decided without counting the backlog (a scan of the pool's work)
+        return early
     now = ctx.clock()
     starved_at = ctx.starved_at.get(spec.pool_id)
     starving = starved_at is not None and now - starved_at < admission.STARVING_WITHIN_S
@@ -175,7 +179,7 @@ def _admission(
         version,
         run.steps,
         spec.async_level,
-        progress.tasks_per_step(conn, spec, version, run.tasks_per_step),
+        per_step,
         cfg.admission_validation_backlog_steps,
         cfg.admission_trainable_backlog_steps,
         wanted,
