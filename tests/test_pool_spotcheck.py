@@ -435,3 +435,32 @@ def test_odd_spot_check_fields_are_a_reason_not_a_crash():
         assert spot.feed({**sub, "body": {"submission_id": "s", "check": check}})  # a reason
     release = {"kind": "release", "pool_id": POOL, "node_id": "n", "seq": 2}
     assert spot.feed({**release, "body": {"by": "s", "submission_ids": 5}})
+
+
+def test_a_check_that_releases_unchecked_work_is_claimed_before_older_ones(db_url, tmp_path):
+    """Among fresh pending submissions a validator gets first the one whose passed check
+    releases its node's earlier unchecked work (older, nearer to going stale), even when
+    another node's pending submission arrived before it."""
+    orch, owner, validator, early, other = (KeyPair.generate() for _ in range(5))
+    spec = make_spec(owner, [validator], validated_fraction=0.1, check_rate_decay=0.5)
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        node, checker = PoolClient(server.url, early), PoolClient(server.url, validator)
+        node.join(POOL, CPU_NODE)
+        climb_to_the_floor(node, checker)  # its rate is now 0.1: most units go unchecked
+
+        def status_of_next(client: PoolClient) -> tuple[str, str]:
+            sid = submit(client).submission_id
+            return sid, statuses(server)[sid]
+
+        while status_of_next(node)[1] != "unchecked":
+            judge_all(checker)  # a checked one before any unchecked one releases nothing
+        newcomer = PoolClient(server.url, other)
+        newcomer.join(POOL, CPU_NODE)
+        first = submit(newcomer).submission_id  # a new node's rate is 1: checked
+        assert statuses(server)[first] == "pending"
+        releasing, status = status_of_next(node)
+        while status != "pending":
+            releasing, status = status_of_next(node)
+        assert [p.submission_id for p in checker.claim(POOL, limit=1)] == [releasing]
+        assert [p.submission_id for p in checker.claim(POOL, limit=2)] == [releasing, first]

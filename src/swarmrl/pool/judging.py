@@ -43,7 +43,9 @@ def _require_validator(spec: PoolSpec, public_key_hex: str) -> None:
 def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
     """JSON of a :class:`ClaimReply` with up to ``limit`` pending submissions for a validator.
 
-    Submissions the trainer can still use come first, oldest first; claims expire after
+    Submissions the trainer can still use come first; among them, those whose passed check
+    releases unchecked work of their node submitted before them (``spotcheck.passed``), since
+    that work is older and nearer to going stale; then oldest first. Claims expire after
     ``claim_timeout_s``, and a validator re-claiming its own unexpired ones gets them again.
     """
     now = ctx.clock()
@@ -52,6 +54,7 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
         _require_validator(spec, validator_key)
         oldest = current_version(conn, pool_id) - spec.async_level
         stale_last = sa.case((db.submissions.c.min_version >= oldest, 0), else_=1)
+        releasing_first = sa.case((spotcheck.releases_unchecked(), 0), else_=1)
         rows = conn.execute(
             sa.select(db.submissions, db.leases.c.work)
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
@@ -64,7 +67,7 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
                     db.submissions.c.claimed_by == validator_key,
                 ),
             )
-            .order_by(stale_last, db.submissions.c.received_at)
+            .order_by(stale_last, releasing_first, db.submissions.c.received_at)
             .limit(limit)
             # two validators claiming at two server processes get different submissions
             .with_for_update(skip_locked=True, of=db.submissions)

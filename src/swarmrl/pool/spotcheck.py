@@ -119,6 +119,19 @@ def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
     _set_clean(conn, pool_id, node_id, 0)
 
 
+def releases_unchecked() -> sa.ColumnElement[bool]:
+    """Whether a submission's passed check would release unchecked work (``passed``): its
+    node has unchecked submissions received before it."""
+    subs = db.submissions
+    earlier = subs.alias("earlier")
+    return sa.exists().where(
+        earlier.c.pool_id == subs.c.pool_id,
+        earlier.c.node_id == subs.c.node_id,
+        earlier.c.status == "unchecked",
+        earlier.c.received_at < subs.c.received_at,
+    )
+
+
 def claimable(validator_key: str) -> sa.ColumnElement[bool]:
     """Submissions a validator may claim: pending ones, and disputed ones it has not voted on."""
     subs, votes = db.submissions, db.spot_votes
