@@ -51,6 +51,38 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+# built once: a lease and a submission run them on every call (building a statement costs as
+# much as running it)
+_L = db.leases
+_ORPHAN = (
+    sa.select(_L.c.lease_id, _L.c.work)
+    .where(
+        _L.c.pool_id == sa.bindparam("p"),
+        _L.c.state == "expired",
+        _L.c.reassigned_to.is_(None),
+        _L.c.node_id != sa.bindparam("n"),
+    )
+    .order_by(_L.c.deadline)
+    .limit(1)
+    .with_for_update(skip_locked=True)  # another process may be handing it out now
+)
+_REASSIGN = (
+    _L.update()
+    .where(_L.c.lease_id == sa.bindparam("old"))
+    .values(state="reassigned", reassigned_to=sa.bindparam("new"))
+)
+_NEXT_COUNTER = (
+    db.nodes.update()
+    .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
+    .values(lease_counter=sa.bindparam("c"))
+)
+_INSERT_LEASE = _L.insert()
+_LEASE_SUBMITTED = (
+    _L.update().where(_L.c.lease_id == sa.bindparam("lease")).values(state="submitted")
+)
+_INSERT_SUBMISSION = db.submissions.insert()
+
+
 # --- leasing ---------------------------------------------------------------------------------
 
 
@@ -81,38 +113,19 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         if not admitted.tasks:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
         lease_id = _new_id()
-        orphan = conn.execute(
-            sa.select(db.leases.c.lease_id, db.leases.c.work)
-            .where(
-                db.leases.c.pool_id == pool_id,
-                db.leases.c.state == "expired",
-                db.leases.c.reassigned_to.is_(None),
-                db.leases.c.node_id != node_id,
-            )
-            .order_by(db.leases.c.deadline)
-            .limit(1)
-            .with_for_update(skip_locked=True)  # another process may be handing it out now
-        ).first()
+        orphan = conn.execute(_ORPHAN, {"p": pool_id, "n": node_id}).first()
         if orphan is not None:
             old = WorkUnit.model_validate_json(orphan.work)
             origin, counter, tasks = old.origin_node_id, old.origin_counter, old.task_indices
             seed, epoch = old.seed, old.assignment_epoch
-            conn.execute(
-                db.leases.update()
-                .where(db.leases.c.lease_id == orphan.lease_id)
-                .values(state="reassigned", reassigned_to=lease_id)
-            )
+            conn.execute(_REASSIGN, {"old": orphan.lease_id, "new": lease_id})
         else:
             origin, counter = node_id, row.lease_counter
             n = admitted.tasks
             epoch, secret = assignments.current(ctx, conn, pool_id)
             tasks = draw_tasks(spec.seed, secret, node_id, counter, n, spec.task_count)
             seed = unit_seed(spec.seed, secret, node_id, counter)
-            conn.execute(
-                db.nodes.update()
-                .where(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == node_id)
-                .values(lease_counter=counter + 1)
-            )
+            conn.execute(_NEXT_COUNTER, {"p": pool_id, "n": node_id, "c": counter + 1})
         work = WorkUnit(
             lease_id=lease_id,
             pool_id=pool_id,
@@ -128,7 +141,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             assignment_epoch=epoch,
         )
         conn.execute(
-            db.leases.insert(),
+            _INSERT_LEASE,
             dict(
                 lease_id=lease_id,
                 pool_id=pool_id,
@@ -363,7 +376,7 @@ def _submit(
         ctx.store.put_request(key, signed.body)  # what the node signed, for third parties
         try:
             conn.execute(
-                db.submissions.insert(),
+                _INSERT_SUBMISSION,
                 dict(
                     submission_id=sid,
                     pool_id=pool_id,
@@ -379,11 +392,7 @@ def _submit(
                     validated=False,
                 ),
             )
-            conn.execute(
-                db.leases.update()
-                .where(db.leases.c.lease_id == sub.lease_id)
-                .values(state="submitted")
-            )
+            conn.execute(_LEASE_SUBMITTED, {"lease": sub.lease_id})
             # ``member`` was read in this transaction, and nothing since changed its throughput
             throughput = update_throughput(member.measured_tps, tokens, now - row.created_at)
             conn.execute(_SET_THROUGHPUT, {"p": pool_id, "n": node_id, "tps": throughput})
