@@ -156,3 +156,20 @@ def test_the_head_limits_still_hold_on_the_lane(lane_server):
         sock.sendall(b"POST /lane HTTP/1.1\r\ncontent-length: nine\r\n\r\nabc")
         (answer,) = _responses(sock, 1)
         assert answer.startswith(b"HTTP/1.1 400")
+
+
+def test_lane_requests_in_one_read_past_the_head_limit_keep_the_connection(lane_server):
+    """Requests the lane answers while their bytes are parsed are not counted as the next
+    request's head: ten of them in one read (more bytes than a head may have) are all
+    answered, and the connection then serves the next one instead of a 431."""
+    server, lane = lane_server
+    with socket.create_connection((server.host, server.port)) as sock:
+        burst = b"".join(_request("/lane", b"%d" % i + b"x" * 900) for i in range(10))
+        assert len(burst) > LIMITS.max_head_bytes
+        sock.sendall(burst)
+        answers = _responses(sock, 10)
+        assert [a.split(b"\r\n")[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 10
+        sock.sendall(_request("/lane", b"next"))
+        (answer,) = _responses(sock, 1)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"NEXT")
+    assert lane.answered == 11

@@ -90,6 +90,7 @@ def with_lane(base: type, lane: Lane) -> type:
         def _lane_head_done(self) -> None:
             """What the head guard does when a head completes (no-op without the guard)."""
             if hasattr(self, "_unanswered"):
+                self._heads += 1
                 self._unanswered += 1
                 self._head_done()
 

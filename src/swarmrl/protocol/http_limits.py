@@ -143,12 +143,20 @@ def _guarded_httptools() -> type | None:
 
     class _GuardedHttpTools(_HeadGuard, HttpToolsProtocol):  # type: ignore[misc, valid-type]
         _unanswered = 0  # heads parsed whose response has not ended (pipelining queues them)
+        _heads = 0  # heads completed on this connection (the direct lane counts its own)
 
         def data_received(self, data: bytes) -> None:
+            heads = self._heads
             super().data_received(data)
-            self._count_head(len(data))
+            # Bytes in which a head completed belong to that request (its head and body), not
+            # to the next head: a request answered while they are parsed (the direct lane of
+            # ``fastlane``) already awaits the next head here. Bytes of a next head sharing a
+            # read with the end of a request go uncounted: at most one read beyond the limit.
+            if self._heads == heads:
+                self._count_head(len(data))
 
         def on_headers_complete(self) -> None:
+            self._heads += 1
             self._unanswered += 1
             self._head_done()
             super().on_headers_complete()
