@@ -295,3 +295,38 @@ def test_bfloat16_model_runs_and_reports_float32() -> None:
     ref = ref.gather(1, torch.tensor(gen.output_tokens)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(gen.logprobs), ref, atol=0.05)
     assert torch.allclose(gen.hidden_states, hidden, atol=0.1)
+
+
+def test_a_checkpoint_of_the_models_own_tensors_loads_without_building_a_model(
+    tmp_path, monkeypatch
+) -> None:
+    """A new version's ``model.safetensors`` (tied output head absent) is read straight into
+    the engine; a file that does not match the model's tensors goes through transformers."""
+    from transformers import AutoModelForCausalLM
+
+    from swarmrl.model import save_policy
+
+    save_policy(_model(seed=1), TOKENIZER, tmp_path / "v1")
+    engine = TorchEngine(_model(seed=0), TOKENIZER)
+    built = []
+    real = AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(
+        AutoModelForCausalLM,
+        "from_pretrained",
+        lambda *a, **k: built.append(a) or real(*a, **k),
+    )
+    engine.load_checkpoint(tmp_path / "v1")
+    assert built == []
+    want = TorchEngine.from_checkpoint(tmp_path / "v1")
+    params = SamplingParams(max_new_tokens=8)
+    ours = engine.generate(PROMPTS, params, seeds=[1, 2, 3, 4], return_hidden=True)
+    theirs = want.generate(PROMPTS, params, seeds=[1, 2, 3, 4], return_hidden=True)
+    assert [g.output_tokens for g in ours] == [g.output_tokens for g in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a.hidden_states, b.hidden_states)
+    built.clear()
+    other = create_tiny_model(TinyModelConfig(num_layers=3), TOKENIZER)  # one layer more
+    save_policy(other, TOKENIZER, tmp_path / "v2")
+    with pytest.raises(ValueError):  # not this architecture: transformers' load, then refused
+        engine.load_checkpoint(tmp_path / "v2")
+    assert len(built) == 1

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -100,12 +101,38 @@ class TorchEngine:
         self.backbone.reload()
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Copy the weights of the HF checkpoint directory ``path`` in, in place."""
+        """Copy the weights of the HF checkpoint directory ``path`` in, in place.
+
+        A single ``model.safetensors`` whose tensors are exactly the model's own (names and
+        shapes; tied weights may be absent) is read straight in: building a transformers model
+        per version only to copy its tensors cost ten times as much. Anything else (an
+        adapter, sharded or renamed weights) goes through ``from_pretrained``.
+        """
+        local = Path(path)
+        if not has_adapter(local) and self._load_safetensors(local / "model.safetensors"):
+            return
         dtype = next(self.model.parameters()).dtype
-        fresh = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-        if has_adapter(path):
-            apply_adapter(fresh, path)
+        fresh = AutoModelForCausalLM.from_pretrained(str(local), dtype=dtype)
+        if has_adapter(local):
+            apply_adapter(fresh, local)
         self.load_state_dict(fresh.state_dict())
+
+    def _load_safetensors(self, file: Path) -> bool:
+        """Load ``file`` if it holds exactly the model's tensors; False (nothing loaded) if not."""
+        if not file.is_file():
+            return False
+        own = self.model.state_dict()
+        with safe_open(str(file), framework="pt") as f:
+            names = set(f.keys())
+            stored = {own[n].data_ptr() for n in names & set(own)}
+            absent = {n for n in set(own) - names if own[n].data_ptr() not in stored}
+            if not names <= set(own) or absent:  # only a tensor tied to a stored one may lack
+                return False
+            if any(tuple(f.get_slice(n).get_shape()) != tuple(own[n].shape) for n in names):
+                return False
+            state = {n: f.get_tensor(n) for n in names}
+        self.load_state_dict(state)
+        return True
 
     def close(self) -> None:
         """Nothing to release: the engine lives in this process."""
