@@ -56,6 +56,18 @@ def lane_server():
         yield server, lane
 
 
+class BigUpper(Upper):
+    max_body_bytes = 100_000
+
+
+@pytest.fixture
+def big_lane_server():
+    lane = BigUpper()
+    app = Starlette(routes=[Route("/{path:path}", _app_answer, methods=["GET", "POST"])])
+    with ThreadServer(app, nodelay=True, **uvicorn_options(LIMITS, "httptools", lane)) as server:
+        yield server, lane
+
+
 def _request(path: str, body: bytes, extra: str = "") -> bytes:
     head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n{extra}\r\n"
     return head.encode() + body
@@ -173,3 +185,21 @@ def test_lane_requests_in_one_read_past_the_head_limit_keep_the_connection(lane_
         (answer,) = _responses(sock, 1)
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"NEXT")
     assert lane.answered == 11
+
+
+def test_a_large_lane_body_ending_a_read_is_not_the_next_head(big_lane_server):
+    """A body larger than a head may be, whose last read the lane answers, does not count
+    toward the next request's head: the connection serves the next request (a submission
+    followed by a lease on one kept-alive connection)."""
+    server, lane = big_lane_server
+    with socket.create_connection((server.host, server.port)) as sock:
+        request = _request("/lane", b"y" * 50_000)
+        sock.sendall(request[:2000])
+        time.sleep(0.2)  # the head and the body's start arrive first
+        sock.sendall(request[2000:])
+        (answer,) = _responses(sock, 1)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"Y" * 100)
+        sock.sendall(_request("/lane", b"next"))
+        (answer,) = _responses(sock, 1)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"NEXT")
+    assert lane.answered == 2

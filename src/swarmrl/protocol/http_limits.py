@@ -59,6 +59,7 @@ class _HeadGuard:
     client: tuple[str, int] | None
 
     def _await_head(self, within_s: float) -> None:
+        self._armed = getattr(self, "_armed", 0) + 1  # times a next head was awaited
         self._head_bytes = 0
         self._awaiting_head = True
         self._cancel_head_timer()
@@ -146,13 +147,13 @@ def _guarded_httptools() -> type | None:
         _heads = 0  # heads completed on this connection (the direct lane counts its own)
 
         def data_received(self, data: bytes) -> None:
-            heads = self._heads
+            before = (self._heads, self._armed)
             super().data_received(data)
-            # Bytes in which a head completed belong to that request (its head and body), not
-            # to the next head: a request answered while they are parsed (the direct lane of
-            # ``fastlane``) already awaits the next head here. Bytes of a next head sharing a
-            # read with the end of a request go uncounted: at most one read beyond the limit.
-            if self._heads == heads:
+            # Bytes in which a head completed, or a request was answered (the direct lane of
+            # ``fastlane`` answers while parsing, and the next head is awaited at once), belong
+            # to that request, not to the next head. Bytes of a next head sharing a read with
+            # the end of a request go uncounted: at most one read beyond the limit.
+            if (self._heads, self._armed) == before:
                 self._count_head(len(data))
 
         def on_headers_complete(self) -> None:
