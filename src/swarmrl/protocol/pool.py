@@ -334,7 +334,11 @@ class VersionUpdate(Message):
 
     version: int = Field(ge=0, lt=2**31, description="the trainer's current policy version")
     steps: int | None = Field(
-        None, ge=0, lt=2**31, description="RL steps the run will take; None = not told (kept)"
+        None,
+        ge=0,
+        lt=2**31,
+        description="the policy version the run ends at: its RL steps, plus any versions a "
+        "resumed trainer skipped; None = not told (kept)",
     )
     tasks_per_step: int | None = Field(
         None, gt=0, lt=2**31, description="groups (tasks) one step trains on; None = not told"

@@ -51,6 +51,11 @@ class Announcer:
     announcer's own client (the thread does not share one with the training loop). ``announce(v, final=True)``
     also waits for everything queued and tells the orchestrator the run is over, so workers and
     validators stop.
+
+    ``version_offset``: versions minus steps trained (0 unless a resumed trainer skipped
+    versions, ``continue_versions``). The orchestrator sizes leases by how many versions the run
+    has left, so it is told the version the run ends at, ``rl.steps + version_offset``: told
+    ``rl.steps`` after a skip, it would refuse the last steps' work as past the run's end.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class Announcer:
         self.scratch, self.config, self.log, self.status = scratch, config, log, status
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="publish")
         self._pending: list[Future[None]] = []
+        self.version_offset = 0
         self._queued: set[int] = set()  # versions handed to the publishing thread
         self.published: list[tuple[float, int]] = []  # (Unix s, version) once announced
 
@@ -109,13 +115,14 @@ class Announcer:
         )
 
     def tell(self, version: int, finished: bool = False) -> None:
-        """``/version`` with the run's plan (its length and batch size, for admission)."""
+        """``/version`` with the run's plan (the version it ends at and its batch size, for
+        admission)."""
         swarm, rl = self.config.swarm, self.config.rl
         retry(
             lambda: self.pool.set_version(
                 self.pool_id,
                 version,
-                steps=rl.steps,
+                steps=rl.steps + self.version_offset,
                 tasks_per_step=rl.prompts_per_step,
                 finished=finished,
             ),

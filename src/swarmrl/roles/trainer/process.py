@@ -317,7 +317,8 @@ def continue_versions(
     The orchestrator learns a version before its weights are out (``Announcer``), so a trainer
     killed in between leaves the orchestrator one version ahead of the origin. Nobody could
     fetch that version's weights, so the checkpoint's weights are published under its number
-    and the run goes on from there."""
+    and the run goes on from there. Either skip puts versions ahead of steps: the announcer
+    tells the orchestrator the run's last version accordingly (``Announcer.version_offset``)."""
     published = origin.publisher.latest()
     if published is not None and published > learner.version:
         log.info(
@@ -336,10 +337,12 @@ def continue_versions(
             told,
         )
         learner.version = told
+        announce.version_offset = learner.version - learner.first_step
         source.announced = told
         announce(told)
         announce.wait()
         return
+    announce.version_offset = learner.version - learner.first_step
     source.announced = learner.version
     announce.tell(learner.version)
 
