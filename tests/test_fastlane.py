@@ -48,12 +48,16 @@ async def _app_answer(request: Request) -> PlainTextResponse:
     return PlainTextResponse(b"app: " + await request.body())
 
 
-@pytest.fixture
-def lane_server():
-    lane = Upper()
+def _serve(lane: Upper):
+    """A server whose lane is ``lane`` and whose app echoes what falls through to it."""
     app = Starlette(routes=[Route("/{path:path}", _app_answer, methods=["GET", "POST"])])
     with ThreadServer(app, nodelay=True, **uvicorn_options(LIMITS, "httptools", lane)) as server:
         yield server, lane
+
+
+@pytest.fixture
+def lane_server():
+    yield from _serve(Upper())
 
 
 class BigUpper(Upper):
@@ -62,10 +66,7 @@ class BigUpper(Upper):
 
 @pytest.fixture
 def big_lane_server():
-    lane = BigUpper()
-    app = Starlette(routes=[Route("/{path:path}", _app_answer, methods=["GET", "POST"])])
-    with ThreadServer(app, nodelay=True, **uvicorn_options(LIMITS, "httptools", lane)) as server:
-        yield server, lane
+    yield from _serve(BigUpper())
 
 
 def _request(path: str, body: bytes, extra: str = "") -> bytes:
