@@ -8,8 +8,17 @@ import pytest
 import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import Conflict
 from swarmrl.identity import KeyPair
-from swarmrl.pool.admission import Admission, Supply, admit, demand, steps_left, unblock
+from swarmrl.pool.admission import (
+    Admission,
+    Supply,
+    admit,
+    demand,
+    lowest_useful_version,
+    steps_left,
+    unblock,
+)
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import LeaseReply, PoolSpec, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
@@ -150,12 +159,32 @@ def test_a_lease_reply_says_work_exactly_when_it_holds_a_unit():
 
 def test_the_trainer_is_served_what_goes_stale_first(pool):
     trainer, worker = pool
+    older = worker.lease(POOL).work
     trainer.set_version(POOL, 1)
-    newer, older = worker.lease(POOL).work, worker.lease(POOL).work
+    newer = worker.lease(POOL).work
     _submit(worker, [newer], version=1)
     _submit(worker, [older], version=0)  # received later, but stale after step 1
     first = trainer.batch(POOL, step=1, limit=1).submissions[0]
     assert first.samples[0].policy_version == 0
+
+
+def test_a_fresh_lease_asks_for_a_policy_a_step_without_a_batch_can_train():
+    # at version V step V has its batch and step V + 1's is being gathered, so with a = 2 work
+    # generated on V − 1 could only join batches already filled with older work
+    assert lowest_useful_version(5, async_level=2) == 5
+    assert lowest_useful_version(5, async_level=3) == 4
+    assert lowest_useful_version(5, async_level=0) == lowest_useful_version(5, 1) == 5
+    assert lowest_useful_version(1, async_level=4) == 0
+
+
+def test_a_lease_asks_for_the_current_policy_when_a_lagging_one_could_only_waste_it(pool):
+    trainer, worker = pool  # async_level 1
+    trainer.set_version(POOL, 3)
+    work = worker.lease(POOL).work
+    assert work.min_version == 3
+    stale = synthetic_samples(work, 2)  # steps 2 and 3 could train it: both have batches
+    with pytest.raises(Conflict, match="stale .need ≥ 3: the lease's min_version"):
+        worker.submit(POOL, Submission(lease_id=work.lease_id, samples=stale))
 
 
 def test_groups_the_trainer_filtered_out_count_as_consumed_supply(pool):

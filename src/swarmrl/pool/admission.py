@@ -96,6 +96,20 @@ def steps_left(version: int, steps: int | None, async_level: int) -> int:
     return window if steps is None else max(0, min(window, steps - version))
 
 
+def lowest_useful_version(version: int, async_level: int) -> int:
+    """The oldest policy a fresh lease's work may be generated with (its ``min_version``).
+
+    Step n trains versions ≥ n − a, and the trainer gathers step n + 1's batch while step n
+    trains (``swarmrl.roles.trainer.source``): at version V step V has its batch and step
+    V + 1's is being gathered from what is accepted now. Work leased now arrives after a
+    generation and a check, so only steps from V + 2 on still take it; a worker still
+    holding version V − 1 when a = 2 would generate work that only steps V and V + 1 could
+    train, all of it wasted while the older work ahead of it in the queue fills them. So the
+    lease asks for a version ≥ V + 2 − a (never above V: a ≤ 2 asks for the current one, and
+    the worker waits for its download, a fraction of a step)."""
+    return max(0, min(version, version + 2 - async_level))
+
+
 def demand(version: int, steps: int | None, async_level: int, tasks_per_step: float) -> int:
     """D = ⌈W · T⌉ tasks."""
     return math.ceil(steps_left(version, steps, async_level) * tasks_per_step - 1e-9)

@@ -134,7 +134,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             samples_per_task=spec.samples_per_task,
             sampling=spec.sampling,
             seed=seed,
-            min_version=max(0, version - spec.async_level),
+            min_version=admission.lowest_useful_version(version, spec.async_level),
             deadline=now + spec.lease_timeout_s,
             origin_node_id=origin,
             origin_counter=counter,
@@ -247,9 +247,14 @@ def check_samples(
         if s.policy_version > version:
             raise Conflict(f"{where}: policy version {s.policy_version} > current {version}")
         if s.policy_version < max(oldest, work.min_version):
+            why = (
+                "the lease's min_version"
+                if work.min_version > oldest
+                else f"current {version} − async_level {spec.async_level}"
+            )
             raise Conflict(
-                f"{where}: policy version {s.policy_version} is stale (need ≥ "
-                f"{max(oldest, work.min_version)}: current {version} − async_level {spec.async_level})"
+                f"{where}: policy version {s.policy_version} is stale "
+                f"(need ≥ {max(oldest, work.min_version)}: {why})"
             )
         proof_bytes = (
             0

@@ -59,6 +59,7 @@ from swarmrl.toploc.bundle import build_bundles
 
 WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per kind of reason
 REJOIN_MAX_PAUSE_S = 30.0  # longest pause between attempts to rejoin after an ejection
+DOWNLOAD_NOTE_S = 0.5  # longest block while waiting for a version, between checks for a stop
 
 
 @dataclass
@@ -106,6 +107,7 @@ class WorkerNode:
         self.rejoins = 0  # times the node came back after an ejection
         self._ready: tuple[int, Path] | None = None  # newest downloaded version
         self._ready_lock = threading.Lock()
+        self._downloaded = threading.Condition(self._ready_lock)  # notified on each new _ready
         self.policy: LoadedVersion | None = None
         self.tokens_per_s: float | None = None
         self.submitted = 0
@@ -121,6 +123,7 @@ class WorkerNode:
         with self._ready_lock:
             if self._ready is None or version > self._ready[0]:
                 self._ready = (version, path)
+                self._downloaded.notify_all()
         if version == held:
             return
         self.status.event(f"downloaded v{version}")
@@ -328,6 +331,11 @@ class WorkerNode:
             self.status.set(state=f"waiting for v{work.min_version}")
 
             def caught_up() -> bool | None:
+                with self._downloaded:  # woken by the download, not by a poll
+                    self._downloaded.wait_for(
+                        lambda: self._ready is not None and self._ready[0] >= work.min_version,
+                        timeout=DOWNLOAD_NOTE_S,
+                    )
                 self._take_newest()
                 assert self.policy is not None
                 return True if self.policy.version >= work.min_version else None
@@ -337,6 +345,7 @@ class WorkerNode:
                 f"policy v{work.min_version} to download",
                 self.log,
                 timeout_s=swarm.give_up_s,
+                pause_s=0.0,
                 stop=self.stop,
             )
         self.status.set(state="generating")
