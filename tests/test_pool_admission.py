@@ -175,6 +175,8 @@ def test_a_fresh_lease_asks_for_a_policy_a_step_without_a_batch_can_train():
     assert lowest_useful_version(5, async_level=3) == 4
     assert lowest_useful_version(5, async_level=0) == lowest_useful_version(5, 1) == 5
     assert lowest_useful_version(1, async_level=4) == 0
+    # a trainer whose current step waits for its batch takes any version that step can train
+    assert lowest_useful_version(5, async_level=2, blocked=True) == 3
 
 
 def test_a_lease_asks_for_the_current_policy_when_a_lagging_one_could_only_waste_it(pool):
@@ -185,6 +187,10 @@ def test_a_lease_asks_for_the_current_policy_when_a_lagging_one_could_only_waste
     stale = synthetic_samples(work, 2)  # steps 2 and 3 could train it: both have batches
     with pytest.raises(Conflict, match="stale .need ≥ 3: the lease's min_version"):
         worker.submit(POOL, Submission(lease_id=work.lease_id, samples=stale))
+    assert trainer.batch(POOL, step=4).submissions == []  # a prefetch finds nothing: normal
+    assert worker.lease(POOL).work.min_version == 3
+    assert trainer.batch(POOL, step=3).submissions == []  # step 3 itself waits for work
+    assert worker.lease(POOL).work.min_version == 2
 
 
 def test_groups_the_trainer_filtered_out_count_as_consumed_supply(pool):

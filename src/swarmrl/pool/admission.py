@@ -96,17 +96,21 @@ def steps_left(version: int, steps: int | None, async_level: int) -> int:
     return window if steps is None else max(0, min(window, steps - version))
 
 
-def lowest_useful_version(version: int, async_level: int) -> int:
+def lowest_useful_version(version: int, async_level: int, blocked: bool = False) -> int:
     """The oldest policy a fresh lease's work may be generated with (its ``min_version``).
 
     Step n trains versions ≥ n − a, and the trainer gathers step n + 1's batch while step n
     trains (``swarmrl.roles.trainer.source``): at version V step V has its batch and step
-    V + 1's is being gathered from what is accepted now. Work leased now arrives after a
-    generation and a check, so only steps from V + 2 on still take it; a worker still
-    holding version V − 1 when a = 2 would generate work that only steps V and V + 1 could
-    train, all of it wasted while the older work ahead of it in the queue fills them. So the
-    lease asks for a version ≥ V + 2 − a (never above V: a ≤ 2 asks for the current one, and
-    the worker waits for its download, a fraction of a step)."""
+    V + 1's is being gathered from what is accepted now, oldest first. Work leased now
+    arrives after a generation and a check, so only steps from V + 2 on still take it: a
+    worker still holding version V − 1 when a = 2 would generate work that only steps V and
+    V + 1 could train, wasted behind the older work that fills them. So the lease asks for a
+    version ≥ V + 2 − a (never above V: with a ≤ 2 the current one, and the worker waits for
+    its download, a fraction of a step). ``blocked``: the trainer's step V itself still waits
+    for its batch (its last request, for step V, came back empty; an empty prefetch for
+    V + 1 does not count), so any version step V can train (≥ V − a) is taken at once."""
+    if blocked:
+        return max(0, version - async_level)
     return max(0, min(version, version + 2 - async_level))
 
 

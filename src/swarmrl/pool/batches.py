@@ -122,7 +122,7 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
             conn, rows, lambda r: _trainable(ctx, r), lambda r: r.submission_id
         )
         if not served:  # the trainer is waiting for work (admission control lets more in)
-            ctx.starved_at[pool_id] = now
+            ctx.starved_at[pool_id] = (now, step)
         if served:
             ids = [r.submission_id for r in served]
             conn.execute(

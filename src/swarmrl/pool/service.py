@@ -60,8 +60,9 @@ class Context:
     clock: Callable[[], float] = time.time
     started_at: float = field(default_factory=time.time)
     _specs: dict[str, PoolSpec] = field(default_factory=dict)
-    # per pool: when a trainer's batch request last came back empty (swarmrl.pool.admission)
-    starved_at: dict[str, float] = field(default_factory=dict)
+    # per pool: when a trainer's batch request last came back empty, and for which step
+    # (swarmrl.pool.admission)
+    starved_at: dict[str, tuple[float, int]] = field(default_factory=dict)
     # heartbeats answered by this process and not yet written (swarmrl.pool.beats)
     beats: BeatBuffer = field(default_factory=BeatBuffer)
 

@@ -112,6 +112,8 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             admitted = admission.unblock(admitted, own, spec.min_tasks_per_lease, rate)
         if not admitted.tasks:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
+        waiting_for = starved_step(ctx, pool_id, now)
+        blocked = waiting_for is not None and waiting_for <= version  # not a prefetch: a step
         lease_id = _new_id()
         orphan = conn.execute(_ORPHAN, {"p": pool_id, "n": node_id}).first()
         if orphan is not None:
@@ -134,7 +136,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             samples_per_task=spec.samples_per_task,
             sampling=spec.sampling,
             seed=seed,
-            min_version=admission.lowest_useful_version(version, spec.async_level),
+            min_version=admission.lowest_useful_version(version, spec.async_level, blocked),
             deadline=now + spec.lease_timeout_s,
             origin_node_id=origin,
             origin_counter=counter,
@@ -185,8 +187,7 @@ def _admission(
     if early is not None:  # decided without counting the backlog (a scan of the pool's work)
         return early
     now = ctx.clock()
-    starved_at = ctx.starved_at.get(spec.pool_id)
-    starving = starved_at is not None and now - starved_at < admission.STARVING_WITHIN_S
+    starving = starved_step(ctx, spec.pool_id, now) is not None
     return admission.admit(
         progress.supply(conn, spec, version),
         version,
@@ -203,6 +204,15 @@ def _admission(
             conn, spec.pool_id, now - admission.OVERDUE_LEASE_TARGETS * spec.lease_target_s
         ),
     )
+
+
+def starved_step(ctx: Context, pool_id: str, now: float) -> int | None:
+    """The step the trainer's last request for rollouts was for, when that request came back
+    empty within ``admission.STARVING_WITHIN_S`` (the trainer waits for work), else None."""
+    last = ctx.starved_at.get(pool_id)
+    if last is None or now - last[0] >= admission.STARVING_WITHIN_S:
+        return None
+    return last[1]
 
 
 _SET_THROUGHPUT = (
