@@ -3,6 +3,7 @@ stored rows that cannot be served. Every case is a clean 4xx, and the pool keeps
 honest peers afterwards (claims, verdicts and batches still deliver every honest unit)."""
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -182,13 +183,18 @@ def submit_honest(server, keys, n):
     return ids
 
 
-def break_rollout(server, submission_id):
-    """Replace a stored rollout with one whose proofs nest 300 levels deep, as a damaged store
-    (or one written under an older, unbounded schema) could hold."""
+def break_rollout(server, submission_id, damage):
+    """Make a stored rollout unreadable. ``deep_proofs``: a Parquet file under the key whose
+    proofs nest 300 levels deep, as a damaged store (or one written under an older, unbounded
+    schema) could hold; ``not_zstd``: the signed body, the only copy of the samples, replaced by
+    bytes that are not a zstd frame."""
+    key = f"{POOL}/{submission_id}.parquet"
+    if damage == "not_zstd":
+        Path(server.ctx.store.root, key + ".request.zst").write_bytes(b"\x00" * 64)
+        return
     deep: object = []
     for _ in range(300):
         deep = [deep]
-    key = f"{POOL}/{submission_id}.parquet"
     samples = server.ctx.store.get_samples(key)
     bad = [Sample.model_construct(**{**s.model_dump(), "proof": {"x": deep}}) for s in samples]
     server.ctx.store.put_samples(key, bad)
@@ -200,16 +206,21 @@ def statuses(server):
         return dict(conn.execute(sa.select(t.c.submission_id, t.c.status)).all())
 
 
-def test_a_claim_never_commits_a_unit_it_cannot_deliver(pool):
+DAMAGE = pytest.mark.parametrize("damage", ["deep_proofs", "not_zstd"])
+
+
+@DAMAGE
+def test_a_claim_never_commits_a_unit_it_cannot_deliver(pool, damage):
     server, keys = pool
     broken, honest = submit_honest(server, keys, 2)
-    break_rollout(server, broken)
+    break_rollout(server, broken, damage)
     pending = PoolClient(server.url, keys["validator"]).claim(POOL, limit=8)
     assert [p.submission_id for p in pending] == [honest]
     assert statuses(server) == {broken: "quarantined", honest: "pending"}
 
 
-def test_a_batch_never_consumes_a_unit_it_cannot_deliver(pool):
+@DAMAGE
+def test_a_batch_never_consumes_a_unit_it_cannot_deliver(pool, damage):
     server, keys = pool
     broken, honest = submit_honest(server, keys, 2)
     checker = PoolClient(server.url, keys["validator"])
@@ -221,7 +232,7 @@ def test_a_batch_never_consumes_a_unit_it_cannot_deliver(pool):
                 submission_id=p.submission_id, accept=True, measured_tokens=1, behaviour_logprobs=lp
             ),
         )
-    break_rollout(server, broken)  # it turns unreadable after it was accepted
+    break_rollout(server, broken, damage)  # it turns unreadable after it was accepted
     batch = PoolClient(server.url, keys["orch"]).batch(POOL, step=0)
     assert [s.submission_id for s in batch.submissions] == [honest]
     assert statuses(server)[broken] == "quarantined"

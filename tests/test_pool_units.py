@@ -7,7 +7,7 @@ import pytest
 
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.store import RolloutStore
-from swarmrl.protocol.pool import Sample
+from swarmrl.protocol.pool import Sample, Submission
 
 
 def test_task_draw_is_the_documented_hash_and_depends_on_secret_node_and_counter():
@@ -74,6 +74,17 @@ def test_rollout_store_roundtrip_is_exact(tmp_path, where):
     ]
     store.put_samples("p/s1.parquet", samples)
     assert store.get_samples("p/s1.parquet") == samples
+    # a submission is stored as its signed body alone; its samples are read from it, exactly
+    body = Submission(lease_id="a" * 32, samples=samples).model_dump_json().encode()
+    store.put_request("p/s2.parquet", body)
+    assert store.get_request("p/s2.parquet") == body
+    assert store.get_samples("p/s2.parquet") == samples
+    store.put_request("p/s3.parquet", b'{"lease_id": "' + b"a" * 32 + b'", "samples": [{}]}')
+    with pytest.raises(ValueError, match="task_index"):
+        store.get_samples("p/s3.parquet")
+    store.delete("p/s2.parquet")
+    with pytest.raises(FileNotFoundError):
+        store.get_samples("p/s2.parquet")
     assert store.get_behaviour("p/s1.parquet") is None
     store.put_behaviour("p/s1.parquet", [[-0.5, -0.25, -1 / 3], [], [-2.0]])
     assert store.get_behaviour("p/s1.parquet") == [[-0.5, -0.25, -1 / 3], [], [-2.0]]

@@ -1,19 +1,27 @@
-"""The rollout store: one Parquet file per submission, in a local directory or any fsspec URL.
+"""The rollout store: one file per submission, in a local directory or any fsspec URL.
 
-Columns of a rollout file (one row per sample): ``task_index`` int64, ``prompt_tokens``
-list<int32> [P], ``output_tokens`` list<int32> [T], ``logprobs``
-list<float64> [T] (exactly the submitted values),
-``finish_reason`` string, ``policy_version`` int64, ``proof`` string (canonical JSON of a proof
-object, ``hex:<bytes>`` for hex proofs, null for none). Validator log-probs go to a second file
-``<key>.behaviour.parquet`` with one column ``behaviour_logprobs`` list<float64> [T]. The exact
-body the node signed goes to ``<key>.request.zst`` (zstd), so anyone can re-derive its digest and
-re-check the node's signature (``swarmrl.pool.audit.check_node_signature``).
+A submission is stored as the exact body its node signed, ``<key>.request.zst`` (zstd): the
+JSON of a :class:`~swarmrl.protocol.pool.Submission`, whose samples are the rollouts. Readers
+parse the samples out of it (:meth:`RolloutStore.get_samples`), and anyone can re-derive the
+body's digest and re-check the node's signature (``swarmrl.pool.audit.check_node_signature``).
+The signed body already holds every sample exactly as submitted, so a second copy in another
+encoding is not written: building and writing it had cost a submission a third of its CPU.
+
+Samples may also sit in a Parquet file under ``<key>`` itself (stores written before the
+request was the only copy, and :meth:`RolloutStore.put_samples`); where that file exists it is
+read instead. Its columns (one row per sample): ``task_index`` int64, ``prompt_tokens``
+list<int32> [P], ``output_tokens`` list<int32> [T], ``logprobs`` list<float64> [T] (exactly
+the submitted values), ``finish_reason`` string, ``policy_version`` int64, ``proof`` string
+(canonical JSON of a proof object, ``hex:<bytes>`` for hex proofs, null for none). Validator
+log-probs go to ``<key>.behaviour.parquet`` with one column ``behaviour_logprobs``
+list<float64> [T].
 
 Writes go to a temporary name and are renamed into place, so a reader never sees half a file
-(on a local directory with plain system calls: a submission writes two files, and fsspec's
-per-call overhead was a fifth of a submission's CPU). Rollout files carry no column statistics
-and no dictionary pages: nothing filters on them, and writing them cost a third of the Parquet
-write. Knows nothing about leases or verdicts.
+(on a local directory with plain system calls: fsspec's per-call overhead was a fifth of a
+submission's CPU). Parquet files carry no column statistics and no dictionary pages: nothing
+filters on them, and writing them cost a third of the Parquet write. A stored file that cannot
+be read back as samples (damaged, or not a submission) raises :class:`ValueError` (or
+:class:`OSError` where it is missing). Knows nothing about leases or verdicts.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from swarmrl.errors import DiskWriteError
 from swarmrl.identity.keys import canonical_json
-from swarmrl.protocol.pool import Sample
+from swarmrl.protocol.pool import Sample, Submission
 
 ROLLOUT_SCHEMA = pa.schema(
     [
@@ -119,9 +127,15 @@ class RolloutStore:
         self._write(key, pa.table(columns, schema=ROLLOUT_SCHEMA))
 
     def get_samples(self, key: str) -> list[Sample]:
-        with self.fs.open(self._path(key), "rb") as handle:
-            rows = pq.read_table(handle).to_pylist()
-        return [Sample(**{**row, "proof": _proof_value(row["proof"])}) for row in rows]
+        """The samples stored under ``key``: its Parquet file's where there is one, else those
+        of the signed request body (see the module docstring)."""
+        path = self._path(key)
+        if self.fs.exists(path):
+            with self.fs.open(path, "rb") as handle:
+                rows = pq.read_table(handle).to_pylist()
+            return [Sample(**{**row, "proof": _proof_value(row["proof"])}) for row in rows]
+        # parsed as the server parsed it on arrival (swarmrl.pool.hotroutes, FastAPI)
+        return Submission.model_validate(json.loads(self.get_request(key))).samples
 
     def put_behaviour(self, key: str, logprobs: list[list[float]]) -> None:
         table = pa.table({"behaviour_logprobs": pa.array(logprobs, pa.list_(pa.float64()))})
@@ -141,8 +155,13 @@ class RolloutStore:
 
     def get_request(self, key: str) -> bytes:
         """The signed request body kept by :meth:`put_request`."""
-        with self.fs.open(self._path(key + ".request.zst"), "rb") as handle:
-            return zstandard.ZstdDecompressor().decompress(handle.read())
+        path = self._path(key + ".request.zst")
+        with self.fs.open(path, "rb") as handle:
+            compressed = handle.read()
+        try:
+            return zstandard.ZstdDecompressor().decompress(compressed)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"{path} is not a zstd frame: {exc}") from exc
 
     def delete(self, key: str) -> None:
         for path in (

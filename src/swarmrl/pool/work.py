@@ -7,8 +7,8 @@ holds it; a submission holds its node's row, then its lease's row, so a second a
 lease waits for the first and is then a 409 (the unique ``lease_id`` of a submission is the
 backstop, also a 409). Row locks are always taken node first, then lease, then the ledger's
 append lock, so two transactions never wait on each other in a cycle. A submission's
-rollout file is written before its row; if the row cannot be committed the file is removed, so a
-rejected request leaves nothing behind. Verdicts live in ``swarmrl.pool.judging``, trainer
+signed body, which holds its rollouts (``swarmrl.pool.store``), is written before its row; if
+the row cannot be committed the file is removed, so a rejected request leaves nothing behind. Verdicts live in ``swarmrl.pool.judging``, trainer
 batches in ``swarmrl.pool.batches``. Knows nothing about HTTP or what a proof bundle holds.
 """
 
@@ -387,8 +387,8 @@ def _submit(
             "timestamp_ms": signed.timestamp_ms,
             "nonce": signed.nonce,
         }
-        ctx.store.put_samples(key, sub.samples)
-        ctx.store.put_request(key, signed.body)  # what the node signed, for third parties
+        # what the node signed: the rollouts, and for third parties its signature's subject
+        ctx.store.put_request(key, signed.body)
         try:
             conn.execute(
                 _INSERT_SUBMISSION,
