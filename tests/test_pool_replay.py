@@ -4,13 +4,15 @@ few seconds ahead are refused, on SQLite and PostgreSQL."""
 import time
 
 import httpx
+import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
+from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import PoolSpec
-from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
+from swarmrl.protocol.pool import PoolSpec, Submission
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "rp"
 
@@ -80,3 +82,50 @@ def test_the_database_nonce_store_refuses_reuse_until_expiry(db_url, tmp_path):
     assert store.claim(key, "n" * 16, expires_at_s=1121.0)
     assert not DatabaseNonceStore(engine, clock=lambda: now[0]).claim(key, "n" * 16, 1121.0)
     engine.dispose()
+
+
+def test_a_submission_claims_its_nonce_with_it_and_a_replay_is_refused(db_url, tmp_path):
+    """The hot lane claims a submission's nonce in the submission's transaction: a replay of a
+    stored one is refused (and stores nothing), a refused one (another lease's, then a lease
+    already answered) keeps its nonce used, and the FastAPI route claims it once, as before."""
+    orch, node = KeyPair.generate(), KeyPair.generate()
+    spec = PoolSpec(
+        pool_id=POOL, owner_key=orch.public_key_hex, task_count=10, open=True, validated_fraction=0
+    )
+    path = f"/pools/{POOL}/submissions"
+
+    def send(url, body, target=path):
+        headers = sign_request(node, "POST", target, body)
+        return headers, _send(url, target, headers, body)
+
+    def replayed(url, headers, body, target=path):
+        again = _send(url, target, headers, body)
+        return again.status_code == 401 and again.json()["error"]["code"] == "replayed_request"
+
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        client = PoolClient(server.url, orch)
+        client.create_pool(spec)
+        worker = PoolClient(server.url, node)
+        worker.join(POOL, CPU_NODE)
+        bodies = []
+        for _ in range(2):
+            work = worker.lease(POOL).work
+            sub = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+            bodies.append(sub.model_dump_json().encode())
+        headers, first = send(server.url, bodies[0])
+        assert first.status_code == 200, first.text
+        assert replayed(server.url, headers, bodies[0])
+        headers, twice = send(server.url, bodies[0])  # freshly signed: a refused submission
+        assert twice.status_code == 409
+        assert replayed(server.url, headers, bodies[0])
+        unknown = b'{"lease_id":"' + b"f" * 32 + bodies[1][45:]  # a lease nobody holds
+        headers, refused = send(server.url, unknown)
+        assert refused.status_code == 404, refused.text
+        assert replayed(server.url, headers, unknown)
+        slow_lane = path + "?via=fastapi"
+        headers, second = send(server.url, bodies[1], slow_lane)
+        assert second.status_code == 200, second.text
+        assert replayed(server.url, headers, bodies[1], slow_lane)
+        with server.ctx.engine.connect() as conn:
+            stored = conn.execute(sa.select(sa.func.count()).select_from(db.submissions)).scalar()
+        assert stored == 2

@@ -223,13 +223,17 @@ def build_app(ctx: Context) -> FastAPI:
         return run_transaction(work.lease, ctx, pool_id, who.node_id)
 
     def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
-        return run_transaction(work.submit, ctx, pool_id, who, sub)
+        # as a beat's: the hot lane claims a submission's nonce in the submission's transaction
+        claim = None if who.nonce_claimed else functools.partial(nonces.claim_in, nonce_store, who)
+        return run_transaction(work.submit, ctx, pool_id, who, sub, claim)
 
     prometheus = OrchestratorMetrics(ctx)
     hot = {
         "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op, claims_nonce=True),
         "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op),
-        "submissions": HotRoute("/pools/{pool_id}/submissions", Submission, submit_op),
+        "submissions": HotRoute(
+            "/pools/{pool_id}/submissions", Submission, submit_op, claims_nonce=True
+        ),
     }
     lane = HotLane(
         hot,

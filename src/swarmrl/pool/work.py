@@ -6,10 +6,12 @@ lease counter are read, then written) and takes an orphaned lease only if no oth
 holds it; a submission holds its node's row, then its lease's row, so a second answer to one
 lease waits for the first and is then a 409 (the unique ``lease_id`` of a submission is the
 backstop, also a 409). Row locks are always taken node first, then lease, then the ledger's
-append lock, so two transactions never wait on each other in a cycle. A submission's
+append lock, so two transactions never wait on each other in a cycle (a submission's nonce,
+claimed first, is a new row: only a replay of the same request waits for it). A submission's
 signed body, which holds its rollouts (``swarmrl.pool.store``), is written before its row; if
-the row cannot be committed the file is removed, so a rejected request leaves nothing behind. Verdicts live in ``swarmrl.pool.judging``, trainer
-batches in ``swarmrl.pool.batches``. Knows nothing about HTTP or what a proof bundle holds.
+the row cannot be committed the file is removed, so a rejected request leaves nothing behind.
+Verdicts live in ``swarmrl.pool.judging``, trainer batches in ``swarmrl.pool.batches``. Knows
+nothing about HTTP or what a proof bundle holds.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import json
 import math
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from swarmrl.errors import PeerError, ReplayedRequest
 from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.ledger.chain import Entry
@@ -345,23 +349,47 @@ _LEASE_LOCKED = (
 )
 
 
-def submit(ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission) -> SubmissionReceipt:
+def submit(
+    ctx: Context,
+    pool_id: str,
+    signed: SignedRequest,
+    sub: Submission,
+    claim: Callable[[sa.Connection], None] | None = None,
+) -> SubmissionReceipt:
     """Store a node's answer to its lease. A second answer to one lease is a 409, also when
-    the two arrive at two server processes at once (see the module docstring)."""
+    the two arrive at two server processes at once (see the module docstring).
+
+    ``claim(conn)``: claims the request's nonce first, in the submission's transaction (raising
+    :class:`~swarmrl.errors.ReplayedRequest` if it was used); a refused submission's claim is
+    then committed on its own, so it stands as a claim made before the operation would."""
     try:
-        return _submit(ctx, pool_id, signed, sub)
-    except sa.exc.IntegrityError as exc:  # the unique lease_id of a submission: answered twice
-        raise Conflict(f"lease {sub.lease_id} was already answered") from exc
+        try:
+            return _submit(ctx, pool_id, signed, sub, claim)
+        except sa.exc.IntegrityError as exc:  # the unique lease_id of a submission: twice
+            raise Conflict(f"lease {sub.lease_id} was already answered") from exc
+    except ReplayedRequest:
+        raise
+    except PeerError:
+        if claim is not None:
+            with ctx.engine.begin() as conn:
+                claim(conn)
+        raise
 
 
 def _submit(
-    ctx: Context, pool_id: str, signed: SignedRequest, sub: Submission
+    ctx: Context,
+    pool_id: str,
+    signed: SignedRequest,
+    sub: Submission,
+    claim: Callable[[sa.Connection], None] | None,
 ) -> SubmissionReceipt:
     now = ctx.clock()
     node_id = signed.node_id
     sid = _new_id()
     key = f"{pool_id}/{sid}.parquet"
     with ctx.engine.begin() as conn:
+        if claim is not None:
+            claim(conn)
         spec = ctx.spec(conn, pool_id)
         member = node_row(conn, pool_id, node_id, lock=True)
         require_member(member)
