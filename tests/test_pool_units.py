@@ -1,13 +1,17 @@
-"""Pure pieces of the pool: the task draw, lease sizing, throughput estimate, and the rollout
-store on a local directory and an fsspec URL (spot-check sampling: tests/test_pool_spotcheck.py)."""
+"""Pure pieces of the pool: the task draw, lease sizing, throughput estimate, the checks of a
+submission's samples, and the rollout store on a local directory and an fsspec URL (spot-check
+sampling: tests/test_pool_spotcheck.py)."""
 
 import hashlib
 
 import pytest
 
+from swarmrl.pool.rejections import Invalid
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.store import RolloutStore
-from swarmrl.protocol.pool import Sample, Submission
+from swarmrl.pool.work import check_samples
+from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, WorkUnit
+from swarmrl.testing.pool_nodes import synthetic_samples
 
 
 def test_task_draw_is_the_documented_hash_and_depends_on_secret_node_and_counter():
@@ -91,3 +95,48 @@ def test_rollout_store_roundtrip_is_exact(tmp_path, where):
     store.delete("p/s1.parquet")
     with pytest.raises(FileNotFoundError):
         store.get_samples("p/s1.parquet")
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "field, values, says",
+    [
+        ("logprobs", [-1.0, NAN, -2.0], "finite"),
+        ("logprobs", [NAN, -1.0, -2.0], "finite"),  # first: max() alone would skip it
+        ("logprobs", [-1.0, -INF, -2.0], "finite"),
+        ("logprobs", [-1.0, 1e-300, -2.0], "≤ 0"),
+        ("output_tokens", [1, -1, 2], "token ids"),
+        ("output_tokens", [1, 2**31, 2], "token ids"),
+        ("prompt_tokens", [-5], "token ids"),
+        (None, None, None),  # the well-formed sample, for contrast
+        ("logprobs", [-1e308, -1e308, -0.0], None),  # finite: their sum overflows, no matter
+    ],
+)
+def test_check_samples_refuses_bad_values_wherever_they_sit(field, values, says):
+    spec = PoolSpec(
+        pool_id="p", owner_key="a" * 64, task_count=4, sampling=SamplingParams(max_new_tokens=3)
+    )
+    work = WorkUnit(
+        lease_id="l",
+        pool_id="p",
+        node_id="n",
+        task_indices=[1],
+        samples_per_task=1,
+        sampling=spec.sampling,
+        seed=7,
+        min_version=0,
+        deadline=0.0,
+        origin_node_id="n",
+        origin_counter=0,
+        assignment_epoch=0,
+    )
+    sample = synthetic_samples(work, 0)[0]
+    if field is not None:
+        sample = sample.model_copy(update={field: values})
+    if says is None:
+        assert check_samples(spec, work, [sample], 0, 10_000) == 3
+        return
+    with pytest.raises(Invalid, match=says):
+        check_samples(spec, work, [sample], 0, 10_000)

@@ -254,9 +254,9 @@ def check_samples(
             raise Invalid(f"{where}: {len(s.output_tokens)} tokens > max_new_tokens")
         if len(s.prompt_tokens) > MAX_PROMPT_TOKENS:
             raise Invalid(f"{where}: prompt longer than {MAX_PROMPT_TOKENS} tokens")
-        if any(t < 0 or t > MAX_TOKEN_ID for t in s.prompt_tokens + s.output_tokens):
+        if not (_in_range(s.prompt_tokens) and _in_range(s.output_tokens)):
             raise Invalid(f"{where}: token ids must lie in [0, 2^31)")
-        if not all(math.isfinite(x) and x <= 0 for x in s.logprobs):
+        if not _finite_non_positive(s.logprobs):
             raise Invalid(f"{where}: logprobs must be finite and ≤ 0")
         if s.policy_version > version:
             raise Conflict(f"{where}: policy version {s.policy_version} > current {version}")
@@ -279,6 +279,20 @@ def check_samples(
             raise Invalid(f"{where}: proof of {proof_bytes} bytes > {max_proof_bytes}")
         tokens += len(s.output_tokens)
     return tokens
+
+
+def _in_range(tokens: list[int]) -> bool:
+    """Every token id lies in [0, MAX_TOKEN_ID] (``min``/``max`` loop in C, not per token)."""
+    return not tokens or (min(tokens) >= 0 and max(tokens) <= MAX_TOKEN_ID)
+
+
+def _finite_non_positive(logprobs: list[float]) -> bool:
+    """Every value is finite and ≤ 0. A sum is NaN or infinite where any value is, so a finite
+    sum with a maximum ≤ 0 settles it in C; otherwise (some value is bad, or a sum of huge
+    finite values overflowed) each value is looked at."""
+    if not logprobs or (math.isfinite(sum(logprobs)) and max(logprobs) <= 0):
+        return True
+    return all(math.isfinite(x) and x <= 0 for x in logprobs)
 
 
 HELD_UNTIL = 1e18  # unlock_at of a credit held while its node is on probation
