@@ -76,7 +76,9 @@ class RolloutStore:
         self.fs.makedirs(self.root, exist_ok=True)
         self.local = isinstance(self.fs, LocalFileSystem)
         self._made: set[str] = set()  # local directories known to exist
-        self._zstd = zstandard.ZstdCompressor(level=3)
+        # level 1: a body of 16 samples × 1,000 tokens (676 kB of JSON) compresses in 1.2 ms to
+        # 344 kB, at level 3 in 4.9 ms to 348 kB (the digits of the log-probs barely compress)
+        self._zstd = zstandard.ZstdCompressor(level=1)
 
     def _path(self, key: str) -> str:
         return f"{self.root.rstrip('/')}/{key}"
