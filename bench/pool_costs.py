@@ -1,12 +1,13 @@
 """Server CPU per request of the orchestrator app, called in-process (no sockets, no client).
 
 Builds the orchestrator's ASGI app over a fresh SQLite database (or ``--db-url``), joins
-``--nodes`` nodes, and sends signed heartbeats, leases and submissions (4 samples × 32 tokens)
-straight into the app, in batches of 25. Requests are signed before the clock starts, so the
-figure is the app's own CPU time (``time.process_time``): signature check, nonce, database work,
-ledger, rollout files, reply. On a shared machine a batch's figure grows with the load (caches
-are cold after every switch), so the lowest batches are the closest to an idle machine's; the
-minimum, first quartile and median over the batches are printed. Run from the repository root:
+``--nodes`` nodes, and sends signed heartbeats, leases and submissions (4 samples × 32 tokens;
+``--tokens`` sets the output tokens per sample) straight into the app, in batches of 25.
+Requests are signed before the clock starts, so the figure is the app's own CPU time
+(``time.process_time``): signature check, nonce, database work, ledger, rollout files, reply.
+On a shared machine a batch's figure grows with the load (caches are cold after every switch),
+so the lowest batches are the closest to an idle machine's; the minimum, first quartile and
+median over the batches are printed. Run from the repository root:
 
     python bench/pool_costs.py --nodes 500
 
@@ -33,7 +34,7 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.pool import service
 from swarmrl.pool.app import build_app
 from swarmrl.pool.server import make_context
-from swarmrl.protocol.pool import Heartbeat, LeaseReply, Submission
+from swarmrl.protocol.pool import Heartbeat, LeaseReply, SamplingParams, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, synthetic_samples
 
 BATCH = 25
@@ -104,10 +105,11 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-async def measure(nodes: int, db_url: str) -> dict[str, dict[str, float]]:
+async def measure(nodes: int, db_url: str, tokens: int = 32) -> dict[str, dict[str, float]]:
     config = PoolConfig(join_rate_per_s=1000, join_burst=100_000, db_url=db_url)
     ctx = make_context(KeyPair.generate(), Path(tempfile.mkdtemp()), config)
     spec = bench_spec(lease_timeout_s=600)
+    spec = spec.model_copy(update={"sampling": SamplingParams(max_new_tokens=tokens)})
     service.create_pool(ctx, spec)
     app = build_app(ctx)
     keys = [KeyPair.generate() for _ in range(nodes)]
@@ -136,9 +138,10 @@ async def measure(nodes: int, db_url: str) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=500, help="nodes (requests per kind)")
+    parser.add_argument("--tokens", type=int, default=32, help="output tokens per sample")
     parser.add_argument("--db-url", default="", help="SQLAlchemy URL; empty = SQLite in a temp dir")
     args = parser.parse_args()
-    costs = asyncio.run(measure(args.nodes, args.db_url))
+    costs = asyncio.run(measure(args.nodes, args.db_url, args.tokens))
     print(json.dumps({"server_cpu_ms_per_request_in_process": costs}))
 
 
