@@ -12,12 +12,13 @@ import time
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "hr"
@@ -184,3 +185,49 @@ def _data_segments_in(sock: socket.socket) -> int:
     return struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 152)[
         0
     ]
+
+
+def submission(task="1", logprob="-0.5", proof="null", head="") -> bytes:
+    """A submission body with one sample whose fields are spelled as given."""
+    sample = (
+        f'{{"task_index": {task}, "prompt_tokens": [1], "output_tokens": [2], '
+        f'"logprobs": [{logprob}], "finish_reason": "length", "policy_version": 0, '
+        f'"proof": {proof}}}'
+    )
+    text = f'{{{head}"lease_id": "{"a" * 32}", "samples": [{sample}]}}'
+    return text.encode("utf-8", "surrogatepass")
+
+
+SUBMISSIONS = [
+    submission(head=f'"lease_id": "{"b" * 32}", '),  # a duplicate key: the last one counts
+    submission(task='1, "task_index": 7'),
+    submission("1.0", "-0.0", '{"y": -0.0, "z": [1e-320, 5e-324, 1.7976931348623157e308]}'),
+    submission('"5"', "-3", '{"x": 1, "x": 2}'),
+    submission(logprob="-0.1000000000000000055511151231257827021181583404541015625"),
+    submission(logprob="-2.2250738585072011e-308", proof='"00FF"'),
+    submission(proof='{"x": "\\u00e9\\n\\ud83d\\ude00"}'),
+    submission(logprob="NaN"),
+    submission(logprob="-1e400"),
+    submission(logprob="-" + "9" * 400),
+    submission(proof='{"x": NaN}'),
+    submission(proof='{"x": "\\ud800"}'),
+    submission(proof='{"x": ' + "9" * 30 + "}"),
+    b"\xef\xbb\xbf" + submission(),  # a UTF-8 byte order mark
+    b" \n" + submission() + b" \n",
+]
+
+
+@pytest.mark.parametrize(
+    "message, body",
+    [(Submission, b) for b in SUBMISSIONS]
+    + [(Heartbeat, b) for b in BEATS]
+    + [(Heartbeat, b'{"status": "ok", "status": "error", "log_tail": ["\\ud83d\\ude00"]}')],
+)
+def test_pydantic_s_parser_gives_the_message_json_loads_would_or_refuses(message, body):
+    """The hot routes validate a body with pydantic's JSON parser and fall back to
+    ``json.loads`` where it refuses; a body both accept must be the same message."""
+    try:
+        direct = message.model_validate_json(body)
+    except ValidationError:
+        return
+    assert direct.model_dump_json() == message.model_validate(json.loads(body)).model_dump_json()

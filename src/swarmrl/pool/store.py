@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from fsspec.implementations.local import LocalFileSystem
+from pydantic import ValidationError
 
 from swarmrl.errors import DiskWriteError
 from swarmrl.identity.keys import canonical_json
@@ -136,8 +137,11 @@ class RolloutStore:
             with self.fs.open(path, "rb") as handle:
                 rows = pq.read_table(handle).to_pylist()
             return [Sample(**{**row, "proof": _proof_value(row["proof"])}) for row in rows]
-        # parsed as the server parsed it on arrival (swarmrl.pool.hotroutes, FastAPI)
-        return Submission.model_validate(json.loads(self.get_request(key))).samples
+        body = self.get_request(key)
+        try:  # parsed as on arrival (swarmrl.pool.hotroutes): pydantic's parser, else FastAPI's
+            return Submission.model_validate_json(body).samples
+        except ValidationError:
+            return Submission.model_validate(json.loads(body)).samples
 
     def put_behaviour(self, key: str, logprobs: list[list[float]]) -> None:
         table = pa.table({"behaviour_logprobs": pa.array(logprobs, pa.list_(pa.float64()))})
