@@ -82,6 +82,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         PoolClient(server.url, owner, timeout_s=10).invalidate(
             "swarm", nodes[0].node_id, InvalidateRequest(severity="hard", reason=BAN_REASON)
         )
+        ctx.beats.flush(ctx.engine)  # what `swarmrl dashboard RUN_DIR` reads is the database
         yield {
             "url": f"{server.url}/ui/",
             "nodes": nodes,
