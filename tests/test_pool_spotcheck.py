@@ -112,7 +112,7 @@ def test_the_draw_is_uniform_and_the_submission_id_alone_does_not_determine_it()
     assert 0.45 < same / len(ids) < 0.55
 
 
-# --- the target: 1 in 4 falsified at a 25 % rate -------------------------------------
+# --- the target case: 1 in 4 falsified at a 25 % rate ----------------------------------------
 
 
 def run_cheater(server, cheater: PoolClient, honest: PoolClient, served: set[str]) -> dict:
