@@ -109,14 +109,14 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         if in_flight >= spec.max_leases_in_flight:
             return _wait(retry, f"{in_flight} leases in flight (cap {spec.max_leases_in_flight})")
         version = current_version(conn, pool_id)
-        admitted = _admission(ctx, conn, spec, run, version, row.measured_tps)
+        waiting_for = starved_step(ctx, pool_id, now)  # the step the trainer waits for, if any
+        admitted = _admission(ctx, conn, spec, run, version, row.measured_tps, now, waiting_for)
         if admitted.covered:  # its own unchecked work may need this node's next submission
             own = progress.node_supply(conn, spec, version, node_id)
             rate = spotcheck.node_rate(conn, spec, node_id)
             admitted = admission.unblock(admitted, own, spec.min_tasks_per_lease, rate)
         if not admitted.tasks:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
-        waiting_for = starved_step(ctx, pool_id, now)
         blocked = waiting_for is not None and waiting_for <= version  # not a prefetch: a step
         lease_id = _new_id()
         orphan = conn.execute(_ORPHAN, {"p": pool_id, "n": node_id}).first()
@@ -173,8 +173,11 @@ def _admission(
     run: progress.RunPlan,
     version: int,
     measured_tps: float | None,
+    now: float,
+    waiting_for: int | None,
 ) -> admission.Admission:
-    """How many tasks a fresh lease may hold now (``swarmrl.pool.admission``)."""
+    """How many tasks a fresh lease may hold now (``swarmrl.pool.admission``); ``waiting_for``:
+    the step an empty batch request was for lately (:func:`starved_step`), None if none."""
     wanted = lease_size(
         measured_tps,
         spec.lease_target_s,
@@ -190,8 +193,7 @@ def _admission(
     early = admission.without_supply(version, run.steps, spec.async_level, per_step, wanted)
     if early is not None:  # decided without counting the backlog (a scan of the pool's work)
         return early
-    now = ctx.clock()
-    starving = starved_step(ctx, spec.pool_id, now) is not None
+    starving = waiting_for is not None
     return admission.admit(
         progress.supply(conn, spec, version),
         version,
