@@ -86,3 +86,23 @@ def test_status_reporter_writes_counters(tmp_path):
     read = RoleStatus.read_dir(tmp_path)["worker-1"]
     assert read.state == "generating" and read.policy_version == 2
     assert read.metrics["rollouts"] == 16 and read.events[-1].endswith("joined pool")
+
+
+def test_a_slow_status_refresh_runs_less_often(tmp_path):
+    """A refresh that takes t seconds (the orchestrator counting a growing table) runs again
+    no sooner than t / REFRESH_SHARE later; the status file is still written every interval."""
+    calls = []
+
+    def slow(reporter):
+        calls.append(time.monotonic())
+        time.sleep(0.05)  # at a 1 % share: once every 5 s
+        reporter.set(version=len(calls))
+
+    with StatusReporter("orchestrator", "o", tmp_path, interval_s=0.02, refresh=slow):
+        time.sleep(1.0)
+    assert len(calls) == 1  # unbounded, it would have run ~14 times
+    assert RoleStatus.model_validate_json((tmp_path / "o.json").read_text()).policy_version == 1
+    quick = []
+    with StatusReporter("orchestrator", "q", tmp_path, interval_s=0.05, refresh=quick.append):
+        time.sleep(0.6)
+    assert len(quick) >= 5  # a cheap refresh still runs every interval

@@ -164,6 +164,11 @@ class StatusSnapshot:
     labelled: dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
+# at most this share of the wall clock goes to ``refresh`` (a refresh that counts rows of a
+# growing table is run less often as it grows, instead of taking ever more of a busy server)
+REFRESH_SHARE = 0.01
+
+
 class StatusReporter:
     """Keeps a :class:`RoleStatus` and writes it to ``status_dir`` every ``interval_s``.
 
@@ -180,7 +185,8 @@ class StatusReporter:
         refresh: Callable[[StatusReporter], None] | None = None,
     ) -> None:
         """``refresh``, when given, runs before each periodic write to bring the numbers up to
-        date (a role whose numbers live elsewhere, e.g. the orchestrator's database)."""
+        date (a role whose numbers live elsewhere, e.g. the orchestrator's database); one that
+        took t seconds runs again no sooner than t / :data:`REFRESH_SHARE` later."""
         self.status = RoleStatus(role=role, name=name, node_id=node_id)
         self.refresh = refresh
         self.status_dir = Path(status_dir) if status_dir else None
@@ -244,12 +250,16 @@ class StatusReporter:
             snapshot.write(self.status_dir)
 
     def _run(self) -> None:
+        next_refresh = 0.0
         while not self._stop.wait(self.interval_s):
-            if self.refresh is not None:
+            if self.refresh is not None and time.monotonic() >= next_refresh:
+                started = time.monotonic()
                 try:
                     self.refresh(self)
                 except Exception as exc:  # a failed refresh must not end the reports
                     self.set(state=f"status refresh failed: {type(exc).__name__}")
+                took = time.monotonic() - started
+                next_refresh = started + took / REFRESH_SHARE  # its cost stays bounded
             self.flush()
 
     def __enter__(self) -> StatusReporter:
