@@ -44,6 +44,7 @@ from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
 from swarmrl.pool.nonces import DatabaseNonceStore
 from swarmrl.pool.rejections import Unauthorized
 from swarmrl.pool.service import Context
+from swarmrl.pool.waits import PoolChanges, held
 from swarmrl.protocol.pool import (
     NODE_ID,
     POOL_ID_PATTERN,
@@ -170,6 +171,8 @@ def build_app(ctx: Context) -> FastAPI:
     async def on_db(fn: Callable[..., T], *args: Any) -> T:
         return run_transaction(fn, *args)
 
+    changes = PoolChanges()  # wakes the listings held for work (swarmrl.pool.waits)
+
     async def sweeper() -> None:
         while True:
             await asyncio.sleep(ctx.config.sweep_interval_s)
@@ -227,7 +230,9 @@ def build_app(ctx: Context) -> FastAPI:
     def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
         # as a beat's: the hot lane claims a submission's nonce in the submission's transaction
         claim = None if who.nonce_claimed else functools.partial(nonces.claim_in, nonce_store, who)
-        return run_transaction(work.submit, ctx, pool_id, who, sub, claim)
+        receipt = run_transaction(work.submit, ctx, pool_id, who, sub, claim)
+        changes.notify(pool_id)  # a validator or the trainer may be waiting for it
+        return receipt
 
     prometheus = OrchestratorMetrics(ctx)
     hot = {
@@ -352,14 +357,19 @@ def build_app(ctx: Context) -> FastAPI:
     async def claim(
         pool_id: PoolId, req: ClaimRequest, who: SignedRequest = Depends(signed)
     ) -> Response:
-        body = await on_db(judging.claim, ctx, pool_id, who.public_key.hex, req.limit)
+        key = who.public_key.hex
+        body = await held(
+            lambda: on_db(judging.claim, ctx, pool_id, key, req.limit), changes, pool_id, req.wait_s
+        )
         return Response(body, media_type="application/json")
 
     @app.post("/pools/{pool_id}/verdicts", response_model=VerdictReceipt, responses=ERRORS)
     async def verdict(
         pool_id: PoolId, v: Verdict, who: SignedRequest = Depends(signed)
     ) -> VerdictReceipt:
-        return await on_db(judging.record_verdict, ctx, pool_id, who.public_key.hex, v)
+        receipt = await on_db(judging.record_verdict, ctx, pool_id, who.public_key.hex, v)
+        changes.notify(pool_id)  # it may have made work trainable (its own, or released)
+        return receipt
 
     # --- trainer and pool admin ------------------------------------------------------------
 
@@ -376,7 +386,12 @@ def build_app(ctx: Context) -> FastAPI:
         pool_id: PoolId, req: BatchRequest, who: SignedRequest = Depends(signed)
     ) -> Response:
         await admin(pool_id, who)
-        body = await on_db(batches.take_batch, ctx, pool_id, req.step, req.limit, req.holder)
+        body = await held(
+            lambda: on_db(batches.take_batch, ctx, pool_id, req.step, req.limit, req.holder),
+            changes,
+            pool_id,
+            req.wait_s,
+        )
         return Response(body, media_type="application/json")
 
     @app.post("/pools/{pool_id}/batches/ack", response_model=BatchAckReceipt, responses=ERRORS)

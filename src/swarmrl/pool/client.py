@@ -113,17 +113,25 @@ class PoolClient(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, payload: BaseModel | None, adapter: Any) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        payload: BaseModel | None,
+        adapter: Any,
+        held_s: float = 0.0,
+    ) -> Any:
+        """``held_s``: how long the server may hold the answer (``wait_s``), on top of the
+        client's timeout."""
         url, body, headers = self._prepare(method, path, payload)
         call = f"{method} {path}"
+        timeout_s = self.timeout_s + held_s
         try:
             response = self._http.request(
-                method, url, content=body, headers=headers, timeout=self.timeout_s
+                method, url, content=body, headers=headers, timeout=timeout_s
             )
         except httpx.TimeoutException as exc:
-            raise PeerUnavailable(
-                f"{call}: no answer from {self.url} in {self.timeout_s} s"
-            ) from exc
+            raise PeerUnavailable(f"{call}: no answer from {self.url} in {timeout_s} s") from exc
         except httpx.TransportError as exc:
             raise PeerUnavailable(f"{call}: cannot reach {self.url}: {exc}") from exc
         return self._parse(call, response, adapter)
@@ -187,9 +195,12 @@ class PoolClient(_Base):
         return self._call("POST", f"/pools/{pool_id}/submissions", submission, SubmissionReceipt)
 
     # validator
-    def claim(self, pool_id: str, limit: int = 8) -> list[PendingSubmission]:
-        req = ClaimRequest(limit=limit)
-        return self._call("POST", f"/pools/{pool_id}/validation/claim", req, ClaimReply).submissions
+    def claim(self, pool_id: str, limit: int = 8, wait_s: float = 0.0) -> list[PendingSubmission]:
+        """Submissions to check; ``wait_s``: the orchestrator may hold an empty answer this
+        long until some arrive (``swarmrl.pool.waits``)."""
+        req = ClaimRequest(limit=limit, wait_s=wait_s)
+        path = f"/pools/{pool_id}/validation/claim"
+        return self._call("POST", path, req, ClaimReply, held_s=wait_s).submissions
 
     def verdict(self, pool_id: str, verdict: Verdict) -> VerdictReceipt:
         return self._call("POST", f"/pools/{pool_id}/verdicts", verdict, VerdictReceipt)
@@ -211,11 +222,17 @@ class PoolClient(_Base):
         return self._call("POST", f"/pools/{pool_id}/version", req, VersionUpdate).version
 
     def batch(
-        self, pool_id: str, step: int, limit: int = 64, holder: str = "trainer"
+        self,
+        pool_id: str,
+        step: int,
+        limit: int = 64,
+        holder: str = "trainer",
+        wait_s: float = 0.0,
     ) -> BatchReply:
-        """Lease accepted submissions for ``step``; acknowledge them with :meth:`ack_batch`."""
-        req = BatchRequest(step=step, limit=limit, holder=holder)
-        return self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply)
+        """Lease accepted submissions for ``step``; acknowledge them with :meth:`ack_batch`.
+        ``wait_s``: as :meth:`claim`'s."""
+        req = BatchRequest(step=step, limit=limit, holder=holder, wait_s=wait_s)
+        return self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply, held_s=wait_s)
 
     def ack_batch(self, pool_id: str, submission_ids: list[str]) -> BatchAckReceipt:
         """Mark leased submissions trained, after the step that used them committed."""

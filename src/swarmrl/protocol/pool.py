@@ -274,8 +274,23 @@ class SubmissionReceipt(Message):
     tokens: int = Field(description="output tokens counted in the submission")
 
 
+MAX_WAIT_S = 10.0  # the longest an empty answer is held (``wait_s``)
+
+
+def _wait_s() -> Any:
+    return Field(
+        0.0,
+        ge=0.0,
+        le=MAX_WAIT_S,
+        allow_inf_nan=False,
+        description="hold an answer that would be empty up to this many seconds, until there "
+        "is something to hand out (0: answer at once)",
+    )
+
+
 class ClaimRequest(Message):
     limit: int = Field(8, gt=0, le=256, description="most submissions to hand out")
+    wait_s: float = _wait_s()
 
 
 class PendingSubmission(Message):
@@ -363,6 +378,7 @@ class BatchRequest(Message):
     holder: RecordId = Field(
         "trainer", description="who holds the lease: random per trainer process"
     )
+    wait_s: float = _wait_s()
 
 
 class BatchAck(Message):

@@ -50,6 +50,10 @@ from swarmrl.trainer.source import StepRollouts, group_version, submission_group
 
 NOTE_EVERY_S = 30.0  # how often a long wait for rollouts is logged
 POLL_S = 0.2  # pause between empty answers from /batches
+# a step waiting for its batch asks the orchestrator to hold an empty answer this long and
+# answer as soon as work arrives (``swarmrl.pool.waits``); the prefetch, which a step's start
+# stops and joins, does not wait there
+HOLD_S = 2.0
 T = TypeVar("T")
 
 
@@ -108,7 +112,8 @@ class PoolSource:
         start = time.monotonic()
         next_note = start + NOTE_EVERY_S
         while len(kept) < need:
-            served = self._take(step)
+            asked = time.monotonic()
+            served = self._take(step, wait_s=HOLD_S)
             with self._lock:
                 for sub in served:
                     self._split(sub, kept, seen)
@@ -125,7 +130,8 @@ class PoolSource:
                 note = "step %d: %d/%d groups; waiting for accepted rollouts"
                 self.log.info(note, step, len(kept), need)
                 next_note += NOTE_EVERY_S
-            time.sleep(POLL_S)
+            if not served and time.monotonic() - asked < POLL_S:  # not held: do not spin
+                time.sleep(POLL_S)
         with self._lock:
             self.carry = kept[need:]
             self._in_step = {sid for sid, _ in kept[:need]}
@@ -273,11 +279,16 @@ class PoolSource:
         self._useful = set(state.get("useful", ()))  # absent in older checkpoints
         self.stale_dropped = list(state.get("stale_dropped", ()))
 
-    def _take(self, step: int, stop: threading.Event | None = None) -> list[TrainableSubmission]:
-        """One answer of ``/batches`` for ``step``, leased to this process."""
+    def _take(
+        self, step: int, stop: threading.Event | None = None, wait_s: float = 0.0
+    ) -> list[TrainableSubmission]:
+        """One answer of ``/batches`` for ``step``, leased to this process; ``wait_s``: how long
+        the orchestrator may hold an empty answer until work arrives."""
         swarm = self.config.swarm
         reply = retry(
-            lambda: self._call(lambda: self.pool.batch(self.pool_id, step, 64, self.holder)),
+            lambda: self._call(
+                lambda: self.pool.batch(self.pool_id, step, 64, self.holder, wait_s=wait_s)
+            ),
             f"fetch accepted rollouts for step {step}",
             self.log,
             give_up_s=swarm.give_up_s,

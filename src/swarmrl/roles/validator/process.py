@@ -42,6 +42,10 @@ from swarmrl.shardcast import WeightClient
 # its own processes and KV cache, while loading new weights into it takes well under a second.
 KEEP_LOADED = {"torch": 3, "vllm": 1}
 FINISHED_CHECK_S = 2.0  # how often an idle validator asks whether the run is over
+# an idle validator's claim is held by the orchestrator until submissions arrive, this long at
+# most (``swarmrl.pool.waits``); an empty answer that came sooner is followed by a pause
+CLAIM_HOLD_S = 1.0
+CLAIM_PAUSE_S = 0.3
 FOLLOW_WAIT_S = 5.0  # one long-poll for a newer version; the follower checks ``stop`` between
 
 
@@ -152,8 +156,9 @@ def run(
             status.set(state="waiting for submissions")
             next_check = 0.0
             while True:
+                asked = time.monotonic()
                 pending = retry(
-                    lambda: pool.claim(args.pool, args.claim),
+                    lambda: pool.claim(args.pool, args.claim, wait_s=CLAIM_HOLD_S),
                     "claim pending submissions",
                     log,
                     give_up_s=swarm.give_up_s,
@@ -167,7 +172,8 @@ def run(
                             status.set(state="done: the run is finished")
                             return 0
                     status.set(state="waiting for submissions")
-                    stop.wait(0.3)
+                    if time.monotonic() - asked < CLAIM_PAUSE_S:  # not held: do not spin
+                        stop.wait(CLAIM_PAUSE_S)
                     continue
                 for sub in pending:
                     status.set(state=f"replaying {sub.submission_id[:8]}")
