@@ -32,6 +32,8 @@
     │       │   └── NotMember       not_member: the node is dead or ejected; joining again helps
     │       ├── NotFound            not_found: no such pool, node, lease or submission
     │       ├── Conflict            conflict: already done, already exists, or out of order
+    │       │   └── StaleWork       stale_work: samples of a policy too old to train; the lease
+    │       │                       stays the node's: generate again on a newer one, submit again
     │       ├── Expired             expired: an invite or lease past its deadline
     │       ├── RateLimited         rate_limited: too many new identities joining; retry later
     │       └── Invalid             invalid: a value that breaks a pool rule
@@ -172,6 +174,15 @@ class Conflict(Rejected):
     """Already done, already exists, or older than what the pool holds."""
 
     code = "conflict"
+
+
+class StaleWork(Conflict):
+    """Samples generated on a policy version the trainer can no longer use (older than the
+    current version − ``async_level``, or than the lease's ``min_version``). Nothing was stored
+    and the lease stays the node's until its deadline: generating it again on a newer version
+    and submitting that is the remedy."""
+
+    code = "stale_work"
 
 
 class Expired(Rejected):

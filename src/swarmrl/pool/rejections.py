@@ -29,6 +29,7 @@ from swarmrl.errors import (
     RateLimited,
     Rejected,
     ReplayedRequest,
+    StaleWork,
     Unauthorized,
 )
 
@@ -46,6 +47,7 @@ STATUS: dict[type[PeerError], int] = {
     NotMember: 403,
     NotFound: 404,
     Conflict: 409,
+    StaleWork: 409,
     Expired: 410,
     OversizedRequest: 413,
     Invalid: 422,
@@ -92,6 +94,7 @@ __all__ = [
     "NotFound",
     "NotMember",
     "Rejected",
+    "StaleWork",
     "Unauthorized",
     "answer",
     "error_body",

@@ -30,7 +30,14 @@ from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.ledger.chain import Entry
 from swarmrl.pool import admission, assignments, db, progress, spotcheck
-from swarmrl.pool.rejections import Conflict, Expired, Invalid, NotFound, Unauthorized
+from swarmrl.pool.rejections import (
+    Conflict,
+    Expired,
+    Invalid,
+    NotFound,
+    StaleWork,
+    Unauthorized,
+)
 from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.service import (
     Context,
@@ -287,7 +294,7 @@ def check_samples(
                 if work.min_version > oldest
                 else f"current {version} − async_level {spec.async_level}"
             )
-            raise Conflict(
+            raise StaleWork(
                 f"{where}: policy version {s.policy_version} is stale "
                 f"(need ≥ {max(oldest, work.min_version)}: {why})"
             )

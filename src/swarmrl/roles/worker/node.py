@@ -42,6 +42,7 @@ from swarmrl.errors import (
     NotFound,
     NotMember,
     PeerError,
+    StaleWork,
     WaitTimeout,
 )
 from swarmrl.identity import KeyPair
@@ -59,6 +60,7 @@ from swarmrl.toploc.bundle import build_bundles
 
 WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per kind of reason
 REJOIN_MAX_PAUSE_S = 30.0  # longest pause between attempts to rejoin after an ejection
+STALE_RETRY_MARGIN_S = 1.0  # a stale unit is generated again only with this much lease left
 DOWNLOAD_NOTE_S = 0.5  # longest block while waiting for a version, between checks for a stop
 
 
@@ -328,26 +330,56 @@ class WorkerNode:
         work: WorkUnit = reply.work
         assert self.policy is not None
         if self.policy.version < work.min_version:
-            self.status.set(state=f"waiting for v{work.min_version}")
+            self._wait_for_version(work.min_version, swarm.give_up_s)
+        while True:
+            used = self._answer(work)
+            if used is None:
+                return
+            # stale: the trainer moved on while this unit was generated; the lease is still
+            # ours, so the unit is generated again on a newer version (the pool's next policy
+            # is announced within moments) while its deadline allows
+            left_s = work.deadline - time.time() - STALE_RETRY_MARGIN_S
+            if left_s <= 0 or self.stop.is_set():
+                self.log.warning("lease %s ran out after a stale submission", work.lease_id[:8])
+                return
+            try:
+                self._wait_for_version(used + 1, left_s)
+            except WaitTimeout:
+                if self.stop.is_set():
+                    raise
+                self.log.warning("no newer policy before lease %s ran out", work.lease_id[:8])
+                return
 
-            def caught_up() -> bool | None:
-                with self._downloaded:  # woken by the download, not by a poll
-                    self._downloaded.wait_for(
-                        lambda: self._ready is not None and self._ready[0] >= work.min_version,
-                        timeout=DOWNLOAD_NOTE_S,
-                    )
-                self._take_newest()
-                assert self.policy is not None
-                return True if self.policy.version >= work.min_version else None
+    def _wait_for_version(self, version: int, timeout_s: float) -> None:
+        """Until policy ``version`` (or newer) is downloaded and loaded, at most ``timeout_s``
+        (:class:`WaitTimeout`)."""
+        self.status.set(state=f"waiting for v{version}")
 
-            wait_for(
-                caught_up,
-                f"policy v{work.min_version} to download",
-                self.log,
-                timeout_s=swarm.give_up_s,
-                pause_s=0.0,
-                stop=self.stop,
-            )
+        def caught_up() -> bool | None:
+            with self._downloaded:  # woken by the download, not by a poll
+                self._downloaded.wait_for(
+                    lambda: self._ready is not None and self._ready[0] >= version,
+                    timeout=DOWNLOAD_NOTE_S,
+                )
+            self._take_newest()
+            assert self.policy is not None
+            return True if self.policy.version >= version else None
+
+        wait_for(
+            caught_up,
+            f"policy v{version} to download",
+            self.log,
+            timeout_s=timeout_s,
+            pause_s=0.0,
+            stop=self.stop,
+        )
+
+    def _answer(self, work: WorkUnit) -> int | None:
+        """Generate ``work`` on the current policy and submit it. Returns the policy version
+        used where the pool refused the samples as stale (:class:`StaleWork`: the lease is
+        still open), else None (submitted, or refused for good)."""
+        swarm = self.config.swarm
+        assert self.policy is not None
         self.status.set(state="generating")
         start = time.perf_counter()
         samples = generate_unit(
@@ -375,10 +407,14 @@ class WorkerNode:
             )
         except (NodeBanned, NotMember):
             raise  # not a member any more: handled by _work_until_stopped and run
-        except PeerError as exc:  # the pool refused it (stale version, expired lease...)
+        except StaleWork as exc:
+            self.log.info("submission stale, generating it again on a newer policy: %s", exc)
+            self.status.add(stale=1)
+            return min(s.policy_version for s in samples)
+        except PeerError as exc:  # the pool refused it (expired lease, broken rule...)
             self.log.warning("submission refused: %s", exc)
             self.status.add(refused=1)
-            return
+            return None
         self.submitted += 1
         used = min(s.policy_version for s in samples)
         self.units_by_version[used] = self.units_by_version.get(used, 0) + 1
@@ -398,6 +434,7 @@ class WorkerNode:
             self.log.warning("TEST-ONLY cheat: generating with corrupted weights from now on")
             self.corrupted = True
             self._corrupt()
+        return None
 
     def _wait(self, reason: str, retry_after_s: float) -> None:
         """Told to wait: one log line per kind of reason and minute (not per retry), then the

@@ -1,0 +1,107 @@
+"""A unit that went stale while it was generated is generated again on the newer policy and
+submitted to the same lease: the pool answers ``stale_work`` (nothing stored, the lease still
+the node's), and the worker does not sit out the lease's deadline with its one lease slot
+taken (at ``async_level`` 0 that had stalled a run ~1 min per stale unit)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import sqlalchemy as sa
+
+from swarmrl.config import load_config
+from swarmrl.errors import StaleWork
+from swarmrl.identity import KeyPair
+from swarmrl.pool import db
+from swarmrl.pool.client import PoolClient
+from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.rolekit.toolkit import StatusReporter
+from swarmrl.roles.worker import node as worker_node
+from swarmrl.roles.worker.node import WorkerNode, WorkerSettings
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
+
+POOL = "st"
+
+
+def spec(owner: KeyPair) -> PoolSpec:
+    return PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=40,
+        open=True,
+        sampling=SamplingParams(max_new_tokens=2),
+        validated_fraction=0.0,
+        async_level=0,
+        max_leases_in_flight=1,
+        lease_timeout_s=120.0,
+    )
+
+
+def test_a_stale_submission_is_refused_as_stale_work_and_the_lease_stays_open(tmp_path):
+    orch, owner, key = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec(owner))
+        node = PoolClient(server.url, key)
+        node.join(POOL, CPU_NODE)
+        work = node.lease(POOL).work
+        PoolClient(server.url, owner).set_version(POOL, 1)  # the trainer moved on
+        stale = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+        with pytest.raises(StaleWork, match="stale"):
+            node.submit(POOL, stale)
+        assert node.lease(POOL).work is None  # the one lease slot is still this unit's
+        again = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 1))
+        node.submit(POOL, again)
+        with server.ctx.engine.connect() as conn:
+            rows = conn.execute(sa.select(db.submissions.c.min_version)).all()
+        assert [r.min_version for r in rows] == [1]  # the stale one stored nothing
+
+
+def test_the_worker_generates_a_stale_unit_again_on_the_newer_policy(tmp_path, monkeypatch):
+    orch, owner, key = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec(owner))
+        trainer = PoolClient(server.url, owner)
+        config = load_config([], ["swarm.retry_s=0.1", "swarm.units_per_version=0"])
+        settings = WorkerSettings(server.url, POOL, ["http://127.0.0.1:9"], "ab" * 32, tmp_path)
+        status = StatusReporter("worker", "w0", None, node_id=key.node_id)
+        worker = WorkerNode(config, settings, key, status, logging.getLogger("test.stale"))
+        generated: list[int] = []
+
+        def generate(engine, env, tokenizer, work, policy_version, prove=None):
+            generated.append(policy_version)
+            if len(generated) == 1:  # the trainer publishes v1 while v0's unit is generated
+                trainer.set_version(POOL, 1)
+                threading.Timer(0.2, lambda: ready(1)).start()  # downloaded a moment later
+            return synthetic_samples(work, policy_version)
+
+        def ready(version):
+            with worker._downloaded:
+                worker._ready = (version, tmp_path / f"v{version}")
+                worker._downloaded.notify_all()
+
+        def swap(loaded, path, version):
+            loaded.version = version
+            return loaded
+
+        monkeypatch.setattr(worker_node, "generate_unit", generate)
+        monkeypatch.setattr(worker_node, "swap_version", swap)
+        worker.policy = SimpleNamespace(version=0, engine=None, tokenizer=None)
+        try:
+            worker.join()
+            started = time.monotonic()
+            worker._work_once()
+            took = time.monotonic() - started
+        finally:
+            worker.pool.close()
+            worker.weights.close()
+        assert generated == [0, 1]  # the same unit again, on the newer policy
+        assert worker.submitted == 1 and worker.units_by_version == {1: 1}
+        assert status.metric("stale") == 1
+        assert took < 60  # not the lease's 120 s deadline
+        with server.ctx.engine.connect() as conn:
+            rows = conn.execute(sa.select(db.submissions.c.min_version)).all()
+        assert [r.min_version for r in rows] == [1]
