@@ -223,9 +223,7 @@ def build_app(ctx: Context) -> FastAPI:
         return run_transaction(service.heartbeat, ctx, pool_id, who.node_id, beat, claim)
 
     def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
-        # as a beat's: the hot lane claims a lease's nonce in the lease's transaction
-        claim = None if who.nonce_claimed else functools.partial(nonces.claim_in, nonce_store, who)
-        return run_transaction(work.lease, ctx, pool_id, who.node_id, claim)
+        return run_transaction(work.lease, ctx, pool_id, who.node_id)
 
     def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
         # as a beat's: the hot lane claims a submission's nonce in the submission's transaction
@@ -237,7 +235,7 @@ def build_app(ctx: Context) -> FastAPI:
     prometheus = OrchestratorMetrics(ctx)
     hot = {
         "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op, claims_nonce=True),
-        "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op, claims_nonce=True),
+        "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op),
         "submissions": HotRoute(
             "/pools/{pool_id}/submissions", Submission, submit_op, claims_nonce=True
         ),

@@ -21,7 +21,6 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -94,32 +93,14 @@ _LEASE_SUBMITTED = (
 )
 _INSERT_SUBMISSION = db.submissions.insert()
 
-T = TypeVar("T")
-
 
 # --- leasing ---------------------------------------------------------------------------------
 
 
-def lease(
-    ctx: Context,
-    pool_id: str,
-    node_id: str,
-    claim: Callable[[sa.Connection], None] | None = None,
-) -> LeaseReply:
-    """Hand the node a work unit: a reassigned expired one first, else a fresh draw.
-
-    ``claim(conn)``: claims the request's nonce first, in the lease's transaction (as a
-    submission's, :func:`submit`)."""
-    return _keeping_claim(ctx, claim, _lease, ctx, pool_id, node_id, claim)
-
-
-def _lease(
-    ctx: Context, pool_id: str, node_id: str, claim: Callable[[sa.Connection], None] | None
-) -> LeaseReply:
+def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
+    """Hand the node a work unit: a reassigned expired one first, else a fresh draw."""
     now = ctx.clock()
     with ctx.engine.begin() as conn:
-        if claim is not None:
-            claim(conn)
         spec = ctx.spec(conn, pool_id)
         row = node_row(conn, pool_id, node_id, lock=True)
         require_member(row)
@@ -404,17 +385,11 @@ def submit(
     ``claim(conn)``: claims the request's nonce first, in the submission's transaction (raising
     :class:`~swarmrl.errors.ReplayedRequest` if it was used); a refused submission's claim is
     then committed on its own, so it stands as a claim made before the operation would."""
-    return _keeping_claim(ctx, claim, _submit_once, ctx, pool_id, signed, sub, claim)
-
-
-def _keeping_claim(
-    ctx: Context, claim: Callable[[sa.Connection], None] | None, op: Callable[..., T], *args: Any
-) -> T:
-    """``op(*args)``, which claims a nonce with ``claim`` in its own transaction; where it then
-    refuses the request (a :class:`PeerError` other than the replay itself), its transaction is
-    rolled back and the claim is committed on its own: a refused request stays used."""
     try:
-        return op(*args)
+        try:
+            return _submit(ctx, pool_id, signed, sub, claim)
+        except sa.exc.IntegrityError as exc:  # the unique lease_id of a submission: twice
+            raise Conflict(f"lease {sub.lease_id} was already answered") from exc
     except ReplayedRequest:
         raise
     except PeerError:
@@ -422,19 +397,6 @@ def _keeping_claim(
             with ctx.engine.begin() as conn:
                 claim(conn)
         raise
-
-
-def _submit_once(
-    ctx: Context,
-    pool_id: str,
-    signed: SignedRequest,
-    sub: Submission,
-    claim: Callable[[sa.Connection], None] | None,
-) -> SubmissionReceipt:
-    try:
-        return _submit(ctx, pool_id, signed, sub, claim)
-    except sa.exc.IntegrityError as exc:  # the unique lease_id of a submission: twice
-        raise Conflict(f"lease {sub.lease_id} was already answered") from exc
 
 
 def _submit(
