@@ -129,3 +129,30 @@ def test_a_submission_claims_its_nonce_with_it_and_a_replay_is_refused(db_url, t
         with server.ctx.engine.connect() as conn:
             stored = conn.execute(sa.select(sa.func.count()).select_from(db.submissions)).scalar()
         assert stored == 2
+
+
+def test_a_lease_replay_is_refused_and_a_refused_lease_stays_used(db_url, tmp_path):
+    """A replay of a granted lease is refused and grants nothing; a lease refused (a node that
+    never joined) keeps its nonce used; the FastAPI route claims it once."""
+    orch, node, stranger = (KeyPair.generate() for _ in range(3))
+    spec = PoolSpec(
+        pool_id=POOL, owner_key=orch.public_key_hex, task_count=10, open=True, validated_fraction=0
+    )
+    path = f"/pools/{POOL}/lease"
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, node).join(POOL, CPU_NODE)
+        for key, target, status in (
+            (node, path, 200),
+            (stranger, path, 404),  # join first: refused, its nonce used all the same
+            (node, path + "?via=fastapi", 200),
+        ):
+            headers = sign_request(key, "POST", target, b"")
+            answer = _send(server.url, target, headers, b"")
+            assert answer.status_code == status, answer.text
+            again = _send(server.url, target, headers, b"")
+            assert again.status_code == 401, again.text
+            assert again.json()["error"]["code"] == "replayed_request"
+        with server.ctx.engine.connect() as conn:
+            granted = conn.execute(sa.select(sa.func.count()).select_from(db.leases)).scalar()
+        assert granted == 2  # the replays granted nothing
