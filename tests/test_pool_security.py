@@ -16,6 +16,7 @@ from swarmrl.errors import (
     Malformed,
     NotFound,
     Rejected,
+    StaleWork,
     Unauthorized,
 )
 from swarmrl.identity import KeyPair
@@ -215,7 +216,7 @@ def test_submissions_for_another_nodes_lease_or_bad_samples(env):
     assert snapshot(server, run) == before
     PoolClient(server.url, owner).set_version(POOL, 5)
     before = snapshot(server, run)
-    refused(client, good, Conflict, "stale")
+    refused(client, good, StaleWork, "stale")  # the lease stays open: below
     assert snapshot(server, run) == before
     fresh = [s.model_copy(update={"policy_version": 4}) for s in good]
     assert (
