@@ -1,4 +1,4 @@
-"""Shared fixtures: databases for the pool tests.
+"""Shared fixtures: databases for the pool tests; SIGINT as the tests expect it.
 
 PostgreSQL: with ``SWARMRL_TEST_PG_URL`` set, that server is used (and left alone). Otherwise
 the test session starts a private server of its own (``swarmrl.testing.postgres``: a temporary
@@ -6,10 +6,16 @@ cluster on a free loopback port with a random password) and stops and deletes it
 session ends, so nothing keeps running after ``pytest``. Tests that need PostgreSQL are skipped,
 with the reason, only when no server can be had (``.ci/services`` installs the binaries). Each
 module (``pg_url``) or test (``db_url``) gets a fresh database, dropped afterwards.
+
+A shell starts its background jobs with SIGINT ignored, and an ignored signal stays ignored in
+every process started from it: tests that interrupt a run or a supervisor with SIGINT would
+then wait for an interrupt their child never sees. The session takes SIGINT back (Python's
+own handler), so the processes it starts get the default again.
 """
 
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -18,6 +24,9 @@ import sqlalchemy as sa
 
 from swarmrl.errors import ServiceUnavailable
 from swarmrl.testing.postgres import private_postgres
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
