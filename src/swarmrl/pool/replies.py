@@ -50,6 +50,12 @@ def serialise_rows(
     return served, parts
 
 
+def empty_listing(body: bytes) -> bool:
+    """Whether ``body``, made by :func:`json_object`, has no items in its list (the list is
+    written last, so an empty one ends the object)."""
+    return body.endswith(b":[]}")
+
+
 def json_object(fields: dict[str, Any], list_field: str, parts: list[bytes]) -> bytes:
     """``{**fields, list_field: [parts…]}`` as JSON bytes; ``parts`` are serialised items."""
     head = json.dumps(fields, separators=(",", ":"))[1:-1].encode()

@@ -11,7 +11,8 @@ or the clock changed (a batch lease running out). The answer is the first non-em
 or the last empty one when the wait ends.
 
 Everything runs on the server's event loop: between a take and the wait nothing else runs, so a
-change is never missed between the two. Knows nothing about what is listed.
+change is never missed between the two. Knows nothing about what is listed beyond its being
+empty (``swarmrl.pool.replies``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-RECHECK_S = 0.5  # a held request looks again at least this often
+from swarmrl.pool.replies import empty_listing
 
-_EMPTY_END = b":[]}"  # how every empty listing of ``swarmrl.pool.replies.json_object`` ends
+RECHECK_S = 0.5  # a held request looks again at least this often
 
 
 class PoolChanges:
@@ -56,7 +57,7 @@ async def held(
     change of ``pool_id`` while it is empty, for at most ``wait_s`` seconds."""
     body = await take()
     deadline = time.monotonic() + wait_s
-    while body.endswith(_EMPTY_END):
+    while empty_listing(body):
         left = deadline - time.monotonic()
         if left <= 0:
             break

@@ -392,6 +392,7 @@ class WorkerNode:
         )
         seconds = time.perf_counter() - start
         tokens = sum(len(s.output_tokens) for s in samples)
+        used = min(s.policy_version for s in samples)
         self.tokens_per_s = tokens / max(seconds, 1e-6)
         self.status.set(state="submitting", tokens_per_s=self.tokens_per_s)
         try:
@@ -410,13 +411,12 @@ class WorkerNode:
         except StaleWork as exc:
             self.log.info("submission stale, generating it again on a newer policy: %s", exc)
             self.status.add(stale=1)
-            return min(s.policy_version for s in samples)
+            return used
         except PeerError as exc:  # the pool refused it (expired lease, broken rule...)
             self.log.warning("submission refused: %s", exc)
             self.status.add(refused=1)
             return None
         self.submitted += 1
-        used = min(s.policy_version for s in samples)
         self.units_by_version[used] = self.units_by_version.get(used, 0) + 1
         self.status.add(submitted=1, rollouts=len(samples), tokens=tokens)
         self.log.info(
