@@ -5,12 +5,16 @@ import time
 
 import httpx
 import sqlalchemy as sa
+from starlette.testclient import TestClient
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
+from swarmrl.identity.requests import HEADER_NONCE as NONCE
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool import db
+from swarmrl.pool.app import build_app
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.server import make_context
 from swarmrl.protocol.pool import PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -156,3 +160,92 @@ def test_a_lease_replay_is_refused_and_a_refused_lease_stays_used(db_url, tmp_pa
         with server.ctx.engine.connect() as conn:
             granted = conn.execute(sa.select(sa.func.count()).select_from(db.leases)).scalar()
         assert granted == 2  # the replays granted nothing
+
+
+def _beat_pool(tmp_path, cfg):
+    """An orchestrator key, a node, and a run directory whose pool the node joined (the
+    orchestrator stopped cleanly)."""
+    orch, node = KeyPair.generate(), KeyPair.generate()
+    spec = PoolSpec(
+        pool_id=POOL, owner_key=orch.public_key_hex, task_count=10, open=True, validated_fraction=0
+    )
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, node).join(POOL, CPU_NODE)
+    return orch, node
+
+
+BEAT_PATH, BEAT_BODY = f"/pools/{POOL}/heartbeat", b'{"status":"ok"}'
+
+
+def _refused_as_replay(answer):
+    return answer.status_code == 401 and answer.json()["error"]["code"] == "replayed_request"
+
+
+def test_a_beat_claimed_in_memory_is_refused_again_in_the_process_and_after_a_clean_restart(
+    db_url, tmp_path
+):
+    """One server process claims a beat's nonce in memory and writes it with the buffered
+    beats: a replay is refused at once, by the FastAPI route too, and after a clean restart."""
+    cfg = PoolConfig(db_url=db_url, heartbeat_flush_s=3600)  # written only by the clean stop
+    orch, node = _beat_pool(tmp_path, cfg)
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        assert server.app.state.beat_nonces.refused_before_s == 0.0  # the stop before was clean
+        captured = sign_request(node, "POST", BEAT_PATH, BEAT_BODY, now_s=time.time() + 4)
+        assert _send(server.url, BEAT_PATH, captured, BEAT_BODY).status_code == 200
+        assert _refused_as_replay(_send(server.url, BEAT_PATH, captured, BEAT_BODY))
+        slow = BEAT_PATH + "?via=fastapi"
+        headers = sign_request(node, "POST", slow, BEAT_BODY)
+        assert _send(server.url, slow, headers, BEAT_BODY).status_code == 200
+        assert _refused_as_replay(_send(server.url, slow, headers, BEAT_BODY))
+        with server.ctx.engine.connect() as conn:  # no write of its own: it waits for a flush
+            count = sa.select(sa.func.count()).select_from(db.nonces)
+            assert conn.execute(count.where(db.nonces.c.nonce == captured[NONCE])).scalar() == 0
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        assert server.app.state.beat_nonces.refused_before_s == 0.0
+        assert _refused_as_replay(_send(server.url, BEAT_PATH, captured, BEAT_BODY))
+        fresh = sign_request(node, "POST", BEAT_PATH, BEAT_BODY)
+        assert _send(server.url, BEAT_PATH, fresh, BEAT_BODY).status_code == 200
+
+
+def test_after_an_unclean_stop_beats_signed_before_the_restart_and_its_skew_are_refused(
+    db_url, tmp_path
+):
+    """A process that crashed may have answered beats whose nonces it never wrote: the next one
+    refuses every beat signed before its start plus the accepted skew, and only those."""
+    cfg = PoolConfig(db_url=db_url, heartbeat_flush_s=3600)
+    orch, node = _beat_pool(tmp_path, cfg)
+    crashed = TestClient(build_app(make_context(orch, tmp_path / "run", cfg)))  # no lifespan:
+    captured = sign_request(node, "POST", BEAT_PATH, BEAT_BODY, now_s=time.time() + 4)
+    headers = captured | {"Content-Type": "application/json"}
+    assert crashed.post(BEAT_PATH, content=BEAT_BODY, headers=headers).status_code == 200
+    # ... its process ends here without a clean stop (the beat and its nonce are not written)
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        guard_s = server.app.state.beat_nonces.refused_before_s
+        assert guard_s >= time.time() - 60 + cfg.request_future_skew_s  # this start's
+        replay = _send(server.url, BEAT_PATH, captured, BEAT_BODY)
+        assert _refused_as_replay(replay) and "unclean stop" in replay.json()["error"]["message"]
+        early = sign_request(node, "POST", BEAT_PATH, BEAT_BODY, now_s=guard_s - 0.01)
+        assert _refused_as_replay(_send(server.url, BEAT_PATH, early, BEAT_BODY))
+        on_time = sign_request(
+            node, "POST", BEAT_PATH, BEAT_BODY, now_s=guard_s + 0.001
+        )  # (in whole ms)
+        assert _send(server.url, BEAT_PATH, on_time, BEAT_BODY).status_code == 200
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:  # that stop was clean
+        assert server.app.state.beat_nonces.refused_before_s == 0.0
+        assert _refused_as_replay(_send(server.url, BEAT_PATH, on_time, BEAT_BODY))
+
+
+def test_server_processes_sharing_a_database_claim_beats_in_it(db_url, tmp_path):
+    cfg = PoolConfig(db_url=db_url)
+    orch, node = _beat_pool(tmp_path, cfg)
+    apps = [build_app(make_context(orch, tmp_path / "run", cfg), shared=True) for _ in range(2)]
+    assert all(app.state.beat_nonces is None for app in apps)
+    headers = sign_request(node, "POST", BEAT_PATH, BEAT_BODY) | {
+        "Content-Type": "application/json"
+    }
+    first, second = (
+        TestClient(app).post(BEAT_PATH, content=BEAT_BODY, headers=headers) for app in apps
+    )
+    assert first.status_code == 200, first.text
+    assert _refused_as_replay(second)

@@ -140,6 +140,19 @@ def _unavailable(exc: InfraError) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
+def _beat_nonces(ctx: Context) -> nonces.BeatNonces | None:
+    """Heartbeat nonces in this process's memory, with the restart rules of
+    ``swarmrl.pool.nonces``; None where beats are written at once (``heartbeat_flush_s`` 0)."""
+    if ctx.config.heartbeat_flush_s <= 0:
+        return None
+    # a beat the process before this one answered was signed before now + the accepted skew
+    guard_s = ctx.clock() + ctx.config.request_future_skew_s
+    clean = nonces.take_clean_stop(ctx.engine)
+    beat_nonces = nonces.BeatNonces(ctx.clock, refused_before_s=0.0 if clean else guard_s)
+    beat_nonces.load(ctx.engine)
+    return beat_nonces
+
+
 RACE_RETRIES = 3  # runs of one operation that PostgreSQL may abort as a deadlock's victim
 
 
@@ -157,10 +170,13 @@ def run_transaction(fn: Callable[..., T], *args: Any) -> T:
     raise AssertionError("unreachable")
 
 
-def build_app(ctx: Context) -> FastAPI:
-    """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper."""
+def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
+    """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper.
+    ``shared``: other server processes serve the same database (each claims every nonce in
+    it); otherwise this process claims heartbeat nonces in memory (``swarmrl.pool.nonces``)."""
     # nonces live in the database, so a request captured before a restart is refused after it
     nonce_store = DatabaseNonceStore(ctx.engine, ctx.clock)
+    beat_nonces = None if shared else _beat_nonces(ctx)
     verifier = RequestVerifier(
         nonce_store,
         window_s=ctx.config.request_window_s,
@@ -202,8 +218,10 @@ def build_app(ctx: Context) -> FastAPI:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            try:  # a clean stop loses no beat
+            try:  # a clean stop loses no beat and no nonce
                 service.flush_beats(ctx)
+                if beat_nonces is not None:
+                    nonces.record_clean_stop(ctx.engine, ctx.clock())
             finally:
                 checkpointer.stop()
 
@@ -218,8 +236,15 @@ def build_app(ctx: Context) -> FastAPI:
     )
 
     def beat_op(pool_id: str, who: SignedRequest, beat: Heartbeat) -> HeartbeatReply:
-        # the hot lane claims a beat's nonce in the beat's own transaction (one, not two)
-        claim = None if who.nonce_claimed else functools.partial(nonces.claim_in, nonce_store, who)
+        # the hot lane claims a beat's nonce in memory, written with the buffered beats, or in
+        # the beat's own transaction (one, not two)
+        claim = None
+        if beat_nonces is not None:
+            beat_nonces.claim(who)
+            if not who.nonce_claimed:  # (FastAPI's route has the verifier claim it in the table)
+                ctx.beats.add_nonce(nonces.BeatNonces.row(who))
+        elif not who.nonce_claimed:
+            claim = functools.partial(nonces.claim_in, nonce_store, who)
         return run_transaction(service.heartbeat, ctx, pool_id, who.node_id, beat, claim)
 
     def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
@@ -251,6 +276,7 @@ def build_app(ctx: Context) -> FastAPI:
         ).observe(s),
     )
     app.state.hot_lane = lane  # the server answers these from its parser (swarmrl.pool.server)
+    app.state.beat_nonces = beat_nonces  # None: every beat's nonce claimed in the database
     # innermost first: the body limit and the request timer wrap the hot routes too
     app.add_middleware(HotRoutes, lane=lane)
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)

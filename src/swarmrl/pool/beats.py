@@ -11,8 +11,9 @@ so membership, leases and bans never wait for a flush.
 
 What survives a crash: everything committed. What a crash loses: the beats of the last flush
 period (at most ``heartbeat_flush_s`` of liveness and log lines). No work, credit, verdict or
-ledger entry depends on a buffered beat, and each beat's nonce is claimed in the database before
-the beat is answered, so a beat replayed after a restart is still refused. Silence is measured
+ledger entry depends on a buffered beat. A beat's nonce is claimed before the beat is answered:
+in the database, or in the process's memory and written with the flush, with the rules of
+``swarmrl.pool.nonces`` keeping a beat replayed after a restart refused. Silence is measured
 from the later of a node's last written beat and the orchestrator's start
 (``swarmrl.pool.health``), so beats lost in a crash cost no node its membership.
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from swarmrl.pool import db
+from swarmrl.pool import db, nonces
 
 LOG_TAIL_LINES = 200  # log lines kept per node
 _IN_CHUNK = 500  # node ids per IN list when reading log tails
@@ -95,9 +96,15 @@ class BeatBuffer:
 
     def __init__(self) -> None:
         self._pending: dict[Key, Beat] = {}
+        # nonces of beats claimed in this process's memory, written with the next flush
+        # (swarmrl.pool.nonces.BeatNonces)
+        self._nonces: list[dict[str, object]] = []
 
     def __len__(self) -> int:
         return len(self._pending)
+
+    def add_nonce(self, row: dict[str, object]) -> None:
+        self._nonces.append(row)
 
     def add(self, pool_id: str, node_id: str, beat: Beat) -> None:
         key = (pool_id, node_id)
@@ -109,18 +116,22 @@ class BeatBuffer:
         return self._pending.pop((pool_id, node_id), None)
 
     def flush(self, engine: sa.Engine) -> int:
-        """Write every buffered beat in one transaction; the number written. If the transaction
-        fails the beats go back into the buffer (under any newer ones) and the error propagates."""
-        if not self._pending:
+        """Write every buffered beat, and the nonces added, in one transaction; the number of
+        beats written. If the transaction fails the beats go back into the buffer (under any
+        newer ones), the nonces too, and the error propagates."""
+        if not self._pending and not self._nonces:
             return 0
         pending, self._pending = self._pending, {}
+        claimed, self._nonces = self._nonces, []
         try:
             with engine.begin() as conn:
+                nonces.insert_claimed(conn, claimed)
                 write(conn, pending.items(), buffered=True)
         except BaseException:
             for key, beat in pending.items():
                 newer = self._pending.get(key)
                 self._pending[key] = beat if newer is None else beat.then(newer)
+            self._nonces[:0] = claimed
             raise
         return len(pending)
 

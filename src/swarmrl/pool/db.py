@@ -189,6 +189,14 @@ nonces = sa.Table(
     sa.Column("expires_at", sa.Float, nullable=False, index=True),
 )
 
+# a row written when an orchestrator that kept heartbeat nonces in memory stopped cleanly (every
+# nonce it claimed written to ``nonces``), taken by the next one to start (swarmrl.pool.nonces)
+clean_stops = sa.Table(
+    "clean_stops",
+    metadata,
+    sa.Column("stopped_at", sa.Float, primary_key=True),
+)
+
 
 # PostgreSQL's codes for a transaction it aborted to break a deadlock or a serialisation
 # conflict: the transaction changed nothing and may simply run again

@@ -8,6 +8,22 @@ sharing PostgreSQL: a claim is an insert under the pair's primary key (of two pr
 claiming one fresh pair, the second gets a duplicate key and refuses), and reusing an expired
 pair is one conditional update (one process wins). Knows nothing about signatures
 (``swarmrl.identity.requests``).
+
+Heartbeats, the most frequent request, are claimed in memory when one server process serves
+the database (:class:`BeatNonces`): a beat costs no database write of its own, and the nonces
+it claimed are written to the table with the buffered beats (``swarmrl.pool.beats``), in the
+same transaction, every ``heartbeat_flush_s``. What keeps a replay refused across a restart:
+
+- a process starts by reading every pair of the table still inside its window (every nonce a
+  process before it claimed and wrote), so a beat it finds there is refused as a replay;
+- a clean stop writes every claimed nonce and leaves a row in ``clean_stops``; a process that
+  finds none (the one before it crashed, so the nonces of its last flush period may be lost)
+  refuses every beat signed before its start plus the accepted clock skew
+  (``request_future_skew_s``), the latest time such a lost beat can carry. Honest nodes lose at
+  most that many seconds of beats after a crash; their membership is judged from the start
+  (``swarmrl.pool.health``).
+
+Several server processes on one database (PostgreSQL) each claim every nonce in the table.
 """
 
 from __future__ import annotations
@@ -18,6 +34,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from swarmrl.errors import ReplayedRequest
 from swarmrl.identity.requests import SignedRequest, replayed
 from swarmrl.pool import db
 
@@ -112,3 +129,100 @@ def claim_in(store: DatabaseNonceStore, who: SignedRequest, conn: sa.Connection)
     params = {"k": key, "n": nonce, "now": now, "e": who.nonce_expires_at}
     if conn.execute(_RENEW, params).rowcount != 1:
         raise replayed(nonce)
+
+
+# many rows at once, those present skipped
+_INSERT_OR_SKIP = {
+    "sqlite": sqlite.insert(_t).on_conflict_do_nothing(),
+    "postgresql": postgresql.insert(_t).on_conflict_do_nothing(),
+}
+
+
+def insert_claimed(conn: sa.Connection, rows: list[dict[str, object]]) -> None:
+    """Write nonces already claimed in a process's memory (:class:`BeatNonces`) in the caller's
+    transaction; a pair already present stays as it is."""
+    if not rows:
+        return
+    insert = _INSERT_OR_SKIP.get(conn.dialect.name)
+    if insert is not None:
+        conn.execute(insert, rows)
+        return
+    for row in rows:  # another database: one savepoint per row
+        try:
+            with conn.begin_nested():
+                conn.execute(_INSERT, row)
+        except sa.exc.IntegrityError:
+            pass
+
+
+class BeatNonces:
+    """Heartbeat nonces claimed by this server process, in memory (see the module's text).
+
+    ``refused_before_s``: beats signed earlier are refused (0 after a clean stop)."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        refused_before_s: float = 0.0,
+        purge_every_s: float = 10.0,
+    ) -> None:
+        self.clock = clock
+        self.refused_before_s = refused_before_s
+        self.purge_every_s = purge_every_s
+        self._seen: dict[tuple[str, str], float] = {}
+        self._next_purge_s = 0.0
+
+    def load(self, engine: sa.Engine) -> int:
+        """Take in every pair of the table still inside its window (what processes before this
+        one claimed and wrote); the number taken."""
+        query = sa.select(_t.c.public_key, _t.c.nonce, _t.c.expires_at).where(
+            _t.c.expires_at > self.clock()
+        )
+        with engine.connect() as conn:
+            rows = conn.execute(query).all()
+        for key, nonce, until in rows:
+            self._seen[(key, nonce)] = max(until, self._seen.get((key, nonce), 0.0))
+        return len(rows)
+
+    def claim(self, who: SignedRequest) -> None:
+        """Claim the nonce of ``who`` or raise :class:`ReplayedRequest`; the caller has it
+        written later (:meth:`row`, with the buffered beats) unless it is in the table."""
+        if who.timestamp_ms / 1000.0 < self.refused_before_s:
+            raise ReplayedRequest(
+                f"beat signed at {who.timestamp_ms / 1000.0:.3f}, before "
+                f"{self.refused_before_s:.3f}: the orchestrator restarted after an unclean stop "
+                "and cannot know which beats signed earlier it answered; sign a new one"
+            )
+        now = self.clock()
+        if now >= self._next_purge_s:
+            self._seen = {key: until for key, until in self._seen.items() if until > now}
+            self._next_purge_s = now + self.purge_every_s
+        key = (who.public_key.hex, who.nonce)
+        if self._seen.get(key, 0.0) > now:
+            raise replayed(who.nonce)
+        self._seen[key] = who.nonce_expires_at
+
+    @staticmethod
+    def row(who: SignedRequest) -> dict[str, object]:
+        """The table row of a claimed nonce."""
+        return dict(public_key=who.public_key.hex, nonce=who.nonce, expires_at=who.nonce_expires_at)
+
+
+_stops = db.clean_stops
+
+
+def take_clean_stop(engine: sa.Engine) -> bool:
+    """Whether the process before this one stopped cleanly (its row is taken, so a crash of
+    this one is seen by the next). A database no node ever joined counts as clean."""
+    with engine.begin() as conn:
+        if conn.execute(_stops.delete()).rowcount > 0:
+            return True
+        return conn.execute(sa.select(db.nodes.c.node_id).limit(1)).first() is None
+
+
+def record_clean_stop(engine: sa.Engine, at_s: float) -> None:
+    """Leave the row :func:`take_clean_stop` looks for (every claimed nonce is written)."""
+    with engine.begin() as conn:
+        conn.execute(_stops.delete())
+        conn.execute(_stops.insert(), {"stopped_at": at_s})

@@ -63,7 +63,7 @@ class OrchestratorServer(ThreadServer):
         ``reuse_port``: other server processes of this database share the port (PostgreSQL
         only: see ``swarmrl.pool.service`` for what keeps them apart)."""
         self.ctx = ctx
-        app = build_app(ctx)
+        self.app = app = build_app(ctx, shared=reuse_port)
         for prefix, sub in (mounts or {}).items():
             app.mount(prefix, sub)
         # nodelay: without it small responses wait ~40 ms for a delayed ACK
