@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from swarmrl.identity.keys import digest_hex
 from swarmrl.pool import db
+from swarmrl.pool.fastsql import Fast
 
 if TYPE_CHECKING:
     from swarmrl.pool.service import Context
@@ -45,7 +46,7 @@ def open_epoch(ctx: Context, conn: sa.Connection, pool_id: str, epoch: int, now:
 
 
 # built once: read on every lease and submission
-_OPEN_EPOCH = (
+_OPEN_EPOCH = Fast(
     sa.select(db.assignment_secrets.c.epoch, db.assignment_secrets.c.secret)
     .where(
         db.assignment_secrets.c.pool_id == sa.bindparam("p"),
@@ -59,12 +60,12 @@ _OPEN_EPOCH = (
 def current(ctx: Context, conn: sa.Connection, pool_id: str) -> tuple[int, str]:
     """(epoch, secret) of the pool's open epoch (opened now if the pool has none yet)."""
     t = db.assignment_secrets
-    row = conn.execute(_OPEN_EPOCH, {"p": pool_id}).first()
+    row = _OPEN_EPOCH.run(conn, {"p": pool_id}).first()
     if row is None:
         last = conn.execute(sa.select(sa.func.max(t.c.epoch)).where(t.c.pool_id == pool_id))
         previous = last.scalar_one()
         open_epoch(ctx, conn, pool_id, 0 if previous is None else previous + 1, ctx.clock())
-        row = conn.execute(_OPEN_EPOCH, {"p": pool_id}).one()
+        row = _OPEN_EPOCH.run(conn, {"p": pool_id}).one()
     return int(row.epoch), str(row.secret)
 
 

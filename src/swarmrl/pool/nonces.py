@@ -37,6 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from swarmrl.errors import ReplayedRequest
 from swarmrl.identity.requests import SignedRequest, replayed
 from swarmrl.pool import db
+from swarmrl.pool.fastsql import Fast
 
 # built once: a claim runs on every signed request
 _t = db.nonces
@@ -97,9 +98,10 @@ class DatabaseNonceStore:
 # a fresh pair inserted (its nonce returned), an existing one left alone (nothing returned),
 # without an error that would abort the caller's transaction
 _INSERT_NEW = {
-    "sqlite": sqlite.insert(_t).on_conflict_do_nothing().returning(_t.c.nonce),
-    "postgresql": postgresql.insert(_t).on_conflict_do_nothing().returning(_t.c.nonce),
+    "sqlite": Fast(sqlite.insert(_t).on_conflict_do_nothing().returning(_t.c.nonce)),
+    "postgresql": Fast(postgresql.insert(_t).on_conflict_do_nothing().returning(_t.c.nonce)),
 }
+_PURGE_FAST, _RENEW_FAST = Fast(_PURGE), Fast(_RENEW)
 
 
 def claim_in(store: DatabaseNonceStore, who: SignedRequest, conn: sa.Connection) -> None:
@@ -110,13 +112,13 @@ def claim_in(store: DatabaseNonceStore, who: SignedRequest, conn: sa.Connection)
     processes (the insert and the conditional update are each atomic)."""
     now = store.clock()
     if now >= store._next_purge_s:
-        conn.execute(_PURGE, {"now": now})
+        _PURGE_FAST.run(conn, {"now": now})
         store._next_purge_s = now + store.purge_every_s
     key, nonce = who.public_key.hex, who.nonce
     row = dict(public_key=key, nonce=nonce, expires_at=who.nonce_expires_at)
     insert = _INSERT_NEW.get(conn.dialect.name)
     if insert is not None:
-        fresh = conn.execute(insert, row).first() is not None
+        fresh = insert.run(conn, row).first() is not None
     else:  # another database: a savepoint keeps a duplicate key from aborting the transaction
         try:
             with conn.begin_nested():
@@ -127,7 +129,7 @@ def claim_in(store: DatabaseNonceStore, who: SignedRequest, conn: sa.Connection)
     if fresh:
         return
     params = {"k": key, "n": nonce, "now": now, "e": who.nonce_expires_at}
-    if conn.execute(_RENEW, params).rowcount != 1:
+    if _RENEW_FAST.run(conn, params).rowcount != 1:
         raise replayed(nonce)
 
 

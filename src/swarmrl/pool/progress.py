@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from swarmrl.pool import db
 from swarmrl.pool.admission import Supply
+from swarmrl.pool.fastsql import Fast
 from swarmrl.protocol.pool import PoolSpec, VersionUpdate
 
 MEASURED_STEPS = 3  # trainer steps the consumption rate is averaged over
@@ -48,11 +49,11 @@ def record(conn: sa.Connection, pool_id: str, update: VersionUpdate, now: float)
         conn.execute(table.update().where(table.c.pool_id == pool_id).values(**told))
 
 
-_PLAN = sa.select(db.run_progress).where(db.run_progress.c.pool_id == sa.bindparam("p"))
+_PLAN = Fast(sa.select(db.run_progress).where(db.run_progress.c.pool_id == sa.bindparam("p")))
 
 
 def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
-    row = conn.execute(_PLAN, {"p": pool_id}).first()
+    row = _PLAN.run(conn, {"p": pool_id}).first()
     if row is None:
         return RunPlan()
     return RunPlan(row.steps, row.tasks_per_step, row.finished_at is not None)

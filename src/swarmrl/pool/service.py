@@ -28,6 +28,7 @@ from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
 from swarmrl.pool import assignments, beats, db
 from swarmrl.pool.beats import LOG_TAIL_LINES, Beat, BeatBuffer
+from swarmrl.pool.fastsql import Fast
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.pool.rejections import (
     Conflict,
@@ -85,11 +86,15 @@ class Context:
         return public_key_hex in (self.key.public_key_hex, self.spec(conn, pool_id).owner_key)
 
 
-_VERSION = sa.select(db.pools.c.current_version).where(db.pools.c.pool_id == sa.bindparam("p"))
-_NODE = sa.select(db.nodes).where(
+_VERSION_QUERY = sa.select(db.pools.c.current_version).where(
+    db.pools.c.pool_id == sa.bindparam("p")
+)
+_VERSION, _VERSION_LOCKED = Fast(_VERSION_QUERY), Fast(_VERSION_QUERY.with_for_update())
+_NODE_QUERY = sa.select(db.nodes).where(
     db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n")
 )
-_IN_FLIGHT = (
+_NODE = Fast(_NODE_QUERY)
+_IN_FLIGHT = Fast(
     sa.select(sa.func.count())
     .select_from(db.leases)
     .where(
@@ -103,15 +108,15 @@ _IN_FLIGHT = (
 def current_version(conn: sa.Connection, pool_id: str, *, lock: bool = False) -> int:
     """The pool's policy version; ``lock``: keep the pool's row locked until the transaction
     ends (as :func:`node_row`)."""
-    query = _VERSION.with_for_update() if lock else _VERSION
-    return int(conn.execute(query, {"p": pool_id}).scalar_one())
+    query = _VERSION_LOCKED if lock else _VERSION
+    return int(query.run(conn, {"p": pool_id}).scalar_one())
 
 
 def leases_in_flight(conn: sa.Connection, pool_id: str, node_id: str) -> int:
-    return int(conn.execute(_IN_FLIGHT, {"p": pool_id, "n": node_id}).scalar_one())
+    return int(_IN_FLIGHT.run(conn, {"p": pool_id, "n": node_id}).scalar_one())
 
 
-_NODE_LOCKED = _NODE.with_for_update()
+_NODE_LOCKED = Fast(_NODE_QUERY.with_for_update())
 
 
 def node_row(conn: sa.Connection, pool_id: str, node_id: str, *, lock: bool = False) -> Any:
@@ -119,7 +124,7 @@ def node_row(conn: sa.Connection, pool_id: str, node_id: str, *, lock: bool = Fa
     until the transaction ends (``SELECT … FOR UPDATE`` on PostgreSQL; SQLite's one writer
     needs nothing), so that what is read from it and written back cannot interleave with
     another process doing the same."""
-    row = conn.execute(_NODE_LOCKED if lock else _NODE, {"p": pool_id, "n": node_id}).first()
+    row = (_NODE_LOCKED if lock else _NODE).run(conn, {"p": pool_id, "n": node_id}).first()
     if row is None:
         raise NotFound(f"unknown node {node_id} in pool {pool_id!r}: join first")
     return row
@@ -127,7 +132,7 @@ def node_row(conn: sa.Connection, pool_id: str, node_id: str, *, lock: bool = Fa
 
 def node_row_or_none(conn: sa.Connection, pool_id: str, node_id: str, *, lock: bool) -> Any:
     """The node's row or None; ``lock`` as in :func:`node_row`."""
-    return conn.execute(_NODE_LOCKED if lock else _NODE, {"p": pool_id, "n": node_id}).first()
+    return (_NODE_LOCKED if lock else _NODE).run(conn, {"p": pool_id, "n": node_id}).first()
 
 
 def require_member(row: Any, allowed: tuple[str, ...] = ("healthy", "unhealthy")) -> None:
@@ -225,7 +230,7 @@ def list_pools(ctx: Context) -> list[PoolInfo]:
 
 # Heartbeats are the most frequent request: their read is built once, and a beat that leaves the
 # node's state as it was is buffered and written in a batch (swarmrl.pool.beats).
-_BEAT_READ = (
+_BEAT_READ = Fast(
     sa.select(db.nodes.c.node_id, db.nodes.c.state, db.pools.c.current_version)
     .join(db.pools, db.pools.c.pool_id == db.nodes.c.pool_id)
     .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
@@ -288,7 +293,7 @@ def heartbeat(
 def _beating_member(ctx: Context, conn: sa.Connection, pool_id: str, node_id: str) -> Any:
     """The node's state and its pool's version, or the rejection of its beat."""
     ctx.spec(conn, pool_id)
-    row = conn.execute(_BEAT_READ, {"p": pool_id, "n": node_id}).first()
+    row = _BEAT_READ.run(conn, {"p": pool_id, "n": node_id}).first()
     if row is None:
         node_row(conn, pool_id, node_id)  # raises the "join first" rejection
     require_member(row, ("healthy", "unhealthy", "dead"))

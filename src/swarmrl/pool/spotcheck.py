@@ -33,6 +33,7 @@ import sqlalchemy as sa
 
 from swarmrl.ledger.spotchecks import check_rate, is_checked
 from swarmrl.pool import assignments, db
+from swarmrl.pool.fastsql import Fast
 from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.service import Context
 from swarmrl.protocol.pool import PoolSpec, Verdict
@@ -59,13 +60,16 @@ class Check:
         return {"epoch": self.epoch, "rate": self.rate, "checked": self.checked}
 
 
-_CLEAN = sa.select(db.spot_rates.c.clean).where(
-    db.spot_rates.c.pool_id == sa.bindparam("p"), db.spot_rates.c.node_id == sa.bindparam("n")
+_CLEAN = Fast(
+    sa.select(db.spot_rates.c.clean).where(
+        db.spot_rates.c.pool_id == sa.bindparam("p"),
+        db.spot_rates.c.node_id == sa.bindparam("n"),
+    )
 )  # built once: read on every submission
 
 
 def _clean(conn: sa.Connection, pool_id: str, node_id: str) -> int:
-    row = conn.execute(_CLEAN, {"p": pool_id, "n": node_id}).first()
+    row = _CLEAN.run(conn, {"p": pool_id, "n": node_id}).first()
     return 0 if row is None else int(row.clean)
 
 

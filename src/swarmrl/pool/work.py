@@ -29,6 +29,7 @@ from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.ledger.chain import Entry
 from swarmrl.pool import admission, assignments, db, progress, spotcheck
+from swarmrl.pool.fastsql import Fast
 from swarmrl.pool.rejections import (
     Conflict,
     Expired,
@@ -65,7 +66,7 @@ def _new_id() -> str:
 # built once: a lease and a submission run them on every call (building a statement costs as
 # much as running it)
 _L = db.leases
-_ORPHAN = (
+_ORPHAN = Fast(
     sa.select(_L.c.lease_id, _L.c.work)
     .where(
         _L.c.pool_id == sa.bindparam("p"),
@@ -77,21 +78,21 @@ _ORPHAN = (
     .limit(1)
     .with_for_update(skip_locked=True)  # another process may be handing it out now
 )
-_REASSIGN = (
+_REASSIGN = Fast(
     _L.update()
     .where(_L.c.lease_id == sa.bindparam("old"))
     .values(state="reassigned", reassigned_to=sa.bindparam("new"))
 )
-_NEXT_COUNTER = (
+_NEXT_COUNTER = Fast(
     db.nodes.update()
     .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
     .values(lease_counter=sa.bindparam("c"))
 )
-_INSERT_LEASE = _L.insert()
-_LEASE_SUBMITTED = (
+_INSERT_LEASE = Fast(_L.insert())
+_LEASE_SUBMITTED = Fast(
     _L.update().where(_L.c.lease_id == sa.bindparam("lease")).values(state="submitted")
 )
-_INSERT_SUBMISSION = db.submissions.insert()
+_INSERT_SUBMISSION = Fast(db.submissions.insert())
 
 
 # --- leasing ---------------------------------------------------------------------------------
@@ -126,19 +127,19 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
         blocked = waiting_for is not None and waiting_for <= version  # not a prefetch: a step
         lease_id = _new_id()
-        orphan = conn.execute(_ORPHAN, {"p": pool_id, "n": node_id}).first()
+        orphan = _ORPHAN.run(conn, {"p": pool_id, "n": node_id}).first()
         if orphan is not None:
             old = WorkUnit.model_validate_json(orphan.work)
             origin, counter, tasks = old.origin_node_id, old.origin_counter, old.task_indices
             seed, epoch = old.seed, old.assignment_epoch
-            conn.execute(_REASSIGN, {"old": orphan.lease_id, "new": lease_id})
+            _REASSIGN.run(conn, {"old": orphan.lease_id, "new": lease_id})
         else:
             origin, counter = node_id, row.lease_counter
             n = admitted.tasks
             epoch, secret = assignments.current(ctx, conn, pool_id)
             tasks = draw_tasks(spec.seed, secret, node_id, counter, n, spec.task_count)
             seed = unit_seed(spec.seed, secret, node_id, counter)
-            conn.execute(_NEXT_COUNTER, {"p": pool_id, "n": node_id, "c": counter + 1})
+            _NEXT_COUNTER.run(conn, {"p": pool_id, "n": node_id, "c": counter + 1})
         work = WorkUnit(
             lease_id=lease_id,
             pool_id=pool_id,
@@ -153,8 +154,8 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             origin_counter=counter,
             assignment_epoch=epoch,
         )
-        conn.execute(
-            _INSERT_LEASE,
+        _INSERT_LEASE.run(
+            conn,
             dict(
                 lease_id=lease_id,
                 pool_id=pool_id,
@@ -228,7 +229,7 @@ def starved_step(ctx: Context, pool_id: str, now: float) -> int | None:
     return last[1]
 
 
-_SET_THROUGHPUT = (
+_SET_THROUGHPUT = Fast(
     db.nodes.update()
     .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
     .values(measured_tps=sa.bindparam("tps"))
@@ -327,7 +328,7 @@ def credit(
     ctx.ledger.append_many(conn, [credit_entry(ctx, conn, spec, sid, node_id, tokens, by, held)])
 
 
-_INSERT_CREDIT = db.credits.insert()
+_INSERT_CREDIT = Fast(db.credits.insert())
 
 
 def credit_entry(
@@ -343,8 +344,8 @@ def credit_entry(
     """Record a credit's row; its ledger entry, for the caller to append."""
     now = ctx.clock()
     unlock_at = HELD_UNTIL if held else now + spec.credit_lock_s
-    conn.execute(
-        _INSERT_CREDIT,
+    _INSERT_CREDIT.run(
+        conn,
         dict(
             submission_id=sid,
             pool_id=spec.pool_id,
@@ -365,7 +366,7 @@ def credit_entry(
     return Entry("credit", body, spec.pool_id, node_id, now)
 
 
-_LEASE_LOCKED = (
+_LEASE_LOCKED = Fast(
     sa.select(db.leases)
     .where(db.leases.c.lease_id == sa.bindparam("lease"), db.leases.c.pool_id == sa.bindparam("p"))
     .with_for_update()
@@ -416,7 +417,7 @@ def _submit(
         spec = ctx.spec(conn, pool_id)
         member = node_row(conn, pool_id, node_id, lock=True)
         require_member(member)
-        row = conn.execute(_LEASE_LOCKED, {"lease": sub.lease_id, "p": pool_id}).first()
+        row = _LEASE_LOCKED.run(conn, {"lease": sub.lease_id, "p": pool_id}).first()
         if row is None:
             raise NotFound(f"unknown lease {sub.lease_id} in pool {pool_id!r}")
         if row.node_id != node_id:
@@ -441,8 +442,8 @@ def _submit(
         # what the node signed: the rollouts, and for third parties its signature's subject
         ctx.store.put_request(key, signed.body)
         try:
-            conn.execute(
-                _INSERT_SUBMISSION,
+            _INSERT_SUBMISSION.run(
+                conn,
                 dict(
                     submission_id=sid,
                     pool_id=pool_id,
@@ -458,10 +459,10 @@ def _submit(
                     validated=False,
                 ),
             )
-            conn.execute(_LEASE_SUBMITTED, {"lease": sub.lease_id})
+            _LEASE_SUBMITTED.run(conn, {"lease": sub.lease_id})
             # ``member`` was read in this transaction, and nothing since changed its throughput
             throughput = update_throughput(member.measured_tps, tokens, now - row.created_at)
-            conn.execute(_SET_THROUGHPUT, {"p": pool_id, "n": node_id, "tps": throughput})
+            _SET_THROUGHPUT.run(conn, {"p": pool_id, "n": node_id, "tps": throughput})
             body = {
                 "submission_id": sid,
                 "lease_id": sub.lease_id,
