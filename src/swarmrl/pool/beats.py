@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from swarmrl.pool import db, nonces
+from swarmrl.pool.fastsql import Fast
 
 LOG_TAIL_LINES = 200  # log lines kept per node
 _IN_CHUNK = 500  # node ids per IN list when reading log tails
@@ -48,8 +49,10 @@ _LIVENESS = dict(
     reported_tps=sa.bindparam("tps"),
 )
 # a buffered beat: only if the node is still in the state the beat saw
-_FLUSH = _n.update().where(_THIS_NODE, _n.c.state == sa.bindparam("seen")).values(**_LIVENESS)
-_FLUSH_TAIL = (
+_FLUSH = Fast(
+    _n.update().where(_THIS_NODE, _n.c.state == sa.bindparam("seen")).values(**_LIVENESS)
+)
+_FLUSH_TAIL = Fast(
     _n.update()
     .where(_THIS_NODE, _n.c.state == sa.bindparam("seen"))
     .values(**_LIVENESS, log_tail=sa.bindparam("tail"))
@@ -159,9 +162,15 @@ def write(conn: sa.Connection, beats: Iterable[tuple[Key, Beat]], *, buffered: b
         else:
             with_tail.append({**params, "tail": tail})
     if plain:
-        conn.execute(_FLUSH if buffered else _WRITE, plain)
+        if buffered:
+            _FLUSH.run(conn, plain)
+        else:
+            conn.execute(_WRITE, plain)
     if with_tail:
-        conn.execute(_FLUSH_TAIL if buffered else _WRITE_TAIL, with_tail)
+        if buffered:
+            _FLUSH_TAIL.run(conn, with_tail)
+        else:
+            conn.execute(_WRITE_TAIL, with_tail)
 
 
 def _extended_tails(conn: sa.Connection, new: list[tuple[Key, list[str]]]) -> dict[Key, str]:

@@ -135,8 +135,8 @@ def claim_in(store: DatabaseNonceStore, who: SignedRequest, conn: sa.Connection)
 
 # many rows at once, those present skipped
 _INSERT_OR_SKIP = {
-    "sqlite": sqlite.insert(_t).on_conflict_do_nothing(),
-    "postgresql": postgresql.insert(_t).on_conflict_do_nothing(),
+    "sqlite": Fast(sqlite.insert(_t).on_conflict_do_nothing()),
+    "postgresql": Fast(postgresql.insert(_t).on_conflict_do_nothing()),
 }
 
 
@@ -147,7 +147,7 @@ def insert_claimed(conn: sa.Connection, rows: list[dict[str, object]]) -> None:
         return
     insert = _INSERT_OR_SKIP.get(conn.dialect.name)
     if insert is not None:
-        conn.execute(insert, rows)
+        insert.run(conn, rows)
         return
     for row in rows:  # another database: one savepoint per row
         try:
