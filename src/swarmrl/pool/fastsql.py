@@ -3,13 +3,14 @@
 SQLAlchemy Core spends ~20 µs of Python on each statement it runs (the compiled cache's
 lookup, the parameters' construction, the result's set-up) where SQLite itself spends ~5, and
 each heartbeat, lease and submission runs several. A :class:`Fast` statement is compiled once
-per database dialect; on SQLite each run gives the driver the compiled SQL and its positional
-parameters on the caller's connection, inside the caller's transaction (the transaction is
-begun through SQLAlchemy first, so the caller's ``commit`` commits it). Anything else runs
-through SQLAlchemy unchanged: another database, a statement with expanding ``IN`` parameters
-or one with values SQLAlchemy computes at each run (column defaults). The column types'
-conversions (a boolean stored as an integer) are applied as SQLAlchemy applies them. Rows are
-named tuples, read by attribute as SQLAlchemy's rows are.
+per database dialect; on SQLite (Python's ``sqlite3``) each run gives the driver the compiled
+SQL and its positional parameters on the caller's connection, inside the caller's transaction
+(the transaction is begun through SQLAlchemy first, so the caller's ``commit`` commits it).
+Anything else runs through SQLAlchemy unchanged: another database or driver, a statement with
+expanding ``IN`` parameters or one with values SQLAlchemy computes at each run (column
+defaults). The column types' conversions (a boolean stored as an integer) are applied as
+SQLAlchemy applies them, and the driver's errors are raised as SQLAlchemy's. Rows are named
+tuples, read by attribute as SQLAlchemy's rows are.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Fast:
         columns = tuple(sorted(first or ())) if self._by_columns else ()
         key = (conn.dialect.name, columns)
         if key not in self._plans:
-            sqlite = key[0] == "sqlite"
+            sqlite = key[0] == "sqlite" and conn.dialect.driver == "pysqlite"
             self._plans[key] = _plan(self.stmt, conn.dialect, columns) if sqlite else None
         plan = self._plans[key]
         if plan is None:
