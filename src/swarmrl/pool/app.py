@@ -145,12 +145,7 @@ def _beat_nonces(ctx: Context) -> nonces.BeatNonces | None:
     ``swarmrl.pool.nonces``; None where beats are written at once (``heartbeat_flush_s`` 0)."""
     if ctx.config.heartbeat_flush_s <= 0:
         return None
-    # a beat the process before this one answered was signed before now + the accepted skew
-    guard_s = ctx.clock() + ctx.config.request_future_skew_s
-    clean = nonces.take_clean_stop(ctx.engine)
-    beat_nonces = nonces.BeatNonces(ctx.clock, refused_before_s=0.0 if clean else guard_s)
-    beat_nonces.load(ctx.engine)
-    return beat_nonces
+    return nonces.BeatNonces.at_start(ctx.engine, ctx.clock(), ctx.config.request_future_skew_s)
 
 
 RACE_RETRIES = 3  # runs of one operation that PostgreSQL may abort as a deadlock's victim

@@ -59,12 +59,12 @@ _FLUSH_TAIL = Fast(
 )
 # a state-changing beat: only if the node is still a member that beats may revive
 _REVIVABLE = ("healthy", "unhealthy", "dead")
-_WRITE = (
+_WRITE = Fast(
     _n.update()
     .where(_THIS_NODE, _n.c.state.in_(_REVIVABLE))
     .values(**_LIVENESS, state=sa.bindparam("state"))
 )
-_WRITE_TAIL = (
+_WRITE_TAIL = Fast(
     _n.update()
     .where(_THIS_NODE, _n.c.state.in_(_REVIVABLE))
     .values(**_LIVENESS, state=sa.bindparam("state"), log_tail=sa.bindparam("tail"))
@@ -162,15 +162,9 @@ def write(conn: sa.Connection, beats: Iterable[tuple[Key, Beat]], *, buffered: b
         else:
             with_tail.append({**params, "tail": tail})
     if plain:
-        if buffered:
-            _FLUSH.run(conn, plain)
-        else:
-            conn.execute(_WRITE, plain)
+        (_FLUSH if buffered else _WRITE).run(conn, plain)
     if with_tail:
-        if buffered:
-            _FLUSH_TAIL.run(conn, with_tail)
-        else:
-            conn.execute(_WRITE_TAIL, with_tail)
+        (_FLUSH_TAIL if buffered else _WRITE_TAIL).run(conn, with_tail)
 
 
 def _extended_tails(conn: sa.Connection, new: list[tuple[Key, list[str]]]) -> dict[Key, str]:

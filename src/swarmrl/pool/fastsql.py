@@ -127,8 +127,8 @@ def _plan(stmt: sa.Executable, dialect: sa.Dialect, columns: tuple[str, ...]) ->
 
 
 class FastResult:
-    """What SQLAlchemy's result offers the hot routes: ``first``, ``scalar``, ``all``,
-    iteration and ``rowcount``."""
+    """What SQLAlchemy's result offers the hot routes: ``first``, ``scalar``, ``one``,
+    ``scalar_one``, ``all``, iteration and ``rowcount``."""
 
     def __init__(self, cursor: Any, plan: _Plan) -> None:
         self.cursor, self.plan = cursor, plan
@@ -143,23 +143,17 @@ class FastResult:
         return None if raw is None else self.plan.row(self.cursor.description, raw)
 
     def scalar(self) -> Any:
-        raw = self.cursor.fetchone()
-        self.cursor.close()
-        return None if raw is None else raw[0]
+        row = self.first()
+        return None if row is None else row[0]
 
     def one(self) -> Any:
-        raw = self.cursor.fetchall()
-        self.cursor.close()
-        if len(raw) != 1:
-            raise sa.exc.NoResultFound("no row") if not raw else sa.exc.MultipleResultsFound()
-        return self.plan.row(self.cursor.description, raw[0])
+        rows = self.all()
+        if len(rows) != 1:
+            raise sa.exc.NoResultFound("no row") if not rows else sa.exc.MultipleResultsFound()
+        return rows[0]
 
     def scalar_one(self) -> Any:
-        raw = self.cursor.fetchall()
-        self.cursor.close()
-        if len(raw) != 1:
-            raise sa.exc.NoResultFound("no row") if not raw else sa.exc.MultipleResultsFound()
-        return raw[0][0]
+        return self.one()[0]
 
     def all(self) -> list[Any]:
         rows = [self.plan.row(self.cursor.description, raw) for raw in self.cursor.fetchall()]

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from swarmrl.errors import ReplayedRequest
-from swarmrl.identity.requests import SignedRequest, replayed
+from swarmrl.identity.requests import MemoryNonceStore, SignedRequest, replayed
 from swarmrl.pool import db
 from swarmrl.pool.fastsql import Fast
 
@@ -162,30 +162,25 @@ class BeatNonces:
 
     ``refused_before_s``: beats signed earlier are refused (0 after a clean stop)."""
 
-    def __init__(
-        self,
-        clock: Callable[[], float],
-        *,
-        refused_before_s: float = 0.0,
-        purge_every_s: float = 10.0,
-    ) -> None:
-        self.clock = clock
+    def __init__(self, refused_before_s: float = 0.0) -> None:
         self.refused_before_s = refused_before_s
-        self.purge_every_s = purge_every_s
-        self._seen: dict[tuple[str, str], float] = {}
-        self._next_purge_s = 0.0
+        self._memory = MemoryNonceStore()
 
-    def load(self, engine: sa.Engine) -> int:
-        """Take in every pair of the table still inside its window (what processes before this
-        one claimed and wrote); the number taken."""
+    @classmethod
+    def at_start(cls, engine: sa.Engine, now_s: float, future_skew_s: float) -> BeatNonces:
+        """The nonces of a process starting at ``now_s`` over ``engine``'s database: the
+        table's live pairs taken in, and beats signed before ``now_s + future_skew_s`` (the
+        latest a beat the process before it answered can carry) refused unless that process
+        stopped cleanly."""
+        clean = take_clean_stop(engine)
+        beat_nonces = cls(0.0 if clean else now_s + future_skew_s)
         query = sa.select(_t.c.public_key, _t.c.nonce, _t.c.expires_at).where(
-            _t.c.expires_at > self.clock()
+            _t.c.expires_at > now_s
         )
         with engine.connect() as conn:
-            rows = conn.execute(query).all()
-        for key, nonce, until in rows:
-            self._seen[(key, nonce)] = max(until, self._seen.get((key, nonce), 0.0))
-        return len(rows)
+            for key, nonce, until in conn.execute(query):
+                beat_nonces._memory.claim(key, nonce, until)
+        return beat_nonces
 
     def claim(self, who: SignedRequest) -> None:
         """Claim the nonce of ``who`` or raise :class:`ReplayedRequest`; the caller has it
@@ -196,14 +191,8 @@ class BeatNonces:
                 f"{self.refused_before_s:.3f}: the orchestrator restarted after an unclean stop "
                 "and cannot know which beats signed earlier it answered; sign a new one"
             )
-        now = self.clock()
-        if now >= self._next_purge_s:
-            self._seen = {key: until for key, until in self._seen.items() if until > now}
-            self._next_purge_s = now + self.purge_every_s
-        key = (who.public_key.hex, who.nonce)
-        if self._seen.get(key, 0.0) > now:
+        if not self._memory.claim(who.public_key.hex, who.nonce, who.nonce_expires_at):
             raise replayed(who.nonce)
-        self._seen[key] = who.nonce_expires_at
 
     @staticmethod
     def row(who: SignedRequest) -> dict[str, object]:
