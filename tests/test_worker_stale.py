@@ -79,9 +79,7 @@ def test_the_worker_generates_a_stale_unit_again_on_the_newer_policy(tmp_path, m
             return synthetic_samples(work, policy_version)
 
         def ready(version):
-            with worker._downloaded:
-                worker._ready = (version, tmp_path / f"v{version}")
-                worker._downloaded.notify_all()
+            worker.versions.offer(version, tmp_path / f"v{version}")
 
         def swap(loaded, path, version):
             loaded.version = version

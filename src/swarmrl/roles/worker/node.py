@@ -2,9 +2,8 @@
 
 Three loops run side by side:
 
-- weights (thread): long-polls the weight sources (relays, then the origin as a fallback) and
-  downloads each new version as soon as it is announced, while generation goes on with the
-  version already loaded;
+- weights (thread): downloads each new policy version as soon as it is announced, while
+  generation goes on with the version already loaded (``swarmrl.roles.worker.versions``);
 - heartbeat (thread): tells the orchestrator the node is alive and which version it holds;
   learns from a ``NodeBanned`` refusal (or the reply) when the node has been banned, and from a
   ``NotMember`` one that it was ejected for silence (it then rejoins);
@@ -55,6 +54,7 @@ from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit
+from swarmrl.roles.worker.versions import VersionFollower
 from swarmrl.shardcast import WeightClient
 from swarmrl.toploc.bundle import build_bundles
 
@@ -107,9 +107,7 @@ class WorkerNode:
         self._wait_logged: dict[str, float] = {}  # kind of wait → when last logged
         self._rejoin_lock = threading.Lock()  # the heartbeat and work threads may both notice
         self.rejoins = 0  # times the node came back after an ejection
-        self._ready: tuple[int, Path] | None = None  # newest downloaded version
-        self._ready_lock = threading.Lock()
-        self._downloaded = threading.Condition(self._ready_lock)  # notified on each new _ready
+        self.versions = VersionFollower(self.weights, config.swarm, status, log, self.stop)
         self.policy: LoadedVersion | None = None
         self.tokens_per_s: float | None = None
         self.submitted = 0
@@ -118,44 +116,9 @@ class WorkerNode:
         self.corrupted = False
 
     # -- weights --------------------------------------------------------------------------
-    def _fetch_latest(self) -> None:
-        held = self.weights.held_version()
-        path = self.weights.fetch("latest")
-        version = store_version(path)
-        with self._ready_lock:
-            if self._ready is None or version > self._ready[0]:
-                self._ready = (version, path)
-                self._downloaded.notify_all()
-        if version == held:
-            return
-        self.status.event(f"downloaded v{version}")
-        report = self.weights.last_report
-        if report is not None:
-            self.status.add(weight_bytes=report.network_bytes)
-
-    def _weights_loop(self) -> None:
-        swarm = self.config.swarm
-        while not self.stop.is_set():
-            try:
-                retry(
-                    self._fetch_latest,
-                    "fetch the latest policy version",
-                    self.log,
-                    give_up_s=swarm.give_up_s,
-                    pause_s=swarm.retry_s,
-                    stop=self.stop,
-                )
-                self.weights.wait_for_newer(timeout_s=30.0)
-            except WaitTimeout:
-                continue  # no newer version yet (or sources away): ask again
-            except PeerError as exc:
-                self.log.warning("weight source sent bad data (%s); refetching", exc)
-                self.stop.wait(swarm.retry_s)
-
     def _take_newest(self) -> None:
         """Switch the engine to the newest downloaded version, if it is newer."""
-        with self._ready_lock:
-            ready = self._ready
+        ready = self.versions.newest()
         if ready is None or (self.policy is not None and ready[0] <= self.policy.version):
             return
         version, path = ready
@@ -299,9 +262,7 @@ class WorkerNode:
         self.status.set(state=f"paced: {swarm.units_per_version} units on v{self.policy.version}")
         deadline = time.monotonic() + swarm.version_wait_s
         while time.monotonic() < deadline and not self.stop.is_set():
-            with self._ready_lock:
-                newer = self._ready is not None and self._ready[0] > self.policy.version
-            if newer:
+            if self.versions.newer_than(self.policy.version):
                 break
             self.stop.wait(0.1)
         self._take_newest()
@@ -356,11 +317,7 @@ class WorkerNode:
         self.status.set(state=f"waiting for v{version}")
 
         def caught_up() -> bool | None:
-            with self._downloaded:  # woken by the download, not by a poll
-                self._downloaded.wait_for(
-                    lambda: self._ready is not None and self._ready[0] >= version,
-                    timeout=DOWNLOAD_NOTE_S,
-                )
+            self.versions.wait(version, DOWNLOAD_NOTE_S)  # woken by the download, not a poll
             self._take_newest()
             assert self.policy is not None
             return True if self.policy.version >= version else None
@@ -477,14 +434,14 @@ class WorkerNode:
         self.status.set(state="joining")
         self.join()
         threads = [
-            threading.Thread(target=self._weights_loop, name="weights", daemon=True),
+            threading.Thread(target=self.versions.run, name="weights", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
         ]
         for thread in threads:
             thread.start()
         self.status.set(state="waiting for weights")
         wait_for(
-            lambda: self._ready,
+            self.versions.newest,
             "the first policy version from the weight sources",
             self.log,
             timeout_s=self.config.swarm.first_version_timeout_s,
@@ -511,10 +468,3 @@ class WorkerNode:
         self.status.event("banned by the orchestrator")
         self.banned.set()
         self.stop.set()
-
-
-def store_version(path: Path) -> int:
-    """The version number of a ready shardcast version directory."""
-    from swarmrl.shardcast import store
-
-    return store.load_manifest(path).version

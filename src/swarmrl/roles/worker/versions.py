@@ -1,0 +1,101 @@
+"""The policy versions a worker node has downloaded, followed from the weight sources.
+
+:meth:`VersionFollower.run` (the node's weights thread) long-polls the weight sources (relays,
+then the origin as a fallback) and downloads each new version as soon as it is announced, while
+generation goes on with the version already loaded. The node's work thread asks for the newest
+downloaded version between units and waits on a download, woken by it rather than by a poll,
+when a lease needs a newer policy than it holds. Knows nothing about engines or the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from swarmrl.config.swarm import SwarmSection
+from swarmrl.errors import PeerError, WaitTimeout
+from swarmrl.rolekit.toolkit import StatusReporter, retry
+from swarmrl.shardcast import WeightClient
+
+Ready = tuple[int, Path]  # a downloaded version and its directory
+
+
+class VersionFollower:
+    """The newest version downloaded by ``weights``, kept up to date by :meth:`run`."""
+
+    def __init__(
+        self,
+        weights: WeightClient,
+        swarm: SwarmSection,
+        status: StatusReporter,
+        log: logging.Logger,
+        stop: threading.Event,
+    ) -> None:
+        self.weights = weights
+        self.swarm = swarm
+        self.status = status
+        self.log = log
+        self.stop = stop
+        self._ready: Ready | None = None
+        self._downloaded = threading.Condition()  # notified on each newer ``_ready``
+
+    def newest(self) -> Ready | None:
+        with self._downloaded:
+            return self._ready
+
+    def newer_than(self, version: int) -> bool:
+        ready = self.newest()
+        return ready is not None and ready[0] > version
+
+    def wait(self, version: int, timeout_s: float) -> bool:
+        """Whether ``version`` or a newer one is downloaded, waiting at most ``timeout_s``."""
+        with self._downloaded:
+            return self._downloaded.wait_for(
+                lambda: self._ready is not None and self._ready[0] >= version, timeout=timeout_s
+            )
+
+    def offer(self, version: int, path: Path) -> None:
+        """Record a downloaded version; an older one than the newest is ignored."""
+        with self._downloaded:
+            if self._ready is None or version > self._ready[0]:
+                self._ready = (version, path)
+                self._downloaded.notify_all()
+
+    def run(self) -> None:
+        """Follow the weight sources until ``stop``."""
+        while not self.stop.is_set():
+            try:
+                retry(
+                    self._fetch_latest,
+                    "fetch the latest policy version",
+                    self.log,
+                    give_up_s=self.swarm.give_up_s,
+                    pause_s=self.swarm.retry_s,
+                    stop=self.stop,
+                )
+                self.weights.wait_for_newer(timeout_s=30.0)
+            except WaitTimeout:
+                continue  # no newer version yet (or sources away): ask again
+            except PeerError as exc:
+                self.log.warning("weight source sent bad data (%s); refetching", exc)
+                self.stop.wait(self.swarm.retry_s)
+
+    def _fetch_latest(self) -> None:
+        held = self.weights.held_version()
+        path = self.weights.fetch("latest")
+        version = store_version(path)
+        self.offer(version, path)
+        if version == held:
+            return
+        self.status.event(f"downloaded v{version}")
+        report = self.weights.last_report
+        if report is not None:
+            self.status.add(weight_bytes=report.network_bytes)
+
+
+def store_version(path: Path) -> int:
+    """The version number of a ready shardcast version directory."""
+    from swarmrl.shardcast import store
+
+    return store.load_manifest(path).version
