@@ -126,3 +126,25 @@ def test_a_submission_whose_groups_all_went_stale_is_counted_never_trained(swarm
     assert set(source.stale_dropped) == carried
     assert not trained & set(source.stale_dropped)
     assert carried <= set(source.consumed)  # acknowledged all the same
+
+
+def test_a_step_waiting_for_its_batch_hands_over_the_groups_it_holds(swarm):
+    """While step 0 waits for its second group, the first goes to the learner (to compute its
+    gradients meanwhile); the batch then starts with it, and nothing is handed over twice."""
+    source, accepted, _ = swarm
+    accepted(1)
+    handed: list = []
+
+    def early(groups):
+        handed.append(list(groups))
+        if len(handed) == 1:
+            accepted(1)  # the rest of the batch arrives while the learner works
+
+    rollouts = source.next_batch(0, 0, early)
+    assert [len(h) for h in handed] == [1]
+    assert len(rollouts.groups) == 2 and rollouts.groups[0] is handed[0][0]
+    source.commit(0, 1)
+    accepted(2)
+    handed.clear()
+    assert len(source.next_batch(1, 1, early).groups) == 2
+    assert handed == []  # the batch was there whole: nothing to hand over early

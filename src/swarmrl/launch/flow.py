@@ -67,6 +67,8 @@ def flow_facts(ledger: list[dict[str, Any]], summary: dict[str, Any]) -> dict[st
     steps = []
     for row in history:
         end = row["wall_time"]
+        # drawn as a wait then a busy stretch: gradients computed early, while the step still
+        # waited for the rest of its batch, count in the busy one (swarmrl.trainer.loop)
         batch = end - row["update_s"]
         steps.append(
             {

@@ -2,9 +2,10 @@
 
 A :class:`Learner` holds the policy (started from the cached warm start or ``model.path``), its
 optimizer, the frozen reference policy when ``rl.kl_coef > 0``, and the policy version (the
-number of optimizer steps taken). It takes one RL step on scored groups, evaluates the current
-policy on held-out tasks, and runs the control arm (the warm start's SFT continued for a given
-wall time).
+number of optimizer steps taken). It takes one RL step on scored groups (begun, where the
+batch arrives in parts, with the gradients of its first groups: :class:`EarlyStep`),
+evaluates the current policy on held-out tasks, and runs the control arm (the warm start's SFT
+continued for a given wall time).
 
 Under torchrun (:mod:`swarmrl.trainer.parallel`) every rank holds a :class:`Learner`: ``trained``
 is its FSDP2-sharded policy, and the leader also keeps ``policy``, a whole copy refreshed after
@@ -22,6 +23,7 @@ source's business, :mod:`swarmrl.trainer.source`).
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,13 +38,13 @@ from swarmrl.inference.interface import Engine
 from swarmrl.inference.lora import adapter_tensors, merge_peft_state
 from swarmrl.model.io import save_policy
 from swarmrl.model.prompts import check_prompts_encodable
-from swarmrl.trainer.batch import Group, collate
+from swarmrl.trainer.batch import Group, TrainBatch, collate
 from swarmrl.trainer.checkpoint import Checkpointer, Resumed
 from swarmrl.trainer.engines import policy_engine
 from swarmrl.trainer.evaluate import evaluate
 from swarmrl.trainer.lora import AdapterVersions, check_lora, scaling, wrap
 from swarmrl.trainer.parallel import Parallel, full_state_dict, shard
-from swarmrl.trainer.step import StepStats, make_optimizer, policy_step
+from swarmrl.trainer.step import StepAccumulator, StepStats, make_optimizer
 from swarmrl.trainer.warmstart import (
     WarmStart,
     continue_warm_start,
@@ -56,6 +58,28 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
+
+
+class EarlyStep:
+    """A step whose batch is still arriving: :meth:`feed` computes the gradients of the next
+    groups of it at once, so a trainer waiting for the rest of a batch is not idle while part
+    of it is there (:meth:`Learner.begin_step`)."""
+
+    def __init__(
+        self, accumulator: StepAccumulator, rows: Callable[[list[Group]], TrainBatch]
+    ) -> None:
+        self.accumulator, self._rows = accumulator, rows
+        self.fed = 0  # leading groups of the batch fed so far
+        self.busy_s = 0.0  # seconds spent computing them
+
+    def feed(self, groups: list[Group]) -> None:
+        """The batch's next ``groups``, in order (the step trains on them whatever comes next)."""
+        if not groups:
+            return
+        began = time.monotonic()
+        self.accumulator.add(self._rows(groups))
+        self.fed += len(groups)
+        self.busy_s += time.monotonic() - began
 
 
 PROMPT_CHECKS = 64  # training prompts whose encoding is checked at start
@@ -118,22 +142,34 @@ class Learner:
         pad = self.tokenizer.pad_token_id
         return int(pad) if pad is not None else 0
 
-    def step(self, groups: list[Group]) -> StepStats:
-        """One optimizer step on ``groups``; the ratio is against their behaviour log-probs."""
-        rl = self.config.rl
-        batch = self.parallel.rows(collate(groups, self.pad_id, rl.advantage)).to(self.device)
-        stats = policy_step(
-            self.trained,
-            self.optimizer,
-            batch,
-            rl,
-            self.reference,
-            rl.micro_batch,
-            self.parallel.all_sum,
-        )
+    def begin_step(self) -> EarlyStep | None:
+        """The next step, to be fed the leading groups of its batch while the rest is still
+        coming (their gradients computed at once); None where ranks split every batch, which
+        they take whole and together."""
+        if self.parallel.sharded:
+            return None
+        return EarlyStep(self._accumulator(), self._rows)
+
+    def step(self, groups: list[Group], early: EarlyStep | None = None) -> StepStats:
+        """One optimizer step on ``groups``; the ratio is against their behaviour log-probs.
+        ``early``: the step begun with :meth:`begin_step`, fed a leading part of ``groups``."""
+        accumulator = early.accumulator if early is not None else self._accumulator()
+        rest = groups[early.fed :] if early is not None else groups
+        if rest:
+            accumulator.add(self._rows(rest))
+        stats = accumulator.finish(self.parallel.all_sum)
         self.version += 1
         self.refresh_policy()
         return stats
+
+    def _accumulator(self) -> StepAccumulator:
+        rl = self.config.rl
+        return StepAccumulator(self.trained, self.optimizer, rl, self.reference, rl.micro_batch)
+
+    def _rows(self, groups: list[Group]) -> TrainBatch:
+        """This rank's rows of ``groups``, on the device."""
+        batch = collate(groups, self.pad_id, self.config.rl.advantage)
+        return self.parallel.rows(batch).to(self.device)
 
     def save_checkpoint(self, checkpointer: Checkpointer, step: int, source_state: Any) -> None:
         """Checkpoint after ``step`` loop steps (collective: every rank calls it)."""

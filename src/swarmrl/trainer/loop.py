@@ -1,8 +1,10 @@
 """The one training loop of every mode, over a rollout source::
 
     eval before → for each step n:
-        rollouts = source.next_batch(n, v)        (v = policy version = optimizer steps so far)
-        one policy_step on rollouts.groups        (skipped when the batch came back empty)
+        rollouts = source.next_batch(n, v, early) (v = policy version = optimizer steps so far;
+                                                   early: the step's first groups, whose
+                                                   gradients are computed while it waits)
+        one optimizer step on rollouts.groups     (skipped when the batch came back empty)
         source.commit(n, v')                      (the source hands version v' on)
         one metrics row; a held-out eval every ``eval.every`` steps
     → eval after → control (the warm start's SFT continued for the RL time) → eval
@@ -10,7 +12,9 @@
 The colocated run and the swarm trainer both run :func:`train`; only the source differs
 (:mod:`swarmrl.trainer.source`). Every step's row has the same keys in both modes
 (:data:`ROW_KEYS`); ``rl_seconds`` is the loop's wall time without the held-out evaluations
-made during it, the time the control arm gets.
+made during it, the time the control arm gets. A row's ``rollout_s`` is the time its step
+waited for rollouts with nothing to compute; the gradients computed early count in
+``update_s``.
 
 Knows nothing about files, displays or the network: rows and evals go to :class:`Hooks`, and
 the caller records the returned :class:`TrainingResult`.
@@ -133,17 +137,20 @@ def train_step(learner: Learner, source: RolloutSource, step: int, start: float)
     """One step: take the batch, train on it, commit; returns the step's metrics row."""
     version = learner.version
     began = time.monotonic()
-    rollouts = source.next_batch(step, version)  # the one place a step's batch is taken
+    early = learner.begin_step()  # fed the batch's first groups while the rest is awaited
+    feed = early.feed if early is not None else None
+    rollouts = source.next_batch(step, version, feed)  # the one place a step's batch is taken
     taken = time.monotonic()
-    stats = learner.step(rollouts.groups) if rollouts.groups else None
+    stats = learner.step(rollouts.groups, early) if rollouts.groups else None
     source.commit(step, learner.version)  # ... and the one place it is committed
     done = time.monotonic()
+    computing = early.busy_s if early is not None else 0.0  # in next_batch, not waiting
     row: dict[str, Any] = {"step": step, "policy_version": version}
     row |= rollout_metrics(rollouts, version)
     row |= step_metrics(stats)
     row |= {
-        "rollout_s": taken - began,
-        "update_s": done - taken,
+        "rollout_s": taken - began - computing,
+        "update_s": done - taken + computing,
         "tokens_per_s": row["tokens"] / (done - began) if done > began else 0.0,
         "wall_time": done - start,
     }

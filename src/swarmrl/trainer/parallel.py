@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from swarmrl.config.trainer import TrainerConfig
 from swarmrl.errors import ConfigError, RankAborted
 from swarmrl.trainer.batch import TrainBatch
-from swarmrl.trainer.source import RolloutSource, StepRollouts
+from swarmrl.trainer.source import Feed, RolloutSource, StepRollouts
 
 
 @dataclass(frozen=True)
@@ -179,9 +179,9 @@ class LeaderSource:
     def __init__(self, inner: RolloutSource, parallel: Parallel) -> None:
         self.inner, self.parallel = inner, parallel
 
-    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
+    def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
         try:
-            rollouts = self.inner.next_batch(step, policy_version)
+            rollouts = self.inner.next_batch(step, policy_version, early)
         except BaseException as exc:
             self.parallel.broadcast(_Abort(f"{type(exc).__name__}: {exc}"))
             raise
@@ -198,8 +198,8 @@ class FollowerSource:
     def __init__(self, parallel: Parallel) -> None:
         self.parallel = parallel
 
-    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
-        groups = self.parallel.broadcast(None)
+    def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
+        groups = self.parallel.broadcast(None)  # whole: ranks never begin a step early
         if isinstance(groups, _Abort):
             raise RankAborted(
                 f"rank {self.parallel.rank}: rank 0 stopped at step {step}: {groups.reason}"

@@ -27,7 +27,7 @@ from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.rl import fill_with_informative
 from swarmrl.trainer.batch import Group
-from swarmrl.trainer.source import StepRollouts, scored_completion
+from swarmrl.trainer.source import Feed, StepRollouts, scored_completion
 
 
 def sampling_params(sampling: SamplingConfig, tokenizer: PreTrainedTokenizerBase) -> SamplingParams:
@@ -109,8 +109,8 @@ class EngineSource:
         self.sampler, self.policy = sampler, policy
         self.loaded_version = 0  # the policy version the engine's weights are
 
-    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
-        return self.sampler.batch(step, policy_version)
+    def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
+        return self.sampler.batch(step, policy_version)  # generated whole: nothing to feed early
 
     def commit(self, step: int, policy_version: int) -> None:
         if policy_version != self.loaded_version:

@@ -20,7 +20,7 @@ Knows nothing about the optimizer, engines' internals or the network.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,12 +40,19 @@ class StepRollouts:
     seen: list[Group] = field(default_factory=list)  # every group drawn for the step, kept or not
 
 
+# what a source hands the next leading groups of a batch to (``RolloutSource.next_batch``)
+Feed = Callable[[list[Group]], None]
+
+
 class RolloutSource(Protocol):
     """A supplier of scored groups for each step, told when each step is trained."""
 
-    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
+    def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
         """Step ``step``'s groups; ``policy_version`` is the policy being trained (optimizer
-        steps so far). May wait (bounded) and raise :class:`swarmrl.errors.WaitTimeout`."""
+        steps so far). May wait (bounded) and raise :class:`swarmrl.errors.WaitTimeout`.
+        ``early``: a source that gathers a batch over time hands it the batch's leading groups,
+        in order and each once, while it waits for the rest (the learner computes their
+        gradients meanwhile); the groups returned start with every group it was handed."""
         ...
 
     def commit(self, step: int, policy_version: int) -> None:

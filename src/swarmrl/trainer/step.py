@@ -6,8 +6,11 @@
     L        = Σ ℓ·mask / Σ mask                  (over the whole batch)
     g        = ∇L, clipped to global norm ``grad_clip``; AdamW step
 
-Micro-batches accumulate gradients of Σ ℓ·mask / (loss tokens of the *whole* batch), so the
-result equals one pass over the full batch. Returns the numbers a run logs per step.
+Micro-batches accumulate gradients of Σ ℓ·mask, divided by the loss tokens of the *whole*
+batch once it is complete, so the result equals one pass over the full batch, however the batch
+was cut and whenever its parts came (:class:`StepAccumulator`: a trainer whose batch arrives in
+parts computes each part's gradients while it waits for the rest). Returns the numbers a run
+logs per step.
 
 Data parallel: each rank passes its slice of the batch and ``all_sum`` (a sum over ranks,
 :meth:`swarmrl.trainer.parallel.Parallel.all_sum`); the loss-token count and the logged sums
@@ -49,6 +52,83 @@ def make_optimizer(model: PreTrainedModel, rl: RLConfig) -> torch.optim.Optimize
     return torch.optim.AdamW(params, lr=rl.lr, weight_decay=rl.weight_decay)
 
 
+class StepAccumulator:
+    """One optimizer step whose batch is added in parts (rows of whole groups: advantages are
+    per group), the gradients of each computed when it is added; :meth:`finish` steps."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        optimizer: torch.optim.Optimizer,
+        rl: RLConfig,
+        reference: PreTrainedModel | None = None,
+        micro_batch: int = 256,
+    ) -> None:
+        self.model, self.optimizer, self.rl = model, optimizer, rl
+        self.reference, self.micro_batch = reference, micro_batch
+        self.loss_tokens = 0  # this process's, over the parts added so far
+        self._sums = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0}
+        optimizer.zero_grad(set_to_none=True)
+
+    def add(self, batch: TrainBatch) -> None:
+        """Backpropagate Σ ℓ·mask over ``batch``'s rows (module docstring)."""
+        rl, sums = self.rl, self._sums
+        self.model.train()  # until finish: nothing else runs the model while a batch is awaited
+        for start in range(0, batch.input_ids.shape[0], self.micro_batch):
+            mb = batch.rows(start, start + self.micro_batch)
+            logp, entropy = token_logprobs(
+                self.model,
+                mb.input_ids,
+                chunk=rl.logprob_chunk,
+                temperature=rl.sampling.temperature,
+                with_entropy=True,
+            )  # [b, T-1] each
+            ratio = importance_ratio(logp, mb.behaviour_logp, rl.max_log_ratio)
+            token_loss, clipped = clipped_token_loss(
+                ratio, mb.advantages, rl.eps_low, rl.eps_high, rl.delta
+            )
+            kl = torch.zeros_like(token_loss)
+            if self.reference is not None and rl.kl_coef > 0:
+                with torch.no_grad():
+                    ref_logp, _ = token_logprobs(
+                        self.reference,
+                        mb.input_ids,
+                        chunk=rl.logprob_chunk,
+                        temperature=rl.sampling.temperature,
+                    )
+                kl = k3_kl(logp, ref_logp, rl.max_log_ratio)
+                token_loss = token_loss + rl.kl_coef * kl
+            loss = (token_loss * mb.loss_mask).sum()
+            loss.backward()
+            sums["loss"] += float(loss.detach())
+            sums["clipped"] += float((clipped.float() * mb.loss_mask).sum())
+            sums["entropy"] += float((entropy * mb.loss_mask).sum())  # type: ignore[operator]
+            sums["kl"] += float((kl.detach() * mb.loss_mask).sum())
+        self.loss_tokens += batch.loss_tokens
+
+    def finish(self, all_sum: Callable[[torch.Tensor], torch.Tensor] = _this_process) -> StepStats:
+        """Divide the gradients by the whole batch's loss tokens (over ranks), clip, step."""
+        loss_tokens = int(all_sum(torch.tensor([float(self.loss_tokens)]))[0])
+        total_tokens = max(loss_tokens, 1)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(total_tokens)
+        grad_norm = clip_grad_norm(self.model.parameters(), self.rl.grad_clip)
+        self.optimizer.step()
+        self.model.eval()
+        total = all_sum(torch.tensor(list(self._sums.values()), dtype=torch.float64)).tolist()
+        loss, clipped, entropy_sum, kl_sum = total
+        return StepStats(
+            loss=loss / total_tokens,
+            clip_fraction=clipped / total_tokens,
+            grad_norm=grad_norm,
+            entropy=entropy_sum / total_tokens,
+            kl=kl_sum / total_tokens,
+            loss_tokens=loss_tokens,
+        )
+
+
 def policy_step(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -59,49 +139,6 @@ def policy_step(
     all_sum: Callable[[torch.Tensor], torch.Tensor] = _this_process,
 ) -> StepStats:
     """Compute the loss over ``batch``, backpropagate, clip, step. See the module docstring."""
-    temperature = rl.sampling.temperature
-    loss_tokens = int(all_sum(torch.tensor([float(batch.loss_tokens)]))[0])
-    total_tokens = max(loss_tokens, 1)
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    sums = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0}
-    for start in range(0, batch.input_ids.shape[0], micro_batch):
-        mb = batch.rows(start, start + micro_batch)
-        logp, entropy = token_logprobs(
-            model,
-            mb.input_ids,
-            chunk=rl.logprob_chunk,
-            temperature=temperature,
-            with_entropy=True,
-        )  # [b, T-1] each
-        ratio = importance_ratio(logp, mb.behaviour_logp, rl.max_log_ratio)
-        token_loss, clipped = clipped_token_loss(
-            ratio, mb.advantages, rl.eps_low, rl.eps_high, rl.delta
-        )
-        kl = torch.zeros_like(token_loss)
-        if reference is not None and rl.kl_coef > 0:
-            with torch.no_grad():
-                ref_logp, _ = token_logprobs(
-                    reference, mb.input_ids, chunk=rl.logprob_chunk, temperature=temperature
-                )
-            kl = k3_kl(logp, ref_logp, rl.max_log_ratio)
-            token_loss = token_loss + rl.kl_coef * kl
-        loss = (token_loss * mb.loss_mask).sum() / total_tokens
-        loss.backward()
-        sums["loss"] += float(loss.detach())
-        sums["clipped"] += float((clipped.float() * mb.loss_mask).sum())
-        sums["entropy"] += float((entropy * mb.loss_mask).sum())  # type: ignore[operator]
-        sums["kl"] += float((kl.detach() * mb.loss_mask).sum())
-    grad_norm = clip_grad_norm(model.parameters(), rl.grad_clip)
-    optimizer.step()
-    model.eval()
-    total = all_sum(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
-    loss, clipped, entropy_sum, kl_sum = total
-    return StepStats(
-        loss=loss,
-        clip_fraction=clipped / total_tokens,
-        grad_norm=grad_norm,
-        entropy=entropy_sum / total_tokens,
-        kl=kl_sum / total_tokens,
-        loss_tokens=loss_tokens,
-    )
+    step = StepAccumulator(model, optimizer, rl, reference, micro_batch)
+    step.add(batch)
+    return step.finish(all_sum)

@@ -46,7 +46,7 @@ from swarmrl.protocol.pool import TrainableSubmission
 from swarmrl.rl import is_informative
 from swarmrl.rolekit.toolkit import StatusReporter, retry
 from swarmrl.trainer.batch import Group
-from swarmrl.trainer.source import StepRollouts, group_version, submission_groups
+from swarmrl.trainer.source import Feed, StepRollouts, group_version, submission_groups
 
 NOTE_EVERY_S = 30.0  # how often a long wait for rollouts is logged
 POLL_S = 0.2  # pause between empty answers from /batches
@@ -93,10 +93,11 @@ class PoolSource:
         self._seen_ahead: list[Group] = []  # groups the prefetch drew for the next step
         self._prefetch: tuple[threading.Thread, threading.Event] | None = None
 
-    def next_batch(self, step: int, policy_version: int) -> StepRollouts:
+    def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
         """Step ``step``'s groups; raises WaitTimeout when the pool stays starved. What the
         prefetch gathered while the previous step trained is used first; once this step has
-        its groups, the prefetch for the next one starts."""
+        its groups, the prefetch for the next one starts. Whenever the step must wait for
+        more, ``early`` gets the groups it holds that it was not handed yet."""
         rl, swarm = self.config.rl, self.config.swarm
         need, oldest = rl.prompts_per_step, step - rl.async_level
         self._stop_prefetch()
@@ -111,7 +112,11 @@ class PoolSource:
             seen, self._seen_ahead = self._seen_ahead, []
         start = time.monotonic()
         next_note = start + NOTE_EVERY_S
+        fed = 0
         while len(kept) < need:
+            if early is not None and fed < len(kept):  # computed while the rest is awaited
+                early([g for _, g in kept[fed:]])
+                fed = len(kept)
             asked = time.monotonic()
             served = self._take(step, wait_s=HOLD_S)
             with self._lock:
