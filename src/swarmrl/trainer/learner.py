@@ -153,11 +153,9 @@ class Learner:
     def step(self, groups: list[Group], early: EarlyStep | None = None) -> StepStats:
         """One optimizer step on ``groups``; the ratio is against their behaviour log-probs.
         ``early``: the step begun with :meth:`begin_step`, fed a leading part of ``groups``."""
-        accumulator = early.accumulator if early is not None else self._accumulator()
-        rest = groups[early.fed :] if early is not None else groups
-        if rest:
-            accumulator.add(self._rows(rest))
-        stats = accumulator.finish(self.parallel.all_sum)
+        step = early or EarlyStep(self._accumulator(), self._rows)
+        step.feed(groups[step.fed :])
+        stats = step.accumulator.finish(self.parallel.all_sum)
         self.version += 1
         self.refresh_policy()
         return stats

@@ -141,10 +141,10 @@ def train_step(learner: Learner, source: RolloutSource, step: int, start: float)
     feed = early.feed if early is not None else None
     rollouts = source.next_batch(step, version, feed)  # the one place a step's batch is taken
     taken = time.monotonic()
+    computing = early.busy_s if early is not None else 0.0  # in next_batch, not waiting
     stats = learner.step(rollouts.groups, early) if rollouts.groups else None
     source.commit(step, learner.version)  # ... and the one place it is committed
     done = time.monotonic()
-    computing = early.busy_s if early is not None else 0.0  # in next_batch, not waiting
     row: dict[str, Any] = {"step": step, "policy_version": version}
     row |= rollout_metrics(rollouts, version)
     row |= step_metrics(stats)
