@@ -8,7 +8,8 @@ its own kept-alive HTTP/1.1 connection (one request at a time on it, as one work
 would) and signs every request exactly as ``PoolClient`` does (``sign_request``); the HTTP is
 written by hand so that the load generator, which shares the machine's cores with the server,
 costs a fraction of a millisecond per request instead of several. Each node joins an open pool,
-then heartbeats every ``--beat-s`` seconds (first beat at a random phase) and runs a work loop:
+then heartbeats every ``--beat-s`` seconds on a fixed grid at a random phase, as a worker does
+(``swarmrl.rolekit.ticks``; a late answer does not move the next beat), and runs a work loop:
 lease a unit, "generate" for ``--unit-s`` seconds (sleep; no model runs), submit synthetic
 samples, repeat. Reported: requests per second, client-side p50/p99/max latency per call kind
 over the measured window (request written → response read; joins excluded), and the CPU share
@@ -53,6 +54,7 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission, WorkUnit
+from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
 
 POOL = "bench"
@@ -179,8 +181,10 @@ async def node_life(
     base = f"/pools/{POOL}"
 
     async def beats() -> None:
-        await asyncio.sleep(rng.random() * args.beat_s)
+        # the worker's schedule: a fixed grid at the node's own phase (swarmrl.rolekit.ticks)
+        ticks = FixedRate.random_phase(args.beat_s, time.monotonic(), rng)
         while not stop.is_set():
+            await asyncio.sleep(ticks.wait_s(time.monotonic()))
             beat = Heartbeat(
                 status="ok",
                 model_version=0,
@@ -188,7 +192,7 @@ async def node_life(
                 log_tail=[f"step ok at {time.time():.0f}"],
             )
             await rec.timed("heartbeat", node, f"{base}/heartbeat", beat.model_dump_json().encode())
-            await asyncio.sleep(args.beat_s)
+            ticks.advance(time.monotonic())
 
     async def work() -> None:
         await asyncio.sleep(rng.random() * args.unit_s)

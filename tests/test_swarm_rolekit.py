@@ -1,6 +1,7 @@
 """Roles retry lost peers with bounded, logged waits and report status to files."""
 
 import logging
+import random
 import threading
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from swarmrl.errors import PeerUnavailable, WaitTimeout
 from swarmrl.protocol.swarm import RoleStatus
+from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 
 LOG = logging.getLogger("test")
@@ -106,3 +108,48 @@ def test_a_slow_status_refresh_runs_less_often(tmp_path):
     with StatusReporter("orchestrator", "q", tmp_path, interval_s=0.05, refresh=quick.append):
         time.sleep(0.6)
     assert len(quick) >= 5  # a cheap refresh still runs every interval
+
+
+# -- fixed-rate ticks (the worker's heartbeat schedule) ------------------------------------------
+def test_fixed_rate_ticks_stay_on_their_grid_whatever_the_answers_take() -> None:
+    ticks = FixedRate(10.0, first_s=103.0)
+    assert ticks.wait_s(100.0) == 3.0
+    assert ticks.advance(101.0) == 0 and ticks.next_s == 103.0  # not due yet: unchanged
+    assert ticks.advance(103.4) == 0 and ticks.next_s == 113.0  # a slow answer: same grid
+    assert ticks.wait_s(113.5) == 0.0
+    assert ticks.advance(131.0) == 1 and ticks.next_s == 133.0  # 123 passed during the action
+    with pytest.raises(ValueError, match="period"):
+        FixedRate(0.0, first_s=0.0)
+    phases = [FixedRate.random_phase(10.0, 50.0, random.Random(i)).next_s for i in range(200)]
+    assert all(50.0 <= p < 60.0 for p in phases) and max(phases) - min(phases) > 9.0
+
+
+def _busiest_second(reschedule: str) -> int:
+    """1,000 nodes beating every 10 s at random phases against a server that answers the beats
+    arriving in [5 s, 6 s) 2 s late (a busy moment) and every other one at once; the most beats
+    arriving in one second of [30 s, 60 s)."""
+    rng = random.Random(7)
+    arrivals: list[float] = []
+    for _ in range(1000):
+        ticks = FixedRate.random_phase(10.0, 0.0, rng)
+        at = ticks.next_s
+        while at < 60.0:
+            arrivals.append(at)
+            answered = at + (2.0 if 5.0 <= at < 6.0 else 0.0)
+            if reschedule == "after the answer":
+                at = answered + 10.0
+            else:
+                ticks.advance(answered)
+                at = ticks.next_s
+    per_second = [0] * 60
+    for at in arrivals:
+        per_second[int(at)] += 1
+    return max(per_second[30:])
+
+
+def test_a_busy_moment_does_not_bunch_beats_on_a_fixed_rate() -> None:
+    # sleeping a period after each answer moves every delayed node by the same 2 s: they arrive
+    # together in every later period (the bunching the fixed grid avoids)
+    bunched, spread = _busiest_second("after the answer"), _busiest_second("fixed rate")
+    assert bunched >= 160  # ~100 a second, plus the ~100 delayed ones
+    assert spread <= 140

@@ -52,6 +52,7 @@ from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
 from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
+from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit
 from swarmrl.roles.worker.versions import VersionFollower
@@ -140,8 +141,10 @@ class WorkerNode:
 
     # -- heartbeat ------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
-        interval = self.config.pool.heartbeat_interval_s
-        while not self.stop.wait(interval / 2):
+        # on a fixed grid at this node's own phase, not "a period after the last answer": a
+        # slow moment of the orchestrator must not bunch the beats of the nodes it delayed
+        ticks = FixedRate.random_phase(self.config.pool.heartbeat_interval_s / 2, time.monotonic())
+        while not self.stop.wait(ticks.wait_s(time.monotonic())):
             beat = Heartbeat(
                 status="ok",
                 model_version=self.policy.version if self.policy else None,
@@ -159,6 +162,8 @@ class WorkerNode:
             except (InfraError, PeerError) as exc:  # PeerError: the pool refused the beat
                 self.log.warning("heartbeat failed: %s", exc)
                 continue
+            finally:
+                ticks.advance(time.monotonic())
             if reply.state == "banned":
                 self._banned_by_pool("heartbeat reply")
                 return
