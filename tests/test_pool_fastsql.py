@@ -1,12 +1,12 @@
-"""Hot statements handed to the database driver (swarmrl.pool.fastsql) read and write exactly
+"""Hot statements handed to the database driver (swarmrl.fastsql) read and write exactly
 what SQLAlchemy would, in the caller's transaction, and fail as SQLAlchemy fails."""
 
 import pytest
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast, FastResult
 from swarmrl.pool import db
 from swarmrl.pool.db import make_engine, sqlite_url
-from swarmrl.pool.fastsql import Fast, FastResult
 
 _c = db.credits
 INSERT = Fast(_c.insert())

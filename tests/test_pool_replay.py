@@ -190,7 +190,7 @@ def test_a_beat_claimed_in_memory_is_refused_again_in_the_process_and_after_a_cl
     cfg = PoolConfig(db_url=db_url, heartbeat_flush_s=3600)  # written only by the clean stop
     orch, node = _beat_pool(tmp_path, cfg)
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
-        assert server.app.state.beat_nonces.refused_before_s == 0.0  # the stop before was clean
+        assert server.app.state.hot_nonces.refused_before_s == 0.0  # the stop before was clean
         captured = sign_request(node, "POST", BEAT_PATH, BEAT_BODY, now_s=time.time() + 4)
         assert _send(server.url, BEAT_PATH, captured, BEAT_BODY).status_code == 200
         assert _refused_as_replay(_send(server.url, BEAT_PATH, captured, BEAT_BODY))
@@ -202,7 +202,7 @@ def test_a_beat_claimed_in_memory_is_refused_again_in_the_process_and_after_a_cl
             count = sa.select(sa.func.count()).select_from(db.nonces)
             assert conn.execute(count.where(db.nonces.c.nonce == captured[NONCE])).scalar() == 0
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
-        assert server.app.state.beat_nonces.refused_before_s == 0.0
+        assert server.app.state.hot_nonces.refused_before_s == 0.0
         assert _refused_as_replay(_send(server.url, BEAT_PATH, captured, BEAT_BODY))
         fresh = sign_request(node, "POST", BEAT_PATH, BEAT_BODY)
         assert _send(server.url, BEAT_PATH, fresh, BEAT_BODY).status_code == 200
@@ -221,7 +221,7 @@ def test_after_an_unclean_stop_beats_signed_before_the_restart_and_its_skew_are_
     assert crashed.post(BEAT_PATH, content=BEAT_BODY, headers=headers).status_code == 200
     # ... its process ends here without a clean stop (the beat and its nonce are not written)
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
-        guard_s = server.app.state.beat_nonces.refused_before_s
+        guard_s = server.app.state.hot_nonces.refused_before_s
         assert guard_s >= time.time() - 60 + cfg.request_future_skew_s  # this start's
         replay = _send(server.url, BEAT_PATH, captured, BEAT_BODY)
         assert _refused_as_replay(replay) and "unclean stop" in replay.json()["error"]["message"]
@@ -232,15 +232,40 @@ def test_after_an_unclean_stop_beats_signed_before_the_restart_and_its_skew_are_
         )  # (in whole ms)
         assert _send(server.url, BEAT_PATH, on_time, BEAT_BODY).status_code == 200
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:  # that stop was clean
-        assert server.app.state.beat_nonces.refused_before_s == 0.0
+        assert server.app.state.hot_nonces.refused_before_s == 0.0
         assert _refused_as_replay(_send(server.url, BEAT_PATH, on_time, BEAT_BODY))
+
+
+def test_a_lease_is_claimed_in_memory_like_a_beat_and_refused_after_an_unclean_stop(
+    db_url, tmp_path
+):
+    """A lease's nonce costs no write of its own either; a process that crashed before writing
+    it leaves the next one refusing the captured lease (and granting nothing for it)."""
+    cfg = PoolConfig(db_url=db_url, heartbeat_flush_s=3600)
+    orch, node = _beat_pool(tmp_path, cfg)
+    path = f"/pools/{POOL}/lease"
+    ctx = make_context(orch, tmp_path / "run", cfg)
+    crashed = build_app(ctx)  # run without its lifespan
+    captured = sign_request(node, "POST", path, b"", now_s=time.time() + 4)
+    headers = captured | {"Content-Type": "application/json"}
+    granted = TestClient(crashed).post(path, content=b"", headers=headers)
+    assert granted.status_code == 200 and granted.json()["work"] is not None, granted.text
+    with ctx.engine.connect() as conn:
+        count = sa.select(sa.func.count()).select_from(db.nonces)
+        assert conn.execute(count.where(db.nonces.c.nonce == captured[NONCE])).scalar() == 0
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        replay = _send(server.url, path, captured, b"")
+        assert _refused_as_replay(replay) and "unclean stop" in replay.json()["error"]["message"]
+        with server.ctx.engine.connect() as conn:
+            leases = sa.select(sa.func.count()).select_from(db.leases)
+            assert conn.execute(leases).scalar() == 1  # the replay was granted nothing
 
 
 def test_server_processes_sharing_a_database_claim_beats_in_it(db_url, tmp_path):
     cfg = PoolConfig(db_url=db_url)
     orch, node = _beat_pool(tmp_path, cfg)
     apps = [build_app(make_context(orch, tmp_path / "run", cfg), shared=True) for _ in range(2)]
-    assert all(app.state.beat_nonces is None for app in apps)
+    assert all(app.state.hot_nonces is None for app in apps)
     headers = sign_request(node, "POST", BEAT_PATH, BEAT_BODY) | {
         "Content-Type": "application/json"
     }

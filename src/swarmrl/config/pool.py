@@ -38,6 +38,12 @@ class PoolConfig(Section):
         "in one batch this often, s (a crash loses at most this much liveness, never accepted "
         "work); 0 = each at once",
     )
+    full_gc_every_s: float = Field(
+        3600.0,
+        ge=0,
+        description="the orchestrator runs Python's full garbage collection this often, s, "
+        "instead of whenever Python decides (swarmrl.serving.FullCollections); 0 = Python's own",
+    )
     claim_timeout_s: float = Field(300.0, gt=0, description="validator claim expires, s")
     join_rate_per_s: float = Field(
         2.0, gt=0, description="new nodes admitted per second and pool, on average"

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import KeyPair, canonical_json, digest_hex
 
 GENESIS_HASH = "0" * 64
@@ -61,12 +62,12 @@ ledger_table = sa.Table(
 
 # built once: an append runs on most state changes, and building a statement costs as much as
 # running it
-_LAST_ENTRY = (
+_LAST_ENTRY = Fast(
     sa.select(ledger_table.c.seq, ledger_table.c.entry_hash)
     .order_by(ledger_table.c.seq.desc())
     .limit(1)
 )
-_INSERT = ledger_table.insert()
+_INSERT = Fast(ledger_table.insert())
 # the key of the ledger's PostgreSQL advisory lock (any fixed 64-bit number; "swarmled")
 LEDGER_LOCK_KEY = 0x737761726D6C6564
 _LOCK = sa.text("SELECT pg_advisory_xact_lock(:k)").bindparams(k=LEDGER_LOCK_KEY)
@@ -141,7 +142,7 @@ class Ledger:
             if entry.kind not in ENTRY_KINDS:
                 raise ValueError(f"unknown ledger entry kind {entry.kind!r}")
         lock(conn)
-        last = conn.execute(_LAST_ENTRY).first()
+        last = _LAST_ENTRY.run(conn).first()
         seq, prev = (0, GENESIS_HASH) if last is None else (last.seq + 1, last.entry_hash)
         rows, seqs = [], []
         for entry in entries:
@@ -164,7 +165,7 @@ class Ledger:
             seqs.append(seq)
             seq, prev = seq + 1, digest
         if rows:
-            conn.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
+            _INSERT.run(conn, rows[0] if len(rows) == 1 else rows)
         return seqs
 
 

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from swarmrl import __version__
 from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
-from swarmrl.identity.requests import RequestVerifier, SignedRequest
+from swarmrl.identity.requests import RequestVerifier, SignedRequest, replayed
 from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, joins, judging, nonces, penalties, rejections, service, work
@@ -140,12 +140,12 @@ def _unavailable(exc: InfraError) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
-def _beat_nonces(ctx: Context) -> nonces.BeatNonces | None:
-    """Heartbeat nonces in this process's memory, with the restart rules of
+def _hot_nonces(ctx: Context) -> nonces.HotNonces | None:
+    """Heartbeat and lease nonces in this process's memory, with the restart rules of
     ``swarmrl.pool.nonces``; None where beats are written at once (``heartbeat_flush_s`` 0)."""
     if ctx.config.heartbeat_flush_s <= 0:
         return None
-    return nonces.BeatNonces.at_start(ctx.engine, ctx.clock(), ctx.config.request_future_skew_s)
+    return nonces.HotNonces.at_start(ctx.engine, ctx.clock(), ctx.config.request_future_skew_s)
 
 
 RACE_RETRIES = 3  # runs of one operation that PostgreSQL may abort as a deadlock's victim
@@ -168,10 +168,11 @@ def run_transaction(fn: Callable[..., T], *args: Any) -> T:
 def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
     """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper.
     ``shared``: other server processes serve the same database (each claims every nonce in
-    it); otherwise this process claims heartbeat nonces in memory (``swarmrl.pool.nonces``)."""
+    it); otherwise this process claims heartbeat and lease nonces in memory
+    (``swarmrl.pool.nonces``)."""
     # nonces live in the database, so a request captured before a restart is refused after it
     nonce_store = DatabaseNonceStore(ctx.engine, ctx.clock)
-    beat_nonces = None if shared else _beat_nonces(ctx)
+    hot_nonces = None if shared else _hot_nonces(ctx)
     verifier = RequestVerifier(
         nonce_store,
         window_s=ctx.config.request_window_s,
@@ -215,7 +216,7 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
                     await task
             try:  # a clean stop loses no beat and no nonce
                 service.flush_beats(ctx)
-                if beat_nonces is not None:
+                if hot_nonces is not None:
                     nonces.record_clean_stop(ctx.engine, ctx.clock())
             finally:
                 checkpointer.stop()
@@ -230,19 +231,29 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
         ),
     )
 
+    def claimed_in_memory(who: SignedRequest) -> bool:
+        """Claim a beat's or a lease's nonce in this process's memory, to be written with the
+        buffered beats; False where nonces are claimed in the database instead. Claimed in
+        memory also when FastAPI's route had the verifier claim it in the table, so that its
+        replay through the hot lane is refused too."""
+        if hot_nonces is None:
+            return False
+        hot_nonces.claim(who)
+        if not who.nonce_claimed:
+            ctx.beats.add_nonce(nonces.HotNonces.row(who))
+        return True
+
     def beat_op(pool_id: str, who: SignedRequest, beat: Heartbeat) -> HeartbeatReply:
-        # the hot lane claims a beat's nonce in memory, written with the buffered beats, or in
-        # the beat's own transaction (one, not two)
+        # in memory, or else in the beat's own transaction (one, not two)
         claim = None
-        if beat_nonces is not None:
-            beat_nonces.claim(who)
-            if not who.nonce_claimed:  # (FastAPI's route has the verifier claim it in the table)
-                ctx.beats.add_nonce(nonces.BeatNonces.row(who))
-        elif not who.nonce_claimed:
+        if not claimed_in_memory(who) and not who.nonce_claimed:
             claim = functools.partial(nonces.claim_in, nonce_store, who)
         return run_transaction(service.heartbeat, ctx, pool_id, who.node_id, beat, claim)
 
     def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
+        if not claimed_in_memory(who) and not who.nonce_claimed:
+            if not nonce_store.claim(who.public_key.hex, who.nonce, who.nonce_expires_at):
+                raise replayed(who.nonce)
         return run_transaction(work.lease, ctx, pool_id, who.node_id)
 
     def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
@@ -255,7 +266,7 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
     prometheus = OrchestratorMetrics(ctx)
     hot = {
         "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op, claims_nonce=True),
-        "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op),
+        "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op, claims_nonce=True),
         "submissions": HotRoute(
             "/pools/{pool_id}/submissions", Submission, submit_op, claims_nonce=True
         ),
@@ -271,7 +282,7 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
         ).observe(s),
     )
     app.state.hot_lane = lane  # the server answers these from its parser (swarmrl.pool.server)
-    app.state.beat_nonces = beat_nonces  # None: every beat's nonce claimed in the database
+    app.state.hot_nonces = hot_nonces  # None: every nonce claimed in the database
     # innermost first: the body limit and the request timer wrap the hot routes too
     app.add_middleware(HotRoutes, lane=lane)
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)

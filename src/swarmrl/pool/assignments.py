@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import digest_hex
 from swarmrl.pool import db
-from swarmrl.pool.fastsql import Fast
 
 if TYPE_CHECKING:
     from swarmrl.pool.service import Context

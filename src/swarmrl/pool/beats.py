@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.pool import db, nonces
-from swarmrl.pool.fastsql import Fast
 
 LOG_TAIL_LINES = 200  # log lines kept per node
 _IN_CHUNK = 500  # node ids per IN list when reading log tails
@@ -100,7 +100,7 @@ class BeatBuffer:
     def __init__(self) -> None:
         self._pending: dict[Key, Beat] = {}
         # nonces of beats claimed in this process's memory, written with the next flush
-        # (swarmrl.pool.nonces.BeatNonces)
+        # (swarmrl.pool.nonces.HotNonces)
         self._nonces: list[dict[str, object]] = []
 
     def __len__(self) -> int:

@@ -9,18 +9,23 @@ claiming one fresh pair, the second gets a duplicate key and refuses), and reusi
 pair is one conditional update (one process wins). Knows nothing about signatures
 (``swarmrl.identity.requests``).
 
-Heartbeats, the most frequent request, are claimed in memory when one server process serves
-the database (:class:`BeatNonces`): a beat costs no database write of its own, and the nonces
-it claimed are written to the table with the buffered beats (``swarmrl.pool.beats``), in the
-same transaction, every ``heartbeat_flush_s``. What keeps a replay refused across a restart:
+Heartbeats and leases, two of the three requests a node sends most, are claimed in memory
+when one server process serves the database (:class:`HotNonces`): they cost no database write of
+their own (a lease claiming in the table would take a transaction before the lease's own), and
+the nonces claimed are written to the table with the buffered beats (``swarmrl.pool.beats``), in the same
+transaction, every ``heartbeat_flush_s``. A submission claims its nonce in its own transaction
+(:func:`claim_in`), with the submission it commits. What keeps a replay refused across a
+restart:
 
 - a process starts by reading every pair of the table still inside its window (every nonce a
-  process before it claimed and wrote), so a beat it finds there is refused as a replay;
+  process before it claimed and wrote), so a beat or lease it finds there is refused as a
+  replay;
 - a clean stop writes every claimed nonce and leaves a row in ``clean_stops``; a process that
   finds none (the one before it crashed, so the nonces of its last flush period may be lost)
-  refuses every beat signed before its start plus the accepted clock skew
-  (``request_future_skew_s``), the latest time such a lost beat can carry. Honest nodes lose at
-  most that many seconds of beats after a crash; their membership is judged from the start
+  refuses every beat and lease signed before its start plus the accepted clock skew
+  (``request_future_skew_s``), the latest time such a lost claim can carry. Honest nodes lose
+  at most that many seconds of beats and leases after a crash (both are asked again; nothing
+  of a node's work is lost); their membership is judged from the start
   (``swarmrl.pool.health``).
 
 Several server processes on one database (PostgreSQL) each claim every nonce in the table.
@@ -35,9 +40,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from swarmrl.errors import ReplayedRequest
+from swarmrl.fastsql import Fast
 from swarmrl.identity.requests import MemoryNonceStore, SignedRequest, replayed
 from swarmrl.pool import db
-from swarmrl.pool.fastsql import Fast
 
 # built once: a claim runs on every signed request
 _t = db.nonces
@@ -141,7 +146,7 @@ _INSERT_OR_SKIP = {
 
 
 def insert_claimed(conn: sa.Connection, rows: list[dict[str, object]]) -> None:
-    """Write nonces already claimed in a process's memory (:class:`BeatNonces`) in the caller's
+    """Write nonces already claimed in a process's memory (:class:`HotNonces`) in the caller's
     transaction; a pair already present stays as it is."""
     if not rows:
         return
@@ -157,39 +162,40 @@ def insert_claimed(conn: sa.Connection, rows: list[dict[str, object]]) -> None:
             pass
 
 
-class BeatNonces:
-    """Heartbeat nonces claimed by this server process, in memory (see the module's text).
+class HotNonces:
+    """Heartbeat and lease nonces claimed by this server process, in memory (see the module's
+    text).
 
-    ``refused_before_s``: beats signed earlier are refused (0 after a clean stop)."""
+    ``refused_before_s``: requests signed earlier are refused (0 after a clean stop)."""
 
     def __init__(self, refused_before_s: float = 0.0) -> None:
         self.refused_before_s = refused_before_s
         self._memory = MemoryNonceStore()
 
     @classmethod
-    def at_start(cls, engine: sa.Engine, now_s: float, future_skew_s: float) -> BeatNonces:
+    def at_start(cls, engine: sa.Engine, now_s: float, future_skew_s: float) -> HotNonces:
         """The nonces of a process starting at ``now_s`` over ``engine``'s database: the
-        table's live pairs taken in, and beats signed before ``now_s + future_skew_s`` (the
-        latest a beat the process before it answered can carry) refused unless that process
+        table's live pairs taken in, and requests signed before ``now_s + future_skew_s`` (the
+        latest a request the process before it answered can carry) refused unless that process
         stopped cleanly."""
         clean = take_clean_stop(engine)
-        beat_nonces = cls(0.0 if clean else now_s + future_skew_s)
+        hot_nonces = cls(0.0 if clean else now_s + future_skew_s)
         query = sa.select(_t.c.public_key, _t.c.nonce, _t.c.expires_at).where(
             _t.c.expires_at > now_s
         )
         with engine.connect() as conn:
             for key, nonce, until in conn.execute(query):
-                beat_nonces._memory.claim(key, nonce, until)
-        return beat_nonces
+                hot_nonces._memory.claim(key, nonce, until)
+        return hot_nonces
 
     def claim(self, who: SignedRequest) -> None:
         """Claim the nonce of ``who`` or raise :class:`ReplayedRequest`; the caller has it
         written later (:meth:`row`, with the buffered beats) unless it is in the table."""
         if who.timestamp_ms / 1000.0 < self.refused_before_s:
             raise ReplayedRequest(
-                f"beat signed at {who.timestamp_ms / 1000.0:.3f}, before "
+                f"request signed at {who.timestamp_ms / 1000.0:.3f}, before "
                 f"{self.refused_before_s:.3f}: the orchestrator restarted after an unclean stop "
-                "and cannot know which beats signed earlier it answered; sign a new one"
+                "and cannot know which requests signed earlier it answered; sign a new one"
             )
         if not self._memory.claim(who.public_key.hex, who.nonce, who.nonce_expires_at):
             raise replayed(who.nonce)

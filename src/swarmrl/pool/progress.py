@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.pool import db
 from swarmrl.pool.admission import Supply
-from swarmrl.pool.fastsql import Fast
 from swarmrl.protocol.pool import PoolSpec, VersionUpdate
 
 MEASURED_STEPS = 3  # trainer steps the consumption rate is averaged over

@@ -21,7 +21,7 @@ from swarmrl.pool.db import make_engine, sqlite_url
 from swarmrl.pool.service import Context
 from swarmrl.pool.store import RolloutStore
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
-from swarmrl.serving import ThreadServer
+from swarmrl.serving import FullCollections, ThreadServer
 
 # nodes beat every few seconds over kept-alive connections: keep them open for 30 s
 ORCHESTRATOR_LIMITS = HttpLimits(keep_alive_s=30.0)
@@ -105,6 +105,8 @@ def serve_forever(
     server = OrchestratorServer(ctx, host, port, mounts=mounts, reuse_port=reuse_port)
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    every_s = ctx.config.full_gc_every_s
+    collections = FullCollections(every_s).start() if every_s > 0 else None
     try:
         if siblings is not None:
             siblings.start(server.port)
@@ -117,6 +119,8 @@ def serve_forever(
             server.thread.join(0.5)
     finally:
         server.stop()
+        if collections is not None:
+            collections.stop()
 
 
 class Siblings(Protocol):

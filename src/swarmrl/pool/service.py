@@ -23,12 +23,12 @@ import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import PeerError
+from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import KeyPair
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
 from swarmrl.pool import assignments, beats, db
 from swarmrl.pool.beats import LOG_TAIL_LINES, Beat, BeatBuffer
-from swarmrl.pool.fastsql import Fast
 from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.pool.rejections import (
     Conflict,

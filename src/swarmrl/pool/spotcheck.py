@@ -31,9 +31,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.ledger.spotchecks import check_rate, is_checked
 from swarmrl.pool import assignments, db
-from swarmrl.pool.fastsql import Fast
 from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.service import Context
 from swarmrl.protocol.pool import PoolSpec, Verdict

@@ -25,11 +25,11 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 from swarmrl.errors import PeerError, ReplayedRequest
+from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.ledger.chain import Entry
 from swarmrl.pool import admission, assignments, db, progress, spotcheck
-from swarmrl.pool.fastsql import Fast
 from swarmrl.pool.rejections import (
     Conflict,
     Expired,

@@ -11,6 +11,8 @@ expanding ``IN`` parameters or one with values SQLAlchemy computes at each run (
 defaults). The column types' conversions (a boolean stored as an integer) are applied as
 SQLAlchemy applies them, and the driver's errors are raised as SQLAlchemy's. Rows are named
 tuples, read by attribute as SQLAlchemy's rows are.
+
+Used by the pool's hot routes and the ledger's append. Knows nothing about the tables.
 """
 
 from __future__ import annotations
