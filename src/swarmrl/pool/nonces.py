@@ -10,12 +10,12 @@ pair is one conditional update (one process wins). Knows nothing about signature
 (``swarmrl.identity.requests``).
 
 Heartbeats and leases, two of the three requests a node sends most, are claimed in memory
-when one server process serves the database (:class:`HotNonces`): they cost no database write of
-their own (a lease claiming in the table would take a transaction before the lease's own), and
-the nonces claimed are written to the table with the buffered beats (``swarmrl.pool.beats``), in the same
-transaction, every ``heartbeat_flush_s``. A submission claims its nonce in its own transaction
-(:func:`claim_in`), with the submission it commits. What keeps a replay refused across a
-restart:
+when one server process serves the database (:class:`HotNonces`): they cost no database write
+of their own (a lease claiming in the table would take a transaction before the lease's own),
+and the nonces claimed are written to the table with the buffered beats
+(``swarmrl.pool.beats``), in the same transaction, every ``heartbeat_flush_s``. A submission
+claims its nonce in its own transaction (:func:`claim_in`), with the submission it commits.
+What keeps a replay refused across a restart:
 
 - a process starts by reading every pair of the table still inside its window (every nonce a
   process before it claimed and wrote), so a beat or lease it finds there is refused as a
