@@ -132,7 +132,7 @@ class FullCollections:
     that live as long as they do. CPython collects its oldest generation whenever a quarter as
     many objects again have survived two younger collections (a request's timers do), scanning
     all of them with the GIL held: measured in the orchestrator at 5,000 nodes, a full
-    collection every 10–25 s, taking 0.3–0.8 s and freeing 0–90 objects. Every request waits
+    collection every 10–25 s, taking 0.3–0.55 s and freeing 0–90 objects. Every request waits
     through it. With :meth:`start`, the oldest generation's threshold is set out of reach
     (the young generations are collected as before) and a daemon thread collects it fully
     every ``every_s``: cyclic garbage that reached the oldest generation is freed that late,

@@ -106,7 +106,7 @@ def serve_forever(
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     every_s = ctx.config.full_gc_every_s
-    collections = FullCollections(every_s).start() if every_s > 0 else None
+    full_gc = FullCollections(every_s).start() if every_s > 0 else None
     try:
         if siblings is not None:
             siblings.start(server.port)
@@ -119,8 +119,8 @@ def serve_forever(
             server.thread.join(0.5)
     finally:
         server.stop()
-        if collections is not None:
-            collections.stop()
+        if full_gc is not None:
+            full_gc.stop()
 
 
 class Siblings(Protocol):
