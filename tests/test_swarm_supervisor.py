@@ -194,3 +194,86 @@ def test_a_crashed_role_is_restarted_a_bounded_number_of_times(tmp_path):
             for _ in range(200):
                 assert sup.tend() == []
                 time.sleep(0.05)
+
+
+SPAWNS_IN_OWN_SESSION = """
+    import subprocess, sys, time
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    print("GRANDCHILD-PID", child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["stop-kill", "stop-term", "shutdown"])
+def test_what_a_role_started_in_its_own_session_is_stopped_with_it(tmp_path, how):
+    # torchrun starts its ranks this way: a signal to the role's group alone would miss them,
+    # and a SIGKILLed trainer's ranks would train on beside the one started in its place
+    with Supervisor(tmp_path, grace_s=5) as sup:
+        role = sup.start("launcher", _py(SPAWNS_IN_OWN_SESSION))
+        grandchild = _grandchild_pid(role)
+        assert os.getpgid(grandchild) != role.pid
+        if how == "stop-kill":
+            assert sup.stop("launcher", signal.SIGKILL) == -signal.SIGKILL
+        elif how == "stop-term":
+            assert sup.stop("launcher") == -signal.SIGTERM
+        else:
+            sup.shutdown()
+        _wait_gone(grandchild, timeout_s=10)
+
+
+def test_a_stray_whose_pid_was_reused_is_left_alone(tmp_path):
+    # a remembered pid is signalled only while it is the same process (same start time)
+    with Supervisor(tmp_path, grace_s=5) as sup:
+        role = sup.start("launcher", _py(SPAWNS_IN_OWN_SESSION))
+        grandchild = _grandchild_pid(role)
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        try:
+            role.strays[bystander.pid] = "0"  # as if an earlier process had held this pid
+            sup.stop("launcher", signal.SIGKILL)
+            _wait_gone(grandchild, timeout_s=10)
+            assert bystander.poll() is None
+        finally:
+            bystander.kill()
+            bystander.wait()
+
+
+RANK_THAT_DIES_WITH_TORCHRUN = """
+import os, signal, time
+from swarmrl.rolekit.supervisor import die_with_parent
+die_with_parent(signal.SIGKILL)  # what the trainer does under torchrun
+print("RANK-PID", os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_rank_dies_with_its_killed_torchrun(tmp_path):
+    # torchrun SIGKILLed from outside any supervisor (the kernel's OOM killer, a user's kill -9):
+    # its ranks, each in a session of its own, are told by the kernel and end too
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_THAT_DIES_WITH_TORCHRUN)
+    log = tmp_path / "torchrun.log"
+    with open(log, "wb") as out:
+        torchrun = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node=1", str(script)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+
+        def rank_said() -> bool:
+            return "RANK-PID" in log.read_text()
+
+        wait_until(rank_said, "the rank to start", 120)
+        line = next(x for x in log.read_text().splitlines() if "RANK-PID" in x)
+        rank = int(line.split("RANK-PID")[1].split()[0])
+        time.sleep(1.0)
+        assert not _gone(rank)  # the death signal is not fired early by torchrun's threads
+        os.kill(torchrun.pid, signal.SIGKILL)
+        torchrun.wait()
+        _wait_gone(rank, timeout_s=10)
+    finally:
+        if torchrun.poll() is None:
+            torchrun.kill()
+            torchrun.wait()

@@ -6,6 +6,7 @@ submission is trained twice, and the ledger verifies. Every role is a real proce
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from test_swarm_e2e import _config, _summary, cache_dir  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 
-STEPS = 10  # enough steps that the kill lands mid-run even on a fast, quiet machine
+# The kill must land mid-run: a tiny model's step can take 0.1 s on a quiet machine, so the run
+# has room for it (steps 2 to STEPS - 3) and the roles report and are watched five times a second.
+STEPS = 16
 
 
 def _manifests(run_dir: Path) -> dict[str, bytes]:
@@ -39,6 +42,7 @@ def test_killed_trainer_resumes_from_its_checkpoint(
         "swarm.workers=1",
         "trainer.checkpoint_every=1",
         f"trainer.nproc={nproc}",
+        "swarm.status_interval_s=0.2",
     )
     run_dir = tmp_path / "run"
     plan = prepare(config, run_dir)
@@ -74,4 +78,9 @@ def test_killed_trainer_resumes_from_its_checkpoint(
     consumed = summary["consumed_submissions"]
     assert consumed and len(consumed) == len(set(consumed))
     assert facts["ledger"]["verified"] is True
-    assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()
+    resumed = re.search(
+        r"resumed from \S+: step (\d+)", (run_dir / "logs" / "trainer.log").read_text()
+    )
+    assert resumed, "the restarted trainer did not resume from a checkpoint"
+    # the killed trainer is gone (ranks too): the restarted one has steps left to train
+    assert int(resumed.group(1)) < STEPS

@@ -1,12 +1,13 @@
 """Start roles as child processes, wait until they answer, and stop them all cleanly.
 
-Each role runs as ``python -m swarmrl.cli VERB …`` in its own process group (so a signal to the
-group reaches anything the role itself started), with stdout and stderr appended to one log
-file per role in ``<run_dir>/logs/``. On Linux every child also asks the kernel to send it
-SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``), so even a supervisor killed with
-SIGKILL leaves no orphans. Stopping is SIGTERM to each group, then SIGKILL after a grace
-period. Children must be started from the main thread: the death signal is tied to the thread
-that forked them.
+Each role runs as ``python -m swarmrl.cli VERB …`` in its own process group, so a signal to
+the group reaches anything the role itself started; what it started in a group or session of
+its own (torchrun does so with its ranks) is found in ``/proc`` and signalled too. A role's
+stdout and stderr are appended to one log file per role in ``<run_dir>/logs/``. On Linux every
+child also asks the kernel to send it SIGTERM when the supervisor dies (``PR_SET_PDEATHSIG``),
+so even a supervisor killed with SIGKILL leaves no orphans. Stopping is SIGTERM to each group,
+then SIGKILL after a grace period. Children must be started from the main thread: the death
+signal is tied to the thread that forked them.
 
 Knows nothing about what the roles do; ``swarmrl.launch.swarm`` decides what to start.
 """
@@ -41,11 +42,50 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGTERM me when my parent dies."""
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
+    """Ask the kernel to send this process ``sig`` when its parent dies (Linux; elsewhere it
+    does nothing). Tied to the parent *thread* that forked this process."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGTERM me when my parent dies."""
+    die_with_parent(signal.SIGTERM)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` from the state on (field 3 is index 0), or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """The processes below ``pid`` (children, theirs, ...) → their start time, read from
+    ``/proc`` (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, str] = {}
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return {}
+    for name in entries:
+        fields = _stat_fields(int(name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(name))
+            started[int(name)] = fields[19]
+    found: dict[int, str] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if child not in found:
+            found[child] = started[child]
+            todo.extend(children.get(child, []))
+    return found
 
 
 def role_command(verb: str, args: Sequence[str]) -> list[str]:
@@ -75,6 +115,10 @@ class RoleProcess:
     env: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
     restarts: int = 0  # times this role was started again after it crashed
+    # processes the role started in groups of their own (torchrun's ranks have their own
+    # sessions), pid → start time: remembered when the role is signalled, since once the
+    # role has exited they hang from init and cannot be found from it any more
+    strays: dict[int, str] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -270,10 +314,26 @@ class Supervisor:
 
     @staticmethod
     def _signal_group(role: RoleProcess, sig: signal.Signals) -> None:
+        """``sig`` to the role's process group and to what it started outside that group."""
+        for pid, started in _descendants(role.pid).items():
+            try:
+                if os.getpgid(pid) != role.pid:
+                    role.strays[pid] = started
+            except ProcessLookupError:
+                pass
         try:
             os.killpg(role.pid, sig)  # the role leads its own group: pgid == pid
         except ProcessLookupError:
             pass
+        for pid, started in list(role.strays.items()):
+            fields = _stat_fields(pid)
+            if fields is None or fields[19] != started:  # gone, or the pid is someone else's
+                del role.strays[pid]
+                continue
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                del role.strays[pid]
 
     def shutdown(self) -> None:
         """SIGTERM every role group, wait up to the grace period, SIGKILL what is left.

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,7 +35,7 @@ from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.model.io import save_policy
 from swarmrl.pool.client import PoolClient
 from swarmrl.rolekit.metrics import serve_role_metrics
-from swarmrl.rolekit.supervisor import terminate_as_interrupt
+from swarmrl.rolekit.supervisor import die_with_parent, terminate_as_interrupt
 from swarmrl.rolekit.toolkit import (
     StatusReporter,
     load_role_config,
@@ -99,6 +100,12 @@ def start(args: argparse.Namespace) -> int:
     log_config(log, config)
     keypair = load_keypair(args.key)
     torch.set_num_threads(config.run.threads)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # torchrun starts each rank in a session of its own: if torchrun itself is killed, its
+        # ranks must not train on beside the trainer started in its place
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() == 1:
+            return 1  # torchrun was already gone
     leader = os.environ.get("RANK", "0") == "0"  # other torchrun ranks keep no status file
     status_dir = args.status_dir if leader else None
     status = StatusReporter("trainer", name, status_dir, config.swarm.status_interval_s)
