@@ -145,7 +145,15 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
 def test_swarm_survives_dead_worker_relay_and_orchestrator_restart(tmp_path, cache_dir):
     """Kill a worker holding a lease and the relay for good; kill -9 the validator and the
     orchestrator, which the supervisor starts again: the run ends, nothing accepted is lost."""
-    config = _config(cache_dir, "rl.steps=10", "swarm.workers=2", "swarm.lease_timeout_s=3")
+    # the faults are dealt as the trainer's steps are seen: roles report (and are watched) five
+    # times a second, so a tiny model's quick steps cannot all pass between two looks
+    config = _config(
+        cache_dir,
+        "rl.steps=10",
+        "swarm.workers=2",
+        "swarm.lease_timeout_s=3",
+        "swarm.status_interval_s=0.2",
+    )
     run_dir = tmp_path / "run"
     plan = prepare(config, run_dir)
     done: set[str] = set()
