@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
-from swarmrl.errors import Conflict
+from swarmrl.errors import Conflict, PeerError
 from swarmrl.identity import KeyPair
 from swarmrl.pool.admission import (
     Admission,
@@ -20,7 +20,14 @@ from swarmrl.pool.admission import (
     unblock,
 )
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import LeaseReply, PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import (
+    LeaseReply,
+    PoolSpec,
+    SamplingParams,
+    Submission,
+    TrainerProgress,
+    Verdict,
+)
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "adm"
@@ -390,3 +397,46 @@ def test_a_lease_counts_the_backlog_only_when_the_decision_needs_it(tmp_path):
         trainer.set_version(POOL, 0, steps=10, tasks_per_step=4)
         assert worker.lease(POOL).outcome in ("work", "wait")
         assert any("sum(submissions.n_samples)" in s and "group by" in s for s in seen)
+
+
+def test_no_work_is_leased_that_only_steps_with_a_held_batch_could_train(pool):
+    """A trainer whose carried-over groups fill the batches of steps beyond the one it gathers
+    for says so; work generated with a version only those steps could train is not leased."""
+    trainer, worker = pool  # async_level 1
+    trainer.set_version(POOL, 2, steps=10, tasks_per_step=4)
+    assert worker.lease(POOL).work.min_version == 2  # told nothing: as before
+    trainer.set_progress(POOL, 2)  # step 3, the first short, trains versions ≥ 2: as before
+    assert worker.lease(POOL).work.min_version == 2
+    assert trainer.set_progress(POOL, 3) == 3  # step 4 is the first short: versions ≥ 3
+    wait = worker.lease(POOL)
+    assert wait.outcome == "wait" and wait.retry_after_s == 0.25
+    assert "holds the batches of steps up to 3" in wait.reason and "≥ 3" in wait.reason
+    trainer.set_version(POOL, 3)
+    assert worker.lease(POOL).work.min_version == 3
+    trainer.set_progress(POOL, 5)
+    trainer.set_version(POOL, 4)
+    assert worker.lease(POOL).outcome == "wait"
+    trainer.set_version(POOL, 5)
+    assert worker.lease(POOL).work.min_version == 5
+    # a trainer started again that holds less says so, and its word replaces the old one
+    trainer.set_progress(POOL, 9)
+    assert worker.lease(POOL).outcome == "wait"
+    trainer.set_progress(POOL, 4)
+    assert worker.lease(POOL).work.min_version == 5
+
+
+def test_a_starving_trainer_is_served_whatever_it_said_it_held(pool):
+    trainer, worker = pool  # async_level 1
+    trainer.set_version(POOL, 1, steps=10, tasks_per_step=4)
+    trainer.set_progress(POOL, 6)  # e.g. told by a trainer process that has since died
+    assert worker.lease(POOL).outcome == "wait"
+    assert trainer.batch(POOL, step=1).submissions == []  # step 1 waits for work: starving
+    assert worker.lease(POOL).work.min_version == 0  # any version step 1 can train
+
+
+def test_the_trainers_progress_is_its_own_to_tell(pool, tmp_path):
+    _, worker = pool
+    with pytest.raises(PeerError):
+        worker.set_progress(POOL, 3)  # a node is not the pool's owner
+    with pytest.raises(ValueError):
+        TrainerProgress(batched_through=-1)

@@ -19,6 +19,7 @@ from swarmrl.rolekit.supervisor import wait_until
 from swarmrl.rolekit.toolkit import StatusReporter
 from swarmrl.roles.trainer.source import PoolSource
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
+from swarmrl.trainer.source import held_through
 
 POOL = "pf"
 G = 2
@@ -148,3 +149,24 @@ def test_a_step_waiting_for_its_batch_hands_over_the_groups_it_holds(swarm):
     handed.clear()
     assert len(source.next_batch(1, 1, early).groups) == 2
     assert handed == []  # the batch was there whole: nothing to hand over early
+
+
+def test_batches_held_beyond_the_next_step_are_told_to_the_pool(swarm):
+    source, accepted, _ = swarm
+    accepted(6)  # one served answer: step 0 takes 2, 4 carry over, enough for steps 1 and 2
+    assert len(source.next_batch(0, 0).groups) == 2
+    wait_until(lambda: source.told_through == 2, "the pool to be told steps up to 2 are held", 20)
+    source.commit(0, 1)
+    source.next_batch(1, 1)  # from the carry; what is left fills step 2, already told
+    assert source.told_through == 2
+
+
+def test_the_steps_held_groups_fill_are_counted_as_a_step_takes_them():
+    # async_level 2, 2 groups a step; versions in the order the groups are held
+    assert held_through(3, [], 2, 2) == 2
+    assert held_through(3, [3, 3], 2, 2) == 3
+    assert held_through(3, [3, 3, 3, 3, 3], 2, 2) == 4
+    # step 4 drops versions < 2 before it takes its groups, as a step's batch is taken
+    assert held_through(3, [1, 1, 1, 1, 3, 3], 2, 2) == 4
+    assert held_through(3, [1, 1, 1, 1, 1, 3], 2, 2) == 3
+    assert held_through(3, [0, 3, 3], 2, 2) == 3  # version 0 is too old for step 3 already

@@ -39,6 +39,15 @@ than what they release, ``m / p ≤ U_node`` (never at p = 0). Only one such uni
 per node at a time, and never against the validation or trainable backlog or after the last
 step.
 
+Batches held ahead. The trainer keeps the informative groups a step did not need for the next
+steps, so after a batch whose groups the filter spared it may hold the batches of steps beyond
+the one it gathers for; it tells the pool the highest step B whose batch it holds whole (with
+every earlier one's). No step up to B takes more work, so only versions ≥ B + 1 − a can still
+train (:func:`trainable_from`): a lease at V asks for at least that version, and when it is
+newer than V nothing is leased until it is published (a node waits ``admission_retry_s``).
+The demand D is not changed by it. Ignored while the trainer is starving (below): a trainer
+started again holds less than the one before it told, until it says so itself.
+
 T and Q are estimates (a step may filter out more groups than measured so far; part of a
 submission the trainer holds may already be trained), so a trainer that is *starving* — its
 last request for rollouts, within :data:`STARVING_WITHIN_S`, came back empty — while nothing
@@ -112,6 +121,13 @@ def lowest_useful_version(version: int, async_level: int, blocked: bool = False)
     if blocked:
         return max(0, version - async_level)
     return max(0, min(version, version + 2 - async_level))
+
+
+def trainable_from(batched_through: int, async_level: int) -> int:
+    """The oldest version whose work a step still short of its batch can train, when the
+    trainer holds the whole batch of every step up to ``batched_through`` (B): step B + 1 takes
+    versions ≥ B + 1 − a (module docstring, "Batches held ahead")."""
+    return batched_through + 1 - async_level
 
 
 def demand(version: int, steps: int | None, async_level: int, tasks_per_step: float) -> int:

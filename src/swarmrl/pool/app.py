@@ -68,6 +68,7 @@ from swarmrl.protocol.pool import (
     RejoinRequest,
     Submission,
     SubmissionReceipt,
+    TrainerProgress,
     Verdict,
     VerdictReceipt,
     VersionUpdate,
@@ -410,6 +411,16 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
         await admin(pool_id, who)
         version = await on_db(batches.set_version, ctx, pool_id, update.version, update)
         return update.model_copy(update={"version": version})
+
+    @app.post("/pools/{pool_id}/progress", response_model=TrainerProgress, responses=ERRORS)
+    async def set_progress(
+        pool_id: PoolId, update: TrainerProgress, who: SignedRequest = Depends(signed)
+    ) -> TrainerProgress:
+        """How far ahead the trainer holds its batches: admission leases no work that only
+        steps up to ``batched_through`` could train."""
+        await admin(pool_id, who)
+        step = await on_db(batches.set_progress, ctx, pool_id, update.batched_through)
+        return TrainerProgress(batched_through=step)
 
     @app.post("/pools/{pool_id}/batches", response_model=BatchReply, responses=ERRORS)
     async def batch(

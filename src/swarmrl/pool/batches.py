@@ -51,6 +51,14 @@ def set_version(
     return version
 
 
+def set_progress(ctx: Context, pool_id: str, batched_through: int) -> int:
+    """Record how far ahead the trainer holds its batches (``swarmrl.pool.admission``)."""
+    with ctx.engine.begin() as conn:
+        ctx.spec(conn, pool_id)
+        progress.record_batched(conn, pool_id, batched_through)
+    return batched_through
+
+
 def _trainable(ctx: Context, r: Any) -> TrainableSubmission:
     """A checked submission carries the validator's replayed log-probs; an unchecked one that a
     later passed check released (``swarmrl.pool.spotcheck``) the worker's declared ones."""

@@ -45,6 +45,7 @@ from swarmrl.protocol.pool import (
     RejoinRequest,
     Submission,
     SubmissionReceipt,
+    TrainerProgress,
     Verdict,
     VerdictReceipt,
     VersionUpdate,
@@ -233,6 +234,14 @@ class PoolClient(_Base):
         ``wait_s``: as :meth:`claim`'s."""
         req = BatchRequest(step=step, limit=limit, holder=holder, wait_s=wait_s)
         return self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply, held_s=wait_s)
+
+    def set_progress(self, pool_id: str, batched_through: int) -> int:
+        """Tell the pool the trainer holds the whole batch of every step up to
+        ``batched_through``."""
+        req = TrainerProgress(batched_through=batched_through)
+        return self._call(
+            "POST", f"/pools/{pool_id}/progress", req, TrainerProgress
+        ).batched_through
 
     def ack_batch(self, pool_id: str, submission_ids: list[str]) -> BatchAckReceipt:
         """Mark leased submissions trained, after the step that used them committed."""

@@ -167,6 +167,8 @@ run_progress = sa.Table(
     sa.Column("steps", sa.Integer, nullable=True),
     sa.Column("tasks_per_step", sa.Integer, nullable=True),
     sa.Column("finished_at", sa.Float, nullable=True),
+    # the highest step whose whole batch the trainer holds (TrainerProgress); None = not told
+    sa.Column("batched_through", sa.Integer, nullable=True),
 )
 
 # the join rate limit's token bucket per pool (swarmrl.pool.limits): in the database, so that
@@ -240,11 +242,21 @@ def make_engine(url: str) -> sa.Engine:
             engine = sa.create_engine(url, pool_pre_ping=True)
         metadata.create_all(engine)
         _add_lease_task_counts(engine)
+        _add_batched_through(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
         raise UserError(f"cannot open database {url!r}: {exc.orig}") from exc
     return engine
+
+
+def _add_batched_through(engine: sa.Engine) -> None:
+    """A database made before ``run_progress.batched_through`` existed gets the column, empty
+    (nothing told: admission leases as it did)."""
+    if "batched_through" in {c["name"] for c in sa.inspect(engine).get_columns("run_progress")}:
+        return
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE run_progress ADD COLUMN batched_through INTEGER"))
 
 
 def _add_lease_task_counts(engine: sa.Engine) -> None:

@@ -1,8 +1,9 @@
 """The run's progress as the pool sees it: what the trainer said (steps, batch size, finished)
 and the counts admission control needs (``swarmrl.pool.admission``).
 
-The trainer tells its plan with each version update (:class:`VersionUpdate`); the consumption
-per step is measured from the submissions the trainer took for its last
+The trainer tells its plan with each version update (:class:`VersionUpdate`), and how far ahead
+it holds its batches when that runs past the step it gathers for (:class:`TrainerProgress`);
+the consumption per step is measured from the submissions the trainer took for its last
 :data:`MEASURED_STEPS` steps. Functions run inside the caller's transaction. Knows nothing
 about HTTP or the admission arithmetic itself.
 """
@@ -28,6 +29,7 @@ class RunPlan:
     steps: int | None = None
     tasks_per_step: int | None = None
     finished: bool = False
+    batched_through: int | None = None  # the highest step whose whole batch the trainer holds
 
 
 def record(conn: sa.Connection, pool_id: str, update: VersionUpdate, now: float) -> None:
@@ -56,15 +58,24 @@ def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
     row = _PLAN.run(conn, {"p": pool_id}).first()
     if row is None:
         return RunPlan()
-    return RunPlan(row.steps, row.tasks_per_step, row.finished_at is not None)
+    return RunPlan(row.steps, row.tasks_per_step, row.finished_at is not None, row.batched_through)
+
+
+def record_batched(conn: sa.Connection, pool_id: str, step: int) -> None:
+    """Keep the highest step whose whole batch the trainer says it holds (as told: a trainer
+    started again holds less than the one before it, and says so)."""
+    table = db.run_progress
+    exists = conn.execute(sa.select(table.c.pool_id).where(table.c.pool_id == pool_id)).first()
+    if exists is None:
+        conn.execute(table.insert(), {"pool_id": pool_id, "batched_through": step})
+    else:
+        conn.execute(table.update().where(table.c.pool_id == pool_id).values(batched_through=step))
 
 
 # samples by status of the fresh submissions not yet trained, and of those served for step v or
 # later that the trainer already used up ("trained": F, fresh by construction)
 _QUEUED = (
-    sa.select(
-        db.submissions.c.status, sa.func.coalesce(sa.func.sum(db.submissions.c.n_samples), 0)
-    )
+    sa.select(db.submissions.c.status, sa.func.coalesce(sa.func.sum(db.submissions.c.n_samples), 0))
     .where(
         db.submissions.c.pool_id == sa.bindparam("p"),
         db.submissions.c.status.in_(("pending", "accepted", "leased", "unchecked", "trained")),

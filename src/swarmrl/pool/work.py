@@ -118,6 +118,17 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             return _wait(retry, f"{in_flight} leases in flight (cap {spec.max_leases_in_flight})")
         version = current_version(conn, pool_id)
         waiting_for = starved_step(ctx, pool_id, now)  # the step the trainer waits for, if any
+        blocked = waiting_for is not None and waiting_for <= version  # not a prefetch: a step
+        useful = admission.lowest_useful_version(version, spec.async_level, blocked)
+        if ctx.config.admission and run.batched_through is not None and waiting_for is None:
+            ahead = admission.trainable_from(run.batched_through, spec.async_level)
+            if ahead > version:
+                return _wait(
+                    ctx.config.admission_retry_s,
+                    f"admission: the trainer holds the batches of steps up to "
+                    f"{run.batched_through}; only work of version ≥ {ahead} can still train",
+                )
+            useful = max(useful, ahead)
         admitted = _admission(ctx, conn, spec, run, version, row.measured_tps, now, waiting_for)
         if admitted.covered:  # its own unchecked work may need this node's next submission
             own = progress.node_supply(conn, spec, version, node_id)
@@ -125,7 +136,6 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             admitted = admission.unblock(admitted, own, spec.min_tasks_per_lease, rate)
         if not admitted.tasks:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
-        blocked = waiting_for is not None and waiting_for <= version  # not a prefetch: a step
         lease_id = _new_id()
         orphan = _ORPHAN.run(conn, {"p": pool_id, "n": node_id}).first()
         if orphan is not None:
@@ -148,7 +158,7 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             samples_per_task=spec.samples_per_task,
             sampling=spec.sampling,
             seed=seed,
-            min_version=admission.lowest_useful_version(version, spec.async_level, blocked),
+            min_version=useful,
             deadline=now + spec.lease_timeout_s,
             origin_node_id=origin,
             origin_counter=counter,

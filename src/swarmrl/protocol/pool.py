@@ -361,6 +361,19 @@ class VersionUpdate(Message):
     finished: bool = Field(False, description="True: the last step is trained; the run is over")
 
 
+class TrainerProgress(Message):
+    """How far ahead the trainer holds its batches: ``batched_through`` is the highest step
+    (numbered as in :class:`BatchRequest`) whose whole batch it holds, and every earlier step's
+    too. Work that only steps up to it could train (generated with a version ≤
+    ``batched_through − async_level``) is not leased (``swarmrl.pool.admission``). Example:
+    ``{"batched_through": 7}``.
+    """
+
+    batched_through: int = Field(
+        ge=0, lt=2**31, description="the highest step whose whole batch the trainer holds"
+    )
+
+
 class BatchRequest(Message):
     """Lease a batch of accepted submissions for trainer step n.
 

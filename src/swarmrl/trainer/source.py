@@ -120,3 +120,17 @@ def submission_groups(
 def group_version(group: Group) -> int:
     """The oldest policy version among a group's completions."""
     return min(c.policy_version for c in group.completions)
+
+
+def held_through(step: int, versions: list[int], need: int, async_level: int) -> int:
+    """The highest step from ``step`` on whose batch held groups of ``versions`` (in the order
+    they are held) fill with nothing more arriving, each step dropping the groups too old for
+    it (version < its step − ``async_level``) and taking the first ``need`` of the rest, as a
+    step's batch is taken; ``step − 1`` when not even ``step``'s is full."""
+    held = list(versions)
+    while True:
+        held = [v for v in held if v >= step - async_level]
+        if len(held) < need:
+            return step - 1
+        held = held[need:]
+        step += 1

@@ -46,7 +46,13 @@ from swarmrl.protocol.pool import TrainableSubmission
 from swarmrl.rl import is_informative
 from swarmrl.rolekit.toolkit import StatusReporter, retry
 from swarmrl.trainer.batch import Group
-from swarmrl.trainer.source import Feed, StepRollouts, group_version, submission_groups
+from swarmrl.trainer.source import (
+    Feed,
+    StepRollouts,
+    group_version,
+    held_through,
+    submission_groups,
+)
 
 NOTE_EVERY_S = 30.0  # how often a long wait for rollouts is logged
 POLL_S = 0.2  # pause between empty answers from /batches
@@ -92,6 +98,7 @@ class PoolSource:
         self._client_lock = threading.Lock()
         self._seen_ahead: list[Group] = []  # groups the prefetch drew for the next step
         self._prefetch: tuple[threading.Thread, threading.Event] | None = None
+        self.told_through = -1  # the last step told to the pool as held ahead (set_progress)
 
     def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
         """Step ``step``'s groups; raises WaitTimeout when the pool stays starved. What the
@@ -215,7 +222,9 @@ class PoolSource:
             while not stop.is_set():
                 with self._lock:
                     ready = sum(group_version(g) >= oldest for _, g in self.carry)
+                    versions = [group_version(g) for _, g in self.carry]
                 if ready >= rl.prompts_per_step:
+                    self._tell_held(step, versions)
                     return
                 served = self._take(step, stop)
                 with self._lock:
@@ -226,6 +235,24 @@ class PoolSource:
                     stop.wait(POLL_S)
         except (InfraError, PeerError, WaitTimeout) as exc:
             self.log.warning("prefetching step %d's rollouts failed: %s", step, exc)
+
+    def _tell_held(self, step: int, versions: list[int]) -> None:
+        """Step ``step``'s batch is held: when the groups held also fill later steps' batches,
+        tell the pool the last of them, so that it leases no work only those steps could train
+        (``swarmrl.pool.admission``, "Batches held ahead"). One try: the pool leasing a little
+        more without it is the worst a lost message costs."""
+        rl = self.config.rl
+        through = held_through(step, versions, rl.prompts_per_step, rl.async_level)
+        if through <= max(step, self.told_through):
+            return
+        try:
+            self._call(lambda: self.pool.set_progress(self.pool_id, through))
+        except (InfraError, PeerError) as exc:
+            self.log.warning(
+                "telling the pool the batches held up to step %d failed: %s", through, exc
+            )
+            return
+        self.told_through = through
 
     def _split(
         self, sub: TrainableSubmission, kept: list[tuple[str, Group]], seen: list[Group]
