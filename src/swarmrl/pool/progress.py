@@ -62,8 +62,8 @@ def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
 
 
 def record_batched(conn: sa.Connection, pool_id: str, step: int) -> None:
-    """Keep the highest step whose whole batch the trainer says it holds (as told: a trainer
-    started again holds less than the one before it, and says so)."""
+    """Keep ``step``, the highest step whose whole batch the trainer now says it holds: what it
+    told last, not the most it ever told (a trainer started again may hold less)."""
     table = db.run_progress
     exists = conn.execute(sa.select(table.c.pool_id).where(table.c.pool_id == pool_id)).first()
     if exists is None:
