@@ -101,9 +101,15 @@ def _summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "trainer" / "summary.json").read_text())
 
 
+STEPS_WITH_CHEATER = 6  # the cheater starts after the honest worker: room for its second unit
+
+
 def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     config = _config(
-        cache_dir, "rl.steps=3", "swarm.workers=1", "swarm.cheaters=['corrupt_weights_after:1']"
+        cache_dir,
+        f"rl.steps={STEPS_WITH_CHEATER}",
+        "swarm.workers=1",
+        "swarm.cheaters=['corrupt_weights_after:1']",
     )
     run_dir = tmp_path / "run"
     facts = run_swarm(config, run_dir, display=False, timeout_s=300)
@@ -114,7 +120,7 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     assert swarm["banned_nodes"] == [cheater]
     assert swarm["submissions"]["rejected"] >= 1
     assert swarm["submissions"]["rejected_honest"] == 0
-    assert swarm["versions_published"] == 4  # v0 + one per step
+    assert swarm["versions_published"] == STEPS_WITH_CHEATER + 1  # v0 + one per step
     assert facts["ledger"]["verified"] is True and facts["ledger"]["attested"] is True
     assert facts["status"] == "completed"
     assert facts["swarm"]["submissions"]["rejected_trained"] == 0
@@ -130,7 +136,7 @@ def test_swarm_trains_and_bans_the_cheater(tmp_path, cache_dir):
     assert thresholds["max_mantissa_mean"] < 10.0 and thresholds["min_exponent_matches"] > 90
     summary = _summary(run_dir)
     history = summary["training"]["history"]
-    assert [row["step"] for row in history] == [0, 1, 2]
+    assert [row["step"] for row in history] == list(range(STEPS_WITH_CHEATER))
     assert all(tuple(row) == ROW_KEYS for row in history)  # the keys of a colocated run
     # nothing the validator rejected or the ban dropped ever reached the trainer
     subs = _submissions(run_dir)
