@@ -30,14 +30,14 @@ import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
 
 from swarmrl import __version__
-from swarmrl.errors import InfraError, Malformed, OversizedRequest, PeerError
-from swarmrl.identity.requests import RequestVerifier, SignedRequest, replayed
+from swarmrl.errors import InfraError, Malformed, PeerError
+from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
-from swarmrl.pool import batches, joins, judging, nonces, penalties, rejections, service, work
+from swarmrl.pool import batches, joins, judging, nonces, penalties, service, work
+from swarmrl.pool.answers import BodyLimit, error_response, json_reply, unavailable
 from swarmrl.pool.db import WalCheckpointer, is_retryable
 from swarmrl.pool.hotroutes import HotLane, HotRoute, HotRoutes, error_summary
 from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
@@ -85,60 +85,6 @@ MAX_LEDGER_SEQ = 2**62  # larger `start` values are refused (422) before they re
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorReply} for code in (400, 401, 403, 404, 409, 410, 413, 422, 429)
 }
-
-
-class BodyLimit:
-    """ASGI middleware: read the whole body up to ``limit`` bytes, answer 413 beyond it."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                refused = OversizedRequest(f"request body exceeds the limit of {self.limit} bytes")
-                await _error_response(refused)(scope, receive, send)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-def _json(reply: BaseModel) -> Response:
-    """``reply`` as a JSON response, serialised once: a route returning a model would have
-    FastAPI validate it again against its ``response_model`` (the schema the docs show), which
-    costs the hot routes as much as the database work of a heartbeat."""
-    return Response(reply.model_dump_json(), media_type="application/json")
-
-
-def _error_response(exc: PeerError) -> JSONResponse:
-    """The pool's error answer: ``{"error": {"code", "message"}}`` (``swarmrl.pool.rejections``)."""
-    return JSONResponse(rejections.answer(exc), rejections.status_of(exc))
-
-
-def _unavailable(exc: InfraError) -> JSONResponse:
-    """Our own fault (a full disk): the request changed nothing; the peer may try again."""
-    body = {"error": {"code": "unavailable", "message": str(exc)}}
-    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
 def _hot_nonces(ctx: Context) -> nonces.HotNonces | None:
@@ -252,9 +198,7 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
         return run_transaction(service.heartbeat, ctx, pool_id, who.node_id, beat, claim)
 
     def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
-        if not claimed_in_memory(who) and not who.nonce_claimed:
-            if not nonce_store.claim(who.public_key.hex, who.nonce, who.nonce_expires_at):
-                raise replayed(who.nonce)
+        claimed_in_memory(who)  # where nonces are not kept in memory, the verifier claimed it
         return run_transaction(work.lease, ctx, pool_id, who.node_id)
 
     def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
@@ -267,7 +211,9 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
     prometheus = OrchestratorMetrics(ctx)
     hot = {
         "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op, claims_nonce=True),
-        "lease": HotRoute("/pools/{pool_id}/lease", None, lease_op, claims_nonce=True),
+        "lease": HotRoute(
+            "/pools/{pool_id}/lease", None, lease_op, claims_nonce=hot_nonces is not None
+        ),
         "submissions": HotRoute(
             "/pools/{pool_id}/submissions", Submission, submit_op, claims_nonce=True
         ),
@@ -275,8 +221,8 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
     lane = HotLane(
         hot,
         verify=verifier.verify,
-        on_peer_error=_error_response,
-        on_infra_error=_unavailable,
+        on_peer_error=error_response,
+        on_infra_error=unavailable,
         max_body_bytes=ctx.config.max_body_bytes,
         observe=lambda route, status, s: prometheus.latency.labels(
             "POST", route, str(status)
@@ -291,16 +237,16 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
 
     @app.exception_handler(PeerError)
     async def _peer_error(_: Request, exc: PeerError) -> JSONResponse:
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(InfraError)
     async def _infra_error(_: Request, exc: InfraError) -> JSONResponse:
-        return _unavailable(exc)
+        return unavailable(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # the offending input is left out: it may not even be JSON-serialisable (NaN)
-        return _error_response(Malformed(error_summary(exc.errors())))
+        return error_response(Malformed(error_summary(exc.errors())))
 
     async def signed(request: Request) -> SignedRequest:
         raw = request.scope.get("raw_path") or request.url.path.encode()
@@ -370,17 +316,17 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
     async def heartbeat(
         pool_id: PoolId, beat: Heartbeat, who: SignedRequest = Depends(signed)
     ) -> Response:
-        return _json(beat_op(pool_id, who, beat))
+        return json_reply(beat_op(pool_id, who, beat))
 
     @app.post("/pools/{pool_id}/lease", response_model=LeaseReply, responses=ERRORS)
     async def lease(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> Response:
-        return _json(lease_op(pool_id, who, None))
+        return json_reply(lease_op(pool_id, who, None))
 
     @app.post("/pools/{pool_id}/submissions", response_model=SubmissionReceipt, responses=ERRORS)
     async def submit(
         pool_id: PoolId, sub: Submission, who: SignedRequest = Depends(signed)
     ) -> Response:
-        return _json(submit_op(pool_id, who, sub))
+        return json_reply(submit_op(pool_id, who, sub))
 
     # --- validators ------------------------------------------------------------------------
 

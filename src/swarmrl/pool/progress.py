@@ -41,14 +41,18 @@ def record(conn: sa.Connection, pool_id: str, update: VersionUpdate, now: float)
     }
     if update.finished:
         told["finished_at"] = now
-    if not told:
-        return
+    if told:
+        _keep(conn, pool_id, told)
+
+
+def _keep(conn: sa.Connection, pool_id: str, values: dict[str, object]) -> None:
+    """Set ``values`` in the pool's progress row, creating it if needed."""
     table = db.run_progress
     exists = conn.execute(sa.select(table.c.pool_id).where(table.c.pool_id == pool_id)).first()
     if exists is None:
-        conn.execute(table.insert(), {"pool_id": pool_id, **told})
+        conn.execute(table.insert(), {"pool_id": pool_id, **values})
     else:
-        conn.execute(table.update().where(table.c.pool_id == pool_id).values(**told))
+        conn.execute(table.update().where(table.c.pool_id == pool_id).values(**values))
 
 
 _PLAN = Fast(sa.select(db.run_progress).where(db.run_progress.c.pool_id == sa.bindparam("p")))
@@ -64,12 +68,7 @@ def plan(conn: sa.Connection, pool_id: str) -> RunPlan:
 def record_batched(conn: sa.Connection, pool_id: str, step: int) -> None:
     """Keep ``step``, the highest step whose whole batch the trainer now says it holds: what it
     told last, not the most it ever told (a trainer started again may hold less)."""
-    table = db.run_progress
-    exists = conn.execute(sa.select(table.c.pool_id).where(table.c.pool_id == pool_id)).first()
-    if exists is None:
-        conn.execute(table.insert(), {"pool_id": pool_id, "batched_through": step})
-    else:
-        conn.execute(table.update().where(table.c.pool_id == pool_id).values(batched_through=step))
+    _keep(conn, pool_id, {"batched_through": step})
 
 
 # samples by status of the fresh submissions not yet trained, and of those served for step v or

@@ -221,9 +221,8 @@ class PoolSource:
         try:
             while not stop.is_set():
                 with self._lock:
-                    ready = sum(group_version(g) >= oldest for _, g in self.carry)
                     versions = [group_version(g) for _, g in self.carry]
-                if ready >= rl.prompts_per_step:
+                if sum(v >= oldest for v in versions) >= rl.prompts_per_step:
                     self._tell_held(step, versions)
                     return
                 served = self._take(step, stop)
