@@ -99,8 +99,8 @@ class BeatBuffer:
 
     def __init__(self) -> None:
         self._pending: dict[Key, Beat] = {}
-        # nonces of beats claimed in this process's memory, written with the next flush
-        # (swarmrl.pool.nonces.HotNonces)
+        # nonces of beats and leases claimed in this process's memory, written with the next
+        # flush (swarmrl.pool.nonces.HotNonces)
         self._nonces: list[dict[str, object]] = []
 
     def __len__(self) -> int:
