@@ -434,6 +434,23 @@ def test_a_starving_trainer_is_served_whatever_it_said_it_held(pool):
     assert worker.lease(POOL).work.min_version == 0  # any version step 1 can train
 
 
+def test_a_trainer_served_since_its_empty_request_no_longer_starves(pool):
+    """Starving means the trainer's *last* request came back empty: once a later one is
+    served, leases go back to the versions the steps still gathering can train (a fast
+    worker, leasing as that step's batch completed, made work only that step could use)."""
+    trainer, worker = pool  # async_level 1
+    trainer.set_version(POOL, 2, steps=10, tasks_per_step=100)
+    assert worker.lease(POOL).work.min_version == 2  # not starving: the current version
+    assert trainer.batch(POOL, step=2).submissions == []  # step 2 waits for work
+    unit = worker.lease(POOL).work
+    assert unit.min_version == 1  # any version step 2 can train
+    _submit(worker, [unit], version=2)
+    assert len(trainer.batch(POOL, step=2).submissions) == 1  # served: it waits no more
+    assert worker.lease(POOL).work.min_version == 2
+    assert trainer.batch(POOL, step=3).submissions == []  # an empty prefetch: not step 2's
+    assert worker.lease(POOL).work.min_version == 2
+
+
 def test_the_trainers_progress_is_its_own_to_tell(pool, tmp_path):
     _, worker = pool
     with pytest.raises(PeerError):

@@ -151,6 +151,8 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
                     for i in ids
                 ],
             )
+            # its last request was served, so it no longer waits (if still short, it asks again)
+            ctx.starved_at.pop(pool_id, None)
         return json_object({"step": step}, "submissions", parts)
 
 
