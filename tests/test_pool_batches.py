@@ -89,3 +89,18 @@ def test_a_live_trainer_keeps_what_it_carries(pool):
     advance(server, 0.5 * LEASE_S)  # the first lease ran out, the renewed one has not
     rest = served(trainer.batch(POOL, step=1, holder="d" * 32))
     assert not set(got) & set(rest)  # still leased to the live trainer
+
+
+def test_a_batch_stops_once_its_tasks_reach_what_was_asked(pool):
+    """``max_tasks`` bounds an answer in tasks (at least one submission is served); the rest
+    stays queued for the next request, oldest first."""
+    server, trainer, ids = pool
+    first = trainer.batch(POOL, step=0, max_tasks=1)
+    assert len(first.submissions) == 1
+    rest = trainer.batch(POOL, step=0, max_tasks=10_000)
+    assert sorted(served(first) + served(rest)) == sorted(ids)
+    advance(server, LEASE_S + 1)  # that trainer is gone: all four queued again
+    sizes = {s.submission_id: len(s.task_indices) for s in first.submissions + rest.submissions}
+    oldest = [s.submission_id for s in first.submissions + rest.submissions]
+    again = trainer.batch(POOL, step=0, max_tasks=sizes[oldest[0]] + 1, holder="c" * 32)
+    assert [s.submission_id for s in again.submissions] == oldest[:2]

@@ -5,6 +5,7 @@ environment's tasks)."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -19,7 +20,7 @@ from swarmrl.rolekit.supervisor import wait_until
 from swarmrl.rolekit.toolkit import StatusReporter
 from swarmrl.roles.trainer.source import PoolSource
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
-from swarmrl.trainer.source import held_through
+from swarmrl.trainer.source import held_through, tasks_to_ask
 
 POOL = "pf"
 G = 2
@@ -110,10 +111,37 @@ def test_the_next_batch_is_leased_while_the_step_trains(swarm):
     assert len(source.consumed) == 6 and len(set(source.consumed)) == 6
 
 
+def test_a_step_takes_what_it_lacks_and_leaves_the_rest_queued(swarm):
+    """Work no step needs yet stays at the pool, where admission control counts it and the
+    oldest is served first."""
+    source, accepted, _ = swarm
+    accepted(6)
+    assert len(source.next_batch(0, 0).groups) == 2
+    wait_until(lambda: len(source.carry) == 2, "the prefetch to lease step 1's rollouts", 20)
+    time.sleep(0.5)  # the prefetch holds step 1's batch: it takes nothing more
+    assert source.pool.metrics(POOL).submissions_by_status == {"leased": 4, "accepted": 2}
+
+
+def test_a_step_asks_for_more_when_the_filter_has_been_dropping_groups(swarm):
+    source, accepted, _ = swarm
+    source._informative.extend([True] * 2 + [False] * 6)  # 2 of the last 8 groups kept
+    accepted(10)
+    assert len(source.next_batch(0, 0).groups) == 2  # asked for 4 × 2 tasks
+    assert len(source.carry) == 6
+    assert source.pool.metrics(POOL).submissions_by_status == {"leased": 8, "accepted": 2}
+
+
+def _filter_dropped_most(source: PoolSource) -> None:
+    """As if the filter had dropped nearly every recent group: the source then asks for eight
+    times what its step lacks, and may hold more than the step needs."""
+    source._informative.extend([False] * 64)
+
+
 def test_a_submission_whose_groups_all_went_stale_is_counted_never_trained(swarm):
     """Acknowledged (the pool counts it trained), yet none of its groups was: the trainer
     lists it in ``stale_dropped``; the ones it trained are not listed."""
     source, accepted, _ = swarm
+    _filter_dropped_most(source)
     accepted(4)
     assert len(source.next_batch(0, 0).groups) == 2
     carried = {sid for sid, _ in source.carry}
@@ -124,7 +152,7 @@ def test_a_submission_whose_groups_all_went_stale_is_counted_never_trained(swarm
     accepted(2, version=3)
     assert len(source.next_batch(3, 3).groups) == 2  # versions ≥ 1: the carried are too stale
     source.commit(3, 4)
-    assert set(source.stale_dropped) == carried
+    assert set(source.stale_dropped) == carried and source.stale_groups == 2
     assert not trained & set(source.stale_dropped)
     assert carried <= set(source.consumed)  # acknowledged all the same
 
@@ -153,6 +181,7 @@ def test_a_step_waiting_for_its_batch_hands_over_the_groups_it_holds(swarm):
 
 def test_batches_held_beyond_the_next_step_are_told_to_the_pool(swarm):
     source, accepted, _ = swarm
+    _filter_dropped_most(source)
     accepted(6)  # one served answer: step 0 takes 2, 4 carry over, enough for steps 1 and 2
     assert len(source.next_batch(0, 0).groups) == 2
     wait_until(lambda: source.told_through == 2, "the pool to be told steps up to 2 are held", 20)
@@ -170,3 +199,11 @@ def test_the_steps_held_groups_fill_are_counted_as_a_step_takes_them():
     assert held_through(3, [1, 1, 1, 1, 3, 3], 2, 2) == 4
     assert held_through(3, [1, 1, 1, 1, 1, 3], 2, 2) == 3
     assert held_through(3, [0, 3, 3], 2, 2) == 3  # version 0 is too old for step 3 already
+
+
+def test_a_request_asks_for_the_shortfall_over_the_share_the_filter_kept():
+    assert tasks_to_ask(0, [True]) == 0
+    assert tasks_to_ask(5, []) == 5  # nothing drawn yet: every group counted informative
+    assert tasks_to_ask(5, [True, False]) == 10
+    assert tasks_to_ask(3, [True, False, False]) == 9
+    assert tasks_to_ask(4, [False] * 10) == 32  # never more than 8× the shortfall

@@ -48,7 +48,8 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     by_status = metrics.submissions_by_status
     summary = trainer_summary(plan)
     origin = summary.get("origin", {})
-    waste = wasted(by_status, len(summary.get("flow", {}).get("stale_dropped", [])))
+    flow = summary.get("flow", {})
+    waste = wasted(by_status, len(flow.get("stale_dropped", [])))
     return {
         "swarm": {
             "workers": worker_rows(plan, nodes, names, judged),
@@ -68,6 +69,9 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                     rejected_ids(ledger) & set(summary.get("consumed_submissions", []))
                 ),
                 **waste,
+                # informative groups the trainer held over until too stale (their submission
+                # counts as trained when another of its groups was)
+                "stale_groups_dropped": flow.get("stale_groups"),
             },
             "wasted_share": waste["wasted_share"],
             "flow": flow_facts(ledger, summary),
@@ -208,6 +212,11 @@ def summary_text(report: dict) -> str:
         + (
             f" ({subs['wasted_share']:.0%} of those taken in never trained)"
             if subs.get("wasted_share") is not None
+            else ""
+        )
+        + (
+            f", {subs['stale_groups_dropped']} held-over groups went too stale to train"
+            if subs.get("stale_groups_dropped")
             else ""
         )
         + "; "

@@ -374,7 +374,9 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
     ) -> Response:
         await admin(pool_id, who)
         body = await held(
-            lambda: on_db(batches.take_batch, ctx, pool_id, req.step, req.limit, req.holder),
+            lambda: on_db(
+                batches.take_batch, ctx, pool_id, req.step, req.limit, req.holder, req.max_tasks
+            ),
             changes,
             pool_id,
             req.wait_s,

@@ -92,9 +92,12 @@ def return_expired(conn: sa.Connection, pool_id: str, now: float) -> int:
     return len(ids)
 
 
-def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -> bytes:
+def take_batch(
+    ctx: Context, pool_id: str, step: int, limit: int, holder: str, max_tasks: int | None = None
+) -> bytes:
     """JSON of a :class:`BatchReply`: accepted submissions usable at ``step``, leased to
-    ``holder`` (module docstring)."""
+    ``holder`` (module docstring); at most ``limit`` of them, and no more once their tasks
+    reach ``max_tasks`` (None: no such bound)."""
     now = ctx.clock()
     expires_at = now + ctx.config.batch_lease_s
     with ctx.engine.begin() as conn:
@@ -112,6 +115,7 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
                 db.submissions.c.node_id,
                 db.submissions.c.rollout_key,
                 db.submissions.c.validated,
+                db.submissions.c.n_samples,
                 db.leases.c.work,
             )
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
@@ -126,6 +130,8 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
             # two batch requests at two server processes take different submissions
             .with_for_update(skip_locked=True, of=db.submissions)
         ).all()
+        if max_tasks is not None:
+            rows = _up_to(rows, max_tasks * spec.samples_per_task)
         served, parts = serialise_rows(
             conn, rows, lambda r: _trainable(ctx, r), lambda r: r.submission_id
         )
@@ -154,6 +160,16 @@ def take_batch(ctx: Context, pool_id: str, step: int, limit: int, holder: str) -
             # its last request was served, so it no longer waits (if still short, it asks again)
             ctx.starved_at.pop(pool_id, None)
         return json_object({"step": step}, "submissions", parts)
+
+
+def _up_to(rows: list[Any], samples: int) -> list[Any]:
+    """The first ``rows`` whose samples reach ``samples`` (at least one row)."""
+    total = 0
+    for i, row in enumerate(rows):
+        total += row.n_samples
+        if total >= samples:
+            return rows[: i + 1]
+    return rows
 
 
 def acknowledge(ctx: Context, pool_id: str, submission_ids: list[str]) -> BatchAckReceipt:

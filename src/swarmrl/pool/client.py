@@ -229,10 +229,13 @@ class PoolClient(_Base):
         limit: int = 64,
         holder: str = "trainer",
         wait_s: float = 0.0,
+        max_tasks: int | None = None,
     ) -> BatchReply:
         """Lease accepted submissions for ``step``; acknowledge them with :meth:`ack_batch`.
-        ``wait_s``: as :meth:`claim`'s."""
-        req = BatchRequest(step=step, limit=limit, holder=holder, wait_s=wait_s)
+        ``wait_s``: as :meth:`claim`'s; ``max_tasks``: stop once the tasks served reach it."""
+        req = BatchRequest(
+            step=step, limit=limit, max_tasks=max_tasks, holder=holder, wait_s=wait_s
+        )
         return self._call("POST", f"/pools/{pool_id}/batches", req, BatchReply, held_s=wait_s)
 
     def set_progress(self, pool_id: str, batched_through: int) -> int:

@@ -381,13 +381,19 @@ class BatchRequest(Message):
     must be acknowledged (:class:`BatchAck`) once the step that trained them has committed;
     unacknowledged ones go back to the queue when their lease runs out. Each request renews
     the holder's other unacknowledged leases, so a live trainer keeps what it carries over.
-    Example: ``{"step": 3, "limit": 64, "holder": "9f2c…"}``.
+    ``max_tasks`` bounds the answer in tasks as well: submissions are served in order until
+    their tasks reach it (the last one may go past it; at least one is served), so a trainer
+    takes what its step lacks and leaves the rest queued where admission control counts it.
+    Example: ``{"step": 3, "limit": 64, "max_tasks": 40, "holder": "9f2c…"}``.
     """
 
     step: int = Field(
         ge=0, lt=2**31, description="trainer step n; versions ≥ n − async_level are served"
     )
     limit: int = Field(64, gt=0, le=4096, description="most submissions to return")
+    max_tasks: int | None = Field(
+        None, gt=0, le=2**20, description="serve until the tasks served reach this; None: no bound"
+    )
     holder: RecordId = Field(
         "trainer", description="who holds the lease: random per trainer process"
     )

@@ -20,6 +20,7 @@ Knows nothing about the optimizer, engines' internals or the network.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -120,6 +121,18 @@ def submission_groups(
 def group_version(group: Group) -> int:
     """The oldest policy version among a group's completions."""
     return min(c.policy_version for c in group.completions)
+
+
+def tasks_to_ask(short: int, informative: Sequence[bool]) -> int:
+    """How many tasks to take for ``short`` more informative groups, given whether each
+    recently drawn group was informative (``informative``; empty: assume all are): ``short``
+    divided by that share, the share taken as at least 1/8 so one answer never asks for more
+    than eight times what is short. A trainer that takes all there is holds work its next
+    steps may not train while fresh, and takes it from where the pool counts it."""
+    if short <= 0:
+        return 0
+    share = sum(informative) / len(informative) if informative else 1.0
+    return math.ceil(short / max(share, 1 / 8))
 
 
 def held_through(step: int, versions: list[int], need: int, async_level: int) -> int:

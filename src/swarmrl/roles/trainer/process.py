@@ -432,7 +432,8 @@ class Summary:
         self.history: list[dict[str, Any]] | None = None
         # the run over time (swarmrl.launch.flow): rl_started_at (Unix s), versions
         # [(Unix s, version)] as announced, acks [(Unix s, submissions acknowledged)],
-        # stale_dropped [submission ids acknowledged with every group dropped as too stale]
+        # stale_dropped [submission ids acknowledged with every group dropped as too stale];
+        # written with stale_groups (informative groups held over that went too stale)
         self.flow: dict[str, Any] = {}
 
     def follow(self, result: TrainingResult) -> None:
@@ -449,7 +450,8 @@ class Summary:
                 "bytes_delta": self.origin.bytes_delta,
             },
             "consumed_submissions": self.source.consumed if self.source else [],
-            "flow": {k: list(v) if isinstance(v, list) else v for k, v in self.flow.items()},
+            "flow": {k: list(v) if isinstance(v, list) else v for k, v in self.flow.items()}
+            | ({"stale_groups": self.source.stale_groups} if self.source else {}),
         }
         scratch = self.path.with_suffix(".json.partial")
         scratch.write_text(json.dumps(summary, indent=2) + "\n")

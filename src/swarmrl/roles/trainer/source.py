@@ -5,8 +5,11 @@ versions ≥ n − async_level), splits them into per-task groups (G completions
 with every reward recomputed by the environment (:func:`swarmrl.trainer.source.
 submission_groups`: the worker's word is never used), keeps the informative groups (the one
 online-filter rule, :func:`swarmrl.rl.is_informative`), and waits, bounded by
-``swarm.batch_timeout_s``, until ``rl.prompts_per_step`` groups are there. Surplus informative
-groups carry over to the next step while still fresh enough. Once step n has its groups, a
+``swarm.batch_timeout_s``, until ``rl.prompts_per_step`` groups are there. Each request asks
+for about what the step still lacks (the shortfall divided by the share of recent groups the
+filter kept, :func:`swarmrl.trainer.source.tasks_to_ask`): what no step needs yet stays queued
+at the orchestrator, where admission control counts it and older work is served first. Surplus
+informative groups carry over to the next step while still fresh enough. Once step n has its groups, a
 prefetch thread leases step n + 1's rollouts while step n trains, so a step finds its batch
 ready whenever the pool has the work. ``commit(n, v')`` hands the new version to the role's
 ``announce`` (which publishes through the origin and tells the orchestrator in the background;
@@ -33,6 +36,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -52,9 +56,11 @@ from swarmrl.trainer.source import (
     group_version,
     held_through,
     submission_groups,
+    tasks_to_ask,
 )
 
 NOTE_EVERY_S = 30.0  # how often a long wait for rollouts is logged
+FILTER_MEMORY = 256  # groups whose filter outcome sizes the next request (tasks_to_ask)
 POLL_S = 0.2  # pause between empty answers from /batches
 # a step waiting for its batch asks the orchestrator to hold an empty answer this long and
 # answer as soon as work arrives (``swarmrl.pool.waits``); the prefetch, which a step's start
@@ -93,10 +99,16 @@ class PoolSource:
         # pool counts it trained, yet nothing of it was
         self._useful: set[str] = set()
         self.stale_dropped: list[str] = []
+        # informative groups held over that went too stale before a step took them (their
+        # submission counts as trained when another of its groups was)
+        self.stale_groups = 0
         # the prefetch thread and the loop share the fields above and the client
         self._lock = threading.RLock()
         self._client_lock = threading.Lock()
         self._seen_ahead: list[Group] = []  # groups the prefetch drew for the next step
+        # whether each recently drawn group passed the online filter: a request asks for what
+        # a step lacks divided by that share, so the pool keeps what no step needs yet
+        self._informative: deque[bool] = deque(maxlen=FILTER_MEMORY)
         self._prefetch: tuple[threading.Thread, threading.Event] | None = None
         self.told_through = -1  # the last step told to the pool as held ahead (set_progress)
 
@@ -115,6 +127,7 @@ class PoolSource:
                 if group_version(group) >= oldest:
                     kept.append((sid, group))
                 else:
+                    self.stale_groups += 1
                     self._used(sid)
             seen, self._seen_ahead = self._seen_ahead, []
         start = time.monotonic()
@@ -125,7 +138,7 @@ class PoolSource:
                 early([g for _, g in kept[fed:]])
                 fed = len(kept)
             asked = time.monotonic()
-            served = self._take(step, wait_s=HOLD_S)
+            served = self._take(step, need - len(kept), wait_s=HOLD_S)
             with self._lock:
                 for sub in served:
                     self._split(sub, kept, seen)
@@ -222,10 +235,11 @@ class PoolSource:
             while not stop.is_set():
                 with self._lock:
                     versions = [group_version(g) for _, g in self.carry]
-                if sum(v >= oldest for v in versions) >= rl.prompts_per_step:
+                fresh = sum(v >= oldest for v in versions)
+                if fresh >= rl.prompts_per_step:
                     self._tell_held(step, versions)
                     return
-                served = self._take(step, stop)
+                served = self._take(step, rl.prompts_per_step - fresh, stop)
                 with self._lock:
                     for sub in served:
                         self._split(sub, self.carry, self._seen_ahead)
@@ -265,7 +279,9 @@ class PoolSource:
         self._outstanding[sid] = len(groups) + 1  # + 1 so that a group-less one finishes too
         for group in groups:
             seen.append(group)
-            if not rl.online_filter or is_informative(group.rewards):
+            informative = not rl.online_filter or is_informative(group.rewards)
+            self._informative.append(informative)
+            if informative:
                 kept.append((sid, group))
             else:
                 self._useful.add(sid)
@@ -299,6 +315,7 @@ class PoolSource:
             "served": sorted(self._served),
             "useful": sorted(self._useful),
             "stale_dropped": list(self.stale_dropped),
+            "stale_groups": self.stale_groups,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -309,16 +326,22 @@ class PoolSource:
         self._served = set(state["served"])
         self._useful = set(state.get("useful", ()))  # absent in older checkpoints
         self.stale_dropped = list(state.get("stale_dropped", ()))
+        self.stale_groups = int(state.get("stale_groups", 0))
 
     def _take(
-        self, step: int, stop: threading.Event | None = None, wait_s: float = 0.0
+        self, step: int, short: int, stop: threading.Event | None = None, wait_s: float = 0.0
     ) -> list[TrainableSubmission]:
-        """One answer of ``/batches`` for ``step``, leased to this process; ``wait_s``: how long
-        the orchestrator may hold an empty answer until work arrives."""
+        """One answer of ``/batches`` for ``step``, leased to this process: about enough tasks
+        for ``short`` more informative groups (:func:`tasks_to_ask`); ``wait_s``: how long the
+        orchestrator may hold an empty answer until work arrives."""
         swarm = self.config.swarm
+        with self._lock:
+            tasks = tasks_to_ask(short, self._informative)
         reply = retry(
             lambda: self._call(
-                lambda: self.pool.batch(self.pool_id, step, 64, self.holder, wait_s=wait_s)
+                lambda: self.pool.batch(
+                    self.pool_id, step, 64, self.holder, wait_s=wait_s, max_tasks=tasks
+                )
             ),
             f"fetch accepted rollouts for step {step}",
             self.log,
