@@ -2,7 +2,8 @@
 
 The orchestrator runs as its own process (``swarmrl orchestrator``; SQLite and one server
 process by default; ``--db postgresql`` starts a private PostgreSQL server for the run and
-``--workers N`` serves it from N processes);
+``--workers N`` serves it from N processes; ``--fronts N`` puts N front processes that hold the
+connections, parse HTTP and check signatures in front of the one orchestrator process);
 the nodes are asyncio tasks spread over ``--procs`` client processes (uvloop). Each node keeps
 its own kept-alive HTTP/1.1 connection (one request at a time on it, as one worker process
 would) and signs every request exactly as ``PoolClient`` does (``sign_request``); the HTTP is
@@ -17,6 +18,7 @@ of the server and of the client processes. Run from the repository root:
 
     python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40
     python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40 --db postgresql --workers 2
+    python bench/pool.py --nodes 5000 --duration 60 --warmup 150 --fronts 1
 
 On PostgreSQL each level gets a fresh database with ``synchronous_commit = off``: a commit does
 not wait for its WAL flush, as SQLite's ``synchronous=NORMAL`` in WAL mode (the embedded
@@ -295,13 +297,14 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
 
 
 def start_orchestrator(
-    tmp: Path, spec: PoolSpec, db_url: str = "", workers: int = 1
+    tmp: Path, spec: PoolSpec, db_url: str = "", workers: int = 1, fronts: int = 0
 ) -> tuple[subprocess.Popen, str]:
     KeyPair.generate().save(tmp / "orch.json")
     (tmp / "spec.json").write_text(spec.model_dump_json())
     # every simulated node joins in the warm-up: admit them all at once (joins are not measured)
     joins = {"pool.join_rate_per_s": 1000, "pool.join_burst": 20000}
     args = ["--workers", str(workers)] + (["--db", db_url] if db_url else [])
+    args += ["--fronts", str(fronts)] if fronts else []
     return spawn_orchestrator(
         tmp / "run", tmp / "orch.json", [tmp / "spec.json"], settings=joins, args=args
     )
@@ -324,8 +327,13 @@ def _cpu(fields: list[str]) -> float:  # fields as _stats gives them: pid first
 
 def cpu_seconds(pid: int) -> float:
     """CPU seconds of the process group ``pid`` leads: the orchestrator and its further server
-    processes (``--workers``), which it starts in its own session."""
+    processes (``--workers``) or fronts (``--fronts``), which it starts in its own session."""
     return sum(_cpu(f) for f in _stats() if f[3] == str(pid))
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid`` alone (the orchestrator without its fronts)."""
+    return sum(_cpu(f) for f in _stats() if f[0] == str(pid))
 
 
 def postgres_cpu_seconds(port: int | None) -> float:
@@ -411,18 +419,20 @@ def measure_level(
 ) -> dict:
     """One level: a fresh orchestrator (and database) driven by ``n`` nodes."""
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_orchestrator(Path(tmp), spec, db_url, args.workers)
+        proc, url = start_orchestrator(Path(tmp), spec, db_url, args.workers, args.fronts)
         try:
             load0 = os.getloadavg()[0]
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            own0 = own_cpu_seconds(proc.pid)
             db0 = postgres_cpu_seconds(db_port)
             kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             row = run_level(url, n, args)
             wall = time.monotonic() - t0
             kids = resource.getrusage(resource.RUSAGE_CHILDREN)
             client_cpu = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
-            row["db"], row["workers"] = args.db, args.workers
+            row["db"], row["workers"], row["fronts"] = args.db, args.workers, args.fronts
             row["server_cpu_share"] = round((cpu_seconds(proc.pid) - cpu0) / wall, 2)
+            row["orchestrator_cpu_share"] = round((own_cpu_seconds(proc.pid) - own0) / wall, 2)
             row["db_cpu_share"] = round((postgres_cpu_seconds(db_port) - db0) / wall, 2)
             row["client_cpu_share"] = round(client_cpu / wall, 2)
             row["load_1min"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
@@ -454,12 +464,17 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="orchestrator server processes (PostgreSQL only)"
     )
+    parser.add_argument(
+        "--fronts", type=int, default=0, help="orchestrator front processes (0: none)"
+    )
     args = parser.parse_args()
     spec = bench_spec(lease_timeout_s=args.unit_s * 4)
     with database(args.db) as fresh:
         if args.costs:
             with tempfile.TemporaryDirectory() as tmp:
-                proc, url = start_orchestrator(Path(tmp), spec, fresh()[0], args.workers)
+                proc, url = start_orchestrator(
+                    Path(tmp), spec, fresh()[0], args.workers, args.fronts
+                )
                 try:
                     costs = request_costs(url, proc.pid)
                     print(json.dumps({"server_cpu_ms_per_request": costs}))
@@ -469,16 +484,17 @@ def main() -> None:
             return
         rows = [measure_level(n, spec, args, *fresh()) for n in args.nodes]
     print(
-        "\n| nodes | db, workers | load (start → end) | req/s | p50 ms | p99 ms | max ms "
-        "| server CPU | db CPU | client CPU | errors |"
+        "\n| nodes | db, workers, fronts | load (start → end) | req/s | p50 ms | p99 ms | max ms "
+        "| server CPU (orchestrator) | db CPU | client CPU | errors |"
     )
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         errors = sum(r["errors"].values())
         load = " → ".join(str(x) for x in r["load_1min"])
         print(
-            f"| {r['nodes']} | {r['db']}, {r['workers']} | {load} | {r['req_per_s']} "
-            f"| {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | {r['server_cpu_share']:.0%} "
+            f"| {r['nodes']} | {r['db']}, {r['workers']}, {r['fronts']} | {load} "
+            f"| {r['req_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} "
+            f"| {r['server_cpu_share']:.0%} ({r['orchestrator_cpu_share']:.0%}) "
             f"| {r['db_cpu_share']:.0%} | {r['client_cpu_share']:.0%} | {errors} |"
         )
     if args.out:

@@ -38,6 +38,7 @@ from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
 from swarmrl.pool import batches, joins, judging, nonces, penalties, service, work
 from swarmrl.pool.answers import BodyLimit, error_response, json_reply, unavailable
+from swarmrl.pool.bridge import Bridge
 from swarmrl.pool.db import WalCheckpointer, is_retryable
 from swarmrl.pool.hotroutes import HotLane, HotRoute, HotRoutes, error_summary
 from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
@@ -112,11 +113,12 @@ def run_transaction(fn: Callable[..., T], *args: Any) -> T:
     raise AssertionError("unreachable")
 
 
-def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
+def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) -> FastAPI:
     """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper.
     ``shared``: other server processes serve the same database (each claims every nonce in
     it); otherwise this process claims heartbeat and lease nonces in memory
-    (``swarmrl.pool.nonces``)."""
+    (``swarmrl.pool.nonces``). ``bridge``: a Unix socket path where the lifespan also serves
+    the orchestrator's front processes (``swarmrl.pool.bridge``)."""
     # nonces live in the database, so a request captured before a restart is refused after it
     nonce_store = DatabaseNonceStore(ctx.engine, ctx.clock)
     hot_nonces = None if shared else _hot_nonces(ctx)
@@ -150,13 +152,19 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
                 log.exception("writing buffered heartbeats failed; retrying next period")
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         checkpointer = WalCheckpointer(ctx.engine)
         checkpointer.start()
         tasks = [asyncio.create_task(sweeper()), asyncio.create_task(beat_flusher())]
+        fronts = None
+        if bridge is not None:
+            fronts = Bridge(app, app.state.bridge_lane, bridge)
+            await fronts.start()
         try:
             yield
         finally:
+            if fronts is not None:
+                await fronts.stop()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -229,6 +237,15 @@ def build_app(ctx: Context, *, shared: bool = False) -> FastAPI:
         ).observe(s),
     )
     app.state.hot_lane = lane  # the server answers these from its parser (swarmrl.pool.server)
+    # requests whose signature a front checked (swarmrl.pool.bridge): all else checked here
+    app.state.bridge_lane = HotLane(
+        hot,
+        verify=functools.partial(verifier.verify, signature_checked=True),
+        on_peer_error=error_response,
+        on_infra_error=unavailable,
+        max_body_bytes=ctx.config.max_body_bytes,
+        observe=lane.observe,
+    )
     app.state.hot_nonces = hot_nonces  # None: every nonce claimed in the database
     # innermost first: the body limit and the request timer wrap the hot routes too
     app.add_middleware(HotRoutes, lane=lane)

@@ -57,13 +57,15 @@ class OrchestratorServer(ThreadServer):
         limits: HttpLimits = ORCHESTRATOR_LIMITS,
         mounts: Mapping[str, Any] | None = None,
         reuse_port: bool = False,
+        bridge: str | None = None,
     ) -> None:
         """``limits``: what a connection may cost before its request head is complete;
         ``mounts``: further ASGI apps served under path prefixes (the dashboard at ``/ui``);
         ``reuse_port``: other server processes of this database share the port (PostgreSQL
-        only: see ``swarmrl.pool.service`` for what keeps them apart)."""
+        only: see ``swarmrl.pool.service`` for what keeps them apart); ``bridge``: also serve
+        front processes on this Unix socket (``swarmrl.pool.bridge``)."""
         self.ctx = ctx
-        self.app = app = build_app(ctx, shared=reuse_port)
+        self.app = app = build_app(ctx, shared=reuse_port, bridge=bridge)
         for prefix, sub in (mounts or {}).items():
             app.mount(prefix, sub)
         # nodelay: without it small responses wait ~40 ms for a delayed ACK
@@ -95,29 +97,44 @@ def serve_forever(
     *,
     reuse_port: bool = False,
     siblings: Siblings | None = None,
+    fronts: Fronts | None = None,
 ) -> None:
     """Serve until interrupted; writes the bound port to ``port_file`` once listening.
 
     ``siblings``: further server processes sharing the port (``reuse_port``), started once
     this one listens and before the port file is written (so whoever waits for the file finds
-    all of them serving); serving stops when one of them ends.
+    all of them serving); serving stops when one of them ends. ``fronts``: front processes
+    that serve ``host:port`` instead and bring every request here over a Unix socket
+    (``swarmrl.pool.bridge``; this process then listens on a free loopback port of its own);
+    started once this one listens, stopped with it, and serving stops when one of them ends.
     """
-    server = OrchestratorServer(ctx, host, port, mounts=mounts, reuse_port=reuse_port)
+    bridge = fronts.bridge if fronts is not None else None
+    own_host, own_port = ("127.0.0.1", 0) if fronts is not None else (host, port)
+    server = OrchestratorServer(
+        ctx, own_host, own_port, mounts=mounts, reuse_port=reuse_port, bridge=bridge
+    )
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     every_s = ctx.config.full_gc_every_s
     full_gc = FullCollections(every_s).start() if every_s > 0 else None
+    others: Siblings | Fronts | None = siblings if fronts is None else fronts
     try:
+        public = server.port
         if siblings is not None:
             siblings.start(server.port)
-        print(f"orchestrator listening on {server.url} (key {ctx.key.public_key_hex})", flush=True)
+        if fronts is not None:
+            public = fronts.start(host, port)
+        url = f"http://{host}:{public}"
+        print(f"orchestrator listening on {url} (key {ctx.key.public_key_hex})", flush=True)
         if port_file:
             tmp = Path(port_file + ".tmp")
-            tmp.write_text(f"{server.port}\n")
+            tmp.write_text(f"{public}\n")
             tmp.replace(port_file)
-        while server.alive() and (siblings is None or siblings.alive()):
+        while server.alive() and (others is None or others.alive()):
             server.thread.join(0.5)
     finally:
+        if fronts is not None:
+            fronts.stop()
         server.stop()
         if full_gc is not None:
             full_gc.stop()
@@ -131,3 +148,18 @@ class Siblings(Protocol):
 
     def alive(self) -> bool:
         """Whether all of them still run."""
+
+
+class Fronts(Protocol):
+    """Front processes of one orchestrator (``swarmrl orchestrator --fronts N``)."""
+
+    bridge: str  # the Unix socket they bring requests to
+
+    def start(self, host: str, port: int) -> int:
+        """Start them on ``host:port`` (0: a free port); return the port once all listen."""
+
+    def alive(self) -> bool:
+        """Whether all of them still run."""
+
+    def stop(self) -> None:
+        """Stop them."""

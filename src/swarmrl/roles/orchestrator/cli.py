@@ -2,12 +2,14 @@
 
     swarmrl orchestrator [CONFIG] --key orch.json [--db URL] [--store DIR|URL]
                          [--run-dir DIR] [--host 127.0.0.1] [--port 8600] [--pool spec.json …]
-                         [--workers N] [--set pool.key=value …]
+                         [--workers N | --fronts N] [--set pool.key=value …]
 
 Applies the ``[pool]`` section of ``CONFIG`` (default: the embedded config) plus ``--set``
 overrides; ``--db`` and ``--store``, when given, replace ``pool.db_url`` and
 ``pool.store_url``. ``--workers N`` serves the port from N processes (PostgreSQL only;
-:mod:`swarmrl.roles.orchestrator.workers`). Its ``/health`` answers with the settings it applies. Process wiring only;
+:mod:`swarmrl.roles.orchestrator.workers`); ``--fronts N`` has N front processes hold the
+connections, parse HTTP and check signatures, and bring every request to this one
+(:mod:`swarmrl.roles.orchestrator.fronts`, any database). Its ``/health`` answers with the settings it applies. Process wiring only;
 the service is :mod:`swarmrl.pool`. Imports neither torch nor transformers.
 """
 
@@ -20,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import UserError
 from swarmrl.identity.keys import load_keypair
 from swarmrl.pool.cli import read_spec
 from swarmrl.rolekit.toolkit import StatusReporter, log_config, setup_logging
+from swarmrl.roles.orchestrator.fronts import FrontGroup
 from swarmrl.roles.orchestrator.workers import WorkerGroup, require_postgres
 
 if TYPE_CHECKING:
@@ -53,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="server processes sharing the port (more than 1 needs PostgreSQL)",
     )
+    parser.add_argument(
+        "--fronts",
+        type=int,
+        default=0,
+        help="front processes that hold the connections, parse HTTP and check signatures "
+        "for this one (0: none)",
+    )
     # set on the further processes --workers starts: bind the port the first one holds
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--pool", action="append", default=[], help="pool spec JSON to host")
@@ -76,6 +87,10 @@ def pool_config(args: argparse.Namespace) -> PoolConfig:
     flags = {"db_url": args.db, "store_url": args.store}
     pool = config.pool.model_copy(update={k: v for k, v in flags.items() if v})
     require_postgres(pool.db_url, args.workers)  # before any log line: the refusal is one line
+    if args.fronts and args.workers > 1:
+        raise UserError("--fronts and --workers do not go together: choose one")
+    if args.fronts < 0:
+        raise UserError(f"--fronts must be 0 or more, not {args.fronts}")
     log_config(setup_logging(args.name), config)
     return pool
 
@@ -85,7 +100,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     config = pool_config(args)
     from swarmrl.pool import service
     from swarmrl.pool.rejections import Conflict
-    from swarmrl.pool.server import make_context, serve_forever
+    from swarmrl.pool.server import ORCHESTRATOR_LIMITS, make_context, serve_forever
 
     ctx = make_context(load_keypair(args.key), args.run_dir, config)
     for path in args.pool:
@@ -108,6 +123,9 @@ def main(verb: str, argv: Sequence[str]) -> int:
         2.0,  # each refresh queries the database: every 2 s is live enough for a display
         refresh=lambda r: report_pools(r, ctx, pools),
     )
+    fronts = (
+        FrontGroup(args.fronts, config, ORCHESTRATOR_LIMITS.keep_alive_s) if args.fronts else None
+    )
     with reporter, WorkerGroup(argv, args.workers - 1, args.name) as siblings:
         reporter.set(state="serving")
         serve_forever(
@@ -118,6 +136,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
             mounts,
             reuse_port=args.workers > 1 or args.reuse_port,
             siblings=siblings if args.workers > 1 else None,
+            fronts=fronts,
         )
         reporter.set(state="stopped")
     return 0
