@@ -380,17 +380,21 @@ def database(kind: str) -> Iterator[Callable[[], tuple[str, int | None]]]:
             admin.dispose()
 
 
-def request_costs(url: str, pid: int, n: int = 50, rounds: int = 5) -> dict[str, dict]:
+def request_costs(
+    url: str, pid: int, n: int = 50, rounds: int = 5, counter: Callable[[int], float] | None = None
+) -> dict[str, dict]:
     """Server CPU milliseconds per request of each kind, sent one at a time (no queueing):
-    ``rounds`` rounds of ``n`` requests per kind; the median and range of the rounds' means."""
+    ``rounds`` rounds of ``n`` requests per kind; the median and range of the rounds' means.
+    ``counter(pid)``: CPU seconds so far (default: the process group, :func:`cpu_seconds`)."""
+    counter = counter or cpu_seconds
     clients = [PoolClient(url, KeyPair.generate()) for _ in range(n)]
     for c in clients:
         c.join(POOL, CPU_NODE)
 
     def cost(items: list, call) -> tuple[float, list]:  # type: ignore[no-untyped-def]
-        cpu0 = cpu_seconds(pid)
+        cpu0 = counter(pid)
         out = [call(x) for x in items]
-        return (cpu_seconds(pid) - cpu0) / len(items) * 1000, out
+        return (counter(pid) - cpu0) / len(items) * 1000, out
 
     beat = Heartbeat(status="ok", model_version=0, log_tail=["step ok"])
     seen: dict[str, list[float]] = {"heartbeat": [], "lease": [], "submit": []}
@@ -478,6 +482,9 @@ def main() -> None:
                 try:
                     costs = request_costs(url, proc.pid)
                     print(json.dumps({"server_cpu_ms_per_request": costs}))
+                    if args.fronts:  # the orchestrator alone, its fronts left out
+                        own = request_costs(url, proc.pid, counter=own_cpu_seconds)
+                        print(json.dumps({"orchestrator_cpu_ms_per_request": own}))
                 finally:
                     proc.terminate()
                     proc.wait(timeout=60)

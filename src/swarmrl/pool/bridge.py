@@ -38,6 +38,9 @@ from swarmrl.protocol.fastlane import Answer, Lane
 log = logging.getLogger(__name__)
 
 PREFIX = struct.Struct(">II")  # head length, body length
+_SERVER_ERROR = Answer(
+    500, [(b"content-type", b"text/plain; charset=utf-8")], b"Internal Server Error"
+)
 MAX_HEAD_BYTES = 1 << 20
 
 
@@ -103,7 +106,11 @@ class Bridge:
         if head["v"] and head["m"] == "POST" and not head["q"]:
             raw_path = head["p"].encode("latin-1")
             if self.lane.wants(raw_path):
-                answer = self.lane.answer(raw_path, _latin1(head["h"]), body)
+                try:
+                    answer = self.lane.answer(raw_path, _latin1(head["h"]), body)
+                except Exception:  # a fault of ours: this request's 500, as the direct lane's
+                    log.exception("answering %r failed", head["p"])
+                    answer = _SERVER_ERROR
                 if answer is not None:
                     _write(writer, head["i"], answer)
                     return
@@ -151,7 +158,7 @@ class Bridge:
             await self.app(scope, receive, send)
         except Exception:
             log.exception("%s %s failed", head["m"], head["p"])
-            status, headers, chunks = 500, [(b"content-type", b"text/plain")], [b"error"]
+            status, headers, chunks = 500, _SERVER_ERROR.headers, [_SERVER_ERROR.body]
         kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
         _write(writer, head["i"], Answer(status, kept, b"".join(chunks)))
 

@@ -30,7 +30,7 @@ from swarmrl.identity.requests import HEADER_SIGNATURE, MemoryNonceStore, Reques
 from swarmrl.pool.answers import error_response
 from swarmrl.pool.bridge import frame, read_frame
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
-from swarmrl.serving import ThreadServer
+from swarmrl.serving import FullCollections, ThreadServer
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, required=True)
     parser.add_argument("--future-s", type=float, required=True)
     parser.add_argument("--keep-alive-s", type=float, default=30.0)
+    parser.add_argument("--full-gc-every-s", type=float, default=3600.0)
     args = parser.parse_args(argv)
     verifier = RequestVerifier(
         MemoryNonceStore(),  # never asked: the front claims no nonce
@@ -191,8 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         backlog=4096,
         **uvicorn_options(HttpLimits(keep_alive_s=args.keep_alive_s)),
     )
+    # thousands of kept-alive connections: the orchestrator's reason to collect fully on a
+    # schedule (swarmrl.serving.FullCollections) holds here too
+    full_gc = FullCollections(args.full_gc_every_s).start() if args.full_gc_every_s > 0 else None
     server.start()
-    server.run_until_stopped(args.port_file)
+    try:
+        server.run_until_stopped(args.port_file)
+    finally:
+        if full_gc is not None:
+            full_gc.stop()
     return 0
 
 

@@ -50,6 +50,7 @@ class FrontGroup:
                 "--window-s", str(cfg.request_window_s),
                 "--future-s", str(cfg.request_future_skew_s),
                 "--keep-alive-s", str(self.keep_alive_s),
+                "--full-gc-every-s", str(cfg.full_gc_every_s),
             ]  # fmt: skip
             proc = subprocess.Popen(command)
             self.procs.append(proc)
