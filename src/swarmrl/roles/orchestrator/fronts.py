@@ -21,8 +21,7 @@ from pathlib import Path
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import UserError, WaitTimeout
-
-STOP_WAIT_S = 20.0
+from swarmrl.roles.orchestrator.workers import all_alive, stop_all
 
 
 class FrontGroup:
@@ -71,24 +70,8 @@ class FrontGroup:
         return int(port_file.read_text())
 
     def alive(self) -> bool:
-        ended = [p for p in self.procs if p.poll() is not None]
-        for proc in ended:
-            print(
-                f"swarmrl orchestrator: a front ended with status {proc.returncode}; stopping",
-                file=sys.stderr,
-                flush=True,
-            )
-        return not ended
+        return all_alive(self.procs, lambda _: "a front")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + STOP_WAIT_S
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(self.procs)
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -18,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -44,6 +45,33 @@ def require_postgres(db_url: str, workers: int) -> None:
             f"--workers {workers} needs a PostgreSQL database (--db postgresql+psycopg://…); "
             f"{backend} has one writer, so serve it with one process"
         )
+
+
+def all_alive(procs: Sequence[subprocess.Popen[bytes]], name: Callable[[Any], str]) -> bool:
+    """Whether every one of ``procs`` still runs; each that ended is reported on stderr."""
+    ended = [p for p in procs if p.poll() is not None]
+    for proc in ended:
+        print(
+            f"swarmrl orchestrator: {name(proc)} ended with status {proc.returncode}; stopping",
+            file=sys.stderr,
+            flush=True,
+        )
+    return not ended
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Terminate ``procs`` and wait for them, killing any still running after
+    :data:`STOP_WAIT_S`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + STOP_WAIT_S
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class WorkerGroup:
@@ -83,27 +111,10 @@ class WorkerGroup:
                 time.sleep(0.1)
 
     def alive(self) -> bool:
-        ended = [p for p in self.procs if p.poll() is not None]
-        for proc in ended:
-            print(
-                f"swarmrl orchestrator: worker {proc.args[-1]} ended with status "
-                f"{proc.returncode}; stopping all",
-                file=sys.stderr,
-                flush=True,
-            )
-        return not ended
+        return all_alive(self.procs, lambda proc: f"worker {proc.args[-1]}")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + STOP_WAIT_S
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(self.procs)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
