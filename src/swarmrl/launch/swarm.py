@@ -308,9 +308,7 @@ def start_worker(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
     sup.start_role(name, "worker", args)
 
 
-def start_all(
-    sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None
-) -> None:
+def start_all(sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = lambda: None) -> None:
     """Start every role. Relays, validators and workers start while the trainer warms up and
     calibrates (module docstring), so that they are up by the time version 0 is published and
     step 0's rollouts are generated at once."""

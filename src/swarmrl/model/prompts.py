@@ -105,7 +105,11 @@ def check_prompts_encodable(
 ) -> None:
     """Refuse, at start, a tokenizer that would silently turn a task's prompt into unknowns."""
     for i, prompt in enumerate(prompts):
-        text = prompt if isinstance(prompt, str) else render_prompt(tokenizer, prompt.prompt, prompt.system)
+        text = (
+            prompt
+            if isinstance(prompt, str)
+            else render_prompt(tokenizer, prompt.prompt, prompt.system)
+        )
         missing = unknown_characters(tokenizer, text)
         if missing:
             raise ConfigError(

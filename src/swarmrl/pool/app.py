@@ -238,13 +238,8 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     )
     app.state.hot_lane = lane  # the server answers these from its parser (swarmrl.pool.server)
     # requests whose signature a front checked (swarmrl.pool.bridge): all else checked here
-    app.state.bridge_lane = HotLane(
-        hot,
-        verify=functools.partial(verifier.verify, signature_checked=True),
-        on_peer_error=error_response,
-        on_infra_error=unavailable,
-        max_body_bytes=ctx.config.max_body_bytes,
-        observe=lane.observe,
+    app.state.bridge_lane = lane.with_verify(
+        functools.partial(verifier.verify, signature_checked=True)
     )
     app.state.hot_nonces = hot_nonces  # None: every nonce claimed in the database
     # innermost first: the body limit and the request timer wrap the hot routes too

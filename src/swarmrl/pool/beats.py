@@ -49,9 +49,7 @@ _LIVENESS = dict(
     reported_tps=sa.bindparam("tps"),
 )
 # a buffered beat: only if the node is still in the state the beat saw
-_FLUSH = Fast(
-    _n.update().where(_THIS_NODE, _n.c.state == sa.bindparam("seen")).values(**_LIVENESS)
-)
+_FLUSH = Fast(_n.update().where(_THIS_NODE, _n.c.state == sa.bindparam("seen")).values(**_LIVENESS))
 _FLUSH_TAIL = Fast(
     _n.update()
     .where(_THIS_NODE, _n.c.state == sa.bindparam("seen"))

@@ -33,14 +33,11 @@ import os
 import struct
 from typing import Any
 
-from swarmrl.protocol.fastlane import Answer, Lane
+from swarmrl.protocol.fastlane import SERVER_ERROR, Answer, Lane
 
 log = logging.getLogger(__name__)
 
 PREFIX = struct.Struct(">II")  # head length, body length
-_SERVER_ERROR = Answer(
-    500, [(b"content-type", b"text/plain; charset=utf-8")], b"Internal Server Error"
-)
 MAX_HEAD_BYTES = 1 << 20
 
 
@@ -110,7 +107,7 @@ class Bridge:
                     answer = self.lane.answer(raw_path, _latin1(head["h"]), body)
                 except Exception:  # a fault of ours: this request's 500, as the direct lane's
                     log.exception("answering %r failed", head["p"])
-                    answer = _SERVER_ERROR
+                    answer = SERVER_ERROR
                 if answer is not None:
                     _write(writer, head["i"], answer)
                     return
@@ -158,7 +155,7 @@ class Bridge:
             await self.app(scope, receive, send)
         except Exception:
             log.exception("%s %s failed", head["m"], head["p"])
-            status, headers, chunks = 500, _SERVER_ERROR.headers, [_SERVER_ERROR.body]
+            status, headers, chunks = 500, SERVER_ERROR.headers, [SERVER_ERROR.body]
         kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
         _write(writer, head["i"], Answer(status, kept, b"".join(chunks)))
 

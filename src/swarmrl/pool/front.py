@@ -25,17 +25,18 @@ import itertools
 import logging
 from typing import Any
 
-from swarmrl.errors import OversizedRequest, PeerError
+from swarmrl.errors import InfraError, OversizedRequest, PeerError
 from swarmrl.identity.requests import HEADER_SIGNATURE, MemoryNonceStore, RequestVerifier
-from swarmrl.pool.answers import error_response
+from swarmrl.pool.answers import error_response, unavailable
 from swarmrl.pool.bridge import frame, read_frame
+from swarmrl.pool.hotroutes import headers_of
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.serving import FullCollections, ThreadServer
 
 log = logging.getLogger(__name__)
 
-_UNAVAILABLE = (503, [(b"content-type", b"application/json")], b'{"error":"unavailable",'
-                b'"detail":"the orchestrator behind this front cannot be reached"}')  # fmt: skip
+_GONE = unavailable(InfraError("the orchestrator behind this front cannot be reached"))
+_UNAVAILABLE = (_GONE.status_code, _GONE.raw_headers, bytes(_GONE.body))  # the app's own 503
 _SIGNED = HEADER_SIGNATURE.lower().encode()
 
 
@@ -148,9 +149,10 @@ class FrontApp:
         """Whether the request's signature and time are good (the nonce left to the pool)."""
         if method != "POST" or query or not any(k == _SIGNED for k, _ in headers):
             return False
-        found = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(headers)}
         try:
-            self.verifier.verify(method, raw_path.decode("latin-1"), body, found, claim=False)
+            self.verifier.verify(
+                method, raw_path.decode("latin-1"), body, headers_of(headers), claim=False
+            )
         except PeerError:
             return False
         return True

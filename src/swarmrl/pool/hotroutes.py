@@ -107,6 +107,17 @@ class HotLane:
             )
         )
 
+    def with_verify(self, verify: Callable[..., SignedRequest]) -> HotLane:
+        """The same lane with another request verifier."""
+        return HotLane(
+            self.routes,
+            verify,
+            self.on_peer_error,
+            self.on_infra_error,
+            self.max_body_bytes,
+            self.observe,
+        )
+
     def match(self, path: str) -> re.Match[str] | None:
         """The route and pool id of a ``POST`` to ``path`` (raw, latin-1), or None."""
         return self.pattern.fullmatch(path)
@@ -157,7 +168,7 @@ class HotLane:
         match = self.match(raw_path.decode("latin-1"))
         if match is None:
             return None
-        answer = self.respond(match, body, _headers_of(headers))
+        answer = self.respond(match, body, headers_of(headers))
         if answer is not None:
             template = self.routes[match[2]].template
             self.observe(template, answer.status, time.perf_counter() - started)
@@ -214,14 +225,14 @@ class _Headers(dict):
 
 
 def _headers(scope: dict[str, Any]) -> _Headers:
-    """The scope's headers (see :func:`_headers_of`), read once per request."""
+    """The scope's headers (see :func:`headers_of`), read once per request."""
     cached = scope.get("swarmrl.headers")
     if cached is None:
-        cached = scope["swarmrl.headers"] = _headers_of(scope["headers"])
+        cached = scope["swarmrl.headers"] = headers_of(scope["headers"])
     return cached
 
 
-def _headers_of(raw: Headers) -> _Headers:
+def headers_of(raw: Headers) -> _Headers:
     """Headers by lower-case name; of a repeated header the first, as Starlette's gives."""
     found = _Headers()
     for key, value in raw:

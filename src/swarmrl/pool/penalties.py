@@ -21,6 +21,7 @@ from swarmrl.protocol.pool import NodeView
 # statuses of work not yet handed to a trainer (swarmrl.pool.db): an invalidation drops it
 UNTRAINED = ("pending", "disputed", "unchecked", "accepted")
 
+
 def _drop_credits(
     ctx: Context, conn: sa.Connection, pool_id: str, node_id: str, where: Any, reason: str
 ) -> None:

@@ -60,7 +60,7 @@ class Lane(Protocol):
 
 
 _PLAIN = [(b"content-type", b"text/plain; charset=utf-8")]
-_SERVER_ERROR = Answer(500, _PLAIN, b"Internal Server Error")
+SERVER_ERROR = Answer(500, _PLAIN, b"Internal Server Error")  # a fault of ours answering
 
 
 def with_lane(base: type, lane: Lane) -> type:
@@ -119,7 +119,7 @@ def with_lane(base: type, lane: Lane) -> type:
                 answer = lane.answer(self._lane_path, self.headers, body)
             except Exception:  # a fault of ours: the peer gets a 500, the log the traceback
                 log.exception("answering %r failed", self._lane_path)
-                self._lane_write(_SERVER_ERROR, keep_alive=False)
+                self._lane_write(SERVER_ERROR, keep_alive=False)
                 return
             if answer is None:
                 self._to_app(body)

@@ -49,4 +49,3 @@ def clipped_token_loss(
     unclipped = -c1 * advantages
     clipped_branch = -c2 * advantages
     return torch.maximum(unclipped, clipped_branch), clipped_branch > unclipped
-

@@ -28,9 +28,7 @@ from swarmrl.errors import ServiceUnavailable
 
 def server_binaries() -> Path | None:
     """The newest ``/usr/lib/postgresql/<major>/bin`` holding ``initdb``, or None."""
-    found = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3])
-    )
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
     return found[-1].parent if found else None
 
 

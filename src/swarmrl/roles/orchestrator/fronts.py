@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from swarmrl.config.pool import PoolConfig
-from swarmrl.errors import UserError, WaitTimeout
-from swarmrl.roles.orchestrator.workers import all_alive, stop_all
+from swarmrl.errors import UserError
+from swarmrl.roles.orchestrator.workers import all_alive, listening_port, stop_all
 
 
 class FrontGroup:
@@ -53,21 +53,9 @@ class FrontGroup:
             ]  # fmt: skip
             proc = subprocess.Popen(command)
             self.procs.append(proc)
-            port = self._port(proc, port_file, port)
+            deadline = time.monotonic() + self.timeout_s
+            port = listening_port(proc, port_file, "front", port, deadline)
         return port
-
-    def _port(self, proc: subprocess.Popen[bytes], port_file: Path, asked: int) -> int:
-        deadline = time.monotonic() + self.timeout_s
-        while not port_file.exists():
-            if proc.poll() is not None:
-                raise WaitTimeout(
-                    f"orchestrator front exited with status {proc.returncode} before "
-                    f"listening on port {asked}"
-                )
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"orchestrator front did not listen within {self.timeout_s} s")
-            time.sleep(0.05)
-        return int(port_file.read_text())
 
     def alive(self) -> bool:
         return all_alive(self.procs, lambda _: "a front")

@@ -59,6 +59,23 @@ def all_alive(procs: Sequence[subprocess.Popen[bytes]], name: Callable[[Any], st
     return not ended
 
 
+def listening_port(
+    proc: subprocess.Popen[bytes], port_file: Path, name: str, port: int, deadline: float
+) -> int:
+    """The port ``proc`` wrote to ``port_file`` once it listens (asked: ``port``, 0 = any);
+    :class:`WaitTimeout` if it exits first or ``deadline`` (``time.monotonic``) passes."""
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise WaitTimeout(
+                f"orchestrator {name} exited with status {proc.returncode} before listening "
+                f"on port {port}"
+            )
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"orchestrator {name} did not listen on port {port} in time")
+        time.sleep(0.05)
+    return int(port_file.read_text())
+
+
 def stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """Terminate ``procs`` and wait for them, killing any still running after
     :data:`STOP_WAIT_S`."""
@@ -97,18 +114,7 @@ class WorkerGroup:
             self.procs.append(subprocess.Popen(command))
         deadline = time.monotonic() + self.timeout_s
         for proc, port_file in zip(self.procs, files, strict=True):
-            while not port_file.exists():
-                if proc.poll() is not None:
-                    raise WaitTimeout(
-                        f"orchestrator worker {proc.args[-1]} exited with status "
-                        f"{proc.returncode} before listening on port {port}"
-                    )
-                if time.monotonic() > deadline:
-                    raise WaitTimeout(
-                        f"orchestrator worker {proc.args[-1]} did not listen on port {port} "
-                        f"within {self.timeout_s:.0f} s"
-                    )
-                time.sleep(0.1)
+            listening_port(proc, port_file, f"worker {proc.args[-1]}", port, deadline)
 
     def alive(self) -> bool:
         return all_alive(self.procs, lambda proc: f"worker {proc.args[-1]}")

@@ -42,7 +42,10 @@ from swarmrl.rolekit.toolkit import add_role_args
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarmrl trainer", description="run the trusted trainer: take accepted rollouts, step, publish versions")
+    parser = argparse.ArgumentParser(
+        prog="swarmrl trainer",
+        description="run the trusted trainer: take accepted rollouts, step, publish versions",
+    )
     add_role_args(parser)
     parser.add_argument("--orchestrator", required=True, help="orchestrator URL")
     parser.add_argument("--pool", default="swarm", help="pool id (this key must own it)")

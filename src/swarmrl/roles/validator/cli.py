@@ -17,7 +17,10 @@ from swarmrl.rolekit.toolkit import add_peer_args, add_role_args
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarmrl validator", description="run a trusted validator: claim submissions, replay them, post verdicts")
+    parser = argparse.ArgumentParser(
+        prog="swarmrl validator",
+        description="run a trusted validator: claim submissions, replay them, post verdicts",
+    )
     add_role_args(parser)
     add_peer_args(parser)
     parser.add_argument(

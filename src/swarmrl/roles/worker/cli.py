@@ -30,7 +30,10 @@ from swarmrl.rolekit.toolkit import (
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarmrl worker", description="run an untrusted inference worker: lease, generate, prove, submit")
+    parser = argparse.ArgumentParser(
+        prog="swarmrl worker",
+        description="run an untrusted inference worker: lease, generate, prove, submit",
+    )
     add_role_args(parser)
     add_peer_args(parser)
     parser.add_argument("--invite", default=None, help="invite JSON from the pool owner")
