@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,10 +37,31 @@ _PR_SET_PDEATHSIG = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (the OS picks it; a race is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on ``host`` that was free a moment ago, for a role that binds it later.
+
+    Drawn below the kernel's ephemeral range (``ip_local_port_range``): a port from that range
+    can be taken meanwhile as the source port of any outgoing connection (a role starting
+    seconds later lost its port that way), one below it only by another listener. Where the
+    range leaves no room below it, the OS picks, as before; a race stays possible either way.
+    """
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(10000, low) if low > 11000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError(f"no free port below {low} on {host}")
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux); 0 where unknown."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
