@@ -126,6 +126,8 @@ def test_a_third_party_can_recheck_every_node_signature(tmp_path):
     # from the ledger and the rollout store alone, with nothing but the node's public key
     store = RolloutStore(str(tmp_path / "run" / "rollouts"))
     assert len(entries) == 10
+    stored = [p.name for p in (tmp_path / "run" / "rollouts").rglob("*") if p.is_file()]
+    assert len(stored) == 1 and stored[0].endswith(".seg")  # one segment, not a file each
     for entry in entries:
         assert entry["body"]["node_key"] == node_key.public_key_hex
         check_node_signature(store, POOL, entry["body"])

@@ -14,6 +14,7 @@ from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.store import split_reference
 from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -189,8 +190,17 @@ def break_rollout(server, submission_id, damage):
     schema) could hold; ``not_zstd``: the signed body, the only copy of the samples, replaced by
     bytes that are not a zstd frame."""
     key = f"{POOL}/{submission_id}.parquet"
-    if damage == "not_zstd":
-        Path(server.ctx.store.root, key + ".request.zst").write_bytes(b"\x00" * 64)
+    if damage == "not_zstd":  # zeroed where it lies in its segment
+        with server.ctx.engine.connect() as conn:
+            ref = conn.execute(
+                sa.select(db.submissions.c.rollout_key).where(
+                    db.submissions.c.submission_id == submission_id
+                )
+            ).scalar_one()
+        _, location = split_reference(ref)
+        with open(Path(server.ctx.store.root, POOL, "segments", location.segment), "r+b") as f:
+            f.seek(location.offset)
+            f.write(b"\x00" * location.length)
         return
     deep: object = []
     for _ in range(300):

@@ -102,15 +102,14 @@ def test_restart_restores_everything(tmp_path):
     assert report.contributions[node.node_id].submissions == 2
 
 
-def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_temporary_file(
-    tmp_path, monkeypatch
-):
+def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_part_of_it(tmp_path, monkeypatch):
     """The store cannot write (ENOSPC): the submit is a 503 the worker may retry, nothing is
-    recorded, no ``*.tmp`` file is left; once there is room the same lease is submitted."""
-    import errno
+    recorded, no part of the body is left in the store; once there is room the same lease is
+    submitted."""
+    import os
 
     from swarmrl.errors import PeerUnavailable
-    from swarmrl.pool import store
+    from swarmrl.pool import segments
     from swarmrl.testing.pool_nodes import local_orchestrator
 
     orch, owner, node = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
@@ -119,16 +118,15 @@ def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_temporary_file(
         sampling=SamplingParams(max_new_tokens=3), validators=[KeyPair.generate().public_key_hex],
     )  # fmt: skip
     full = {"on": True}
+    real_write = os.write
 
-    def open_or_full(path, mode="r", *args, **kwargs):
-        if full["on"] and "w" in mode and str(path).endswith(".tmp"):
-            handle = open(path, mode, *args, **kwargs)  # the file appears, then
-            handle.close()  # the disk fills up while writing it
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return open(path, mode, *args, **kwargs)
+    def write_or_full(fd, data):
+        if full["on"]:  # the disk fills up halfway through the record: a short write
+            return real_write(fd, data[: len(data) // 2])
+        return real_write(fd, data)
 
-    # the store writes a local directory with the builtin open (swarmrl.pool.store)
-    monkeypatch.setattr(store, "open", open_or_full, raising=False)
+    # the store appends a submission's body to a segment file (swarmrl.pool.segments)
+    monkeypatch.setattr(segments.os, "write", write_or_full)
     with local_orchestrator(tmp_path / "run", orch) as server:
         PoolClient(server.url, orch).create_pool(spec)
         client = PoolClient(server.url, node)
@@ -138,6 +136,8 @@ def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_temporary_file(
         with pytest.raises(PeerUnavailable, match="503"):
             client.submit("p1", body)
         assert list((tmp_path / "run").rglob("*.tmp")) == []
+        stored = list((tmp_path / "run" / "rollouts").rglob("*.seg"))
+        assert stored and all(p.stat().st_size == 0 for p in stored)  # the half record cut off
         full["on"] = False
         receipt = client.submit("p1", body)  # the refused attempt recorded nothing
         assert receipt.tokens > 0

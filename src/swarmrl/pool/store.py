@@ -1,11 +1,19 @@
-"""The rollout store: one file per submission, in a local directory or any fsspec URL.
+"""The rollout store: every submission's signed body, in a local directory or any fsspec URL.
 
-A submission is stored as the exact body its node signed, ``<key>.request.zst`` (zstd): the
-JSON of a :class:`~swarmrl.protocol.pool.Submission`, whose samples are the rollouts. Readers
-parse the samples out of it (:meth:`RolloutStore.get_samples`), and anyone can re-derive the
-body's digest and re-check the node's signature (``swarmrl.pool.audit.check_node_signature``).
-The signed body already holds every sample exactly as submitted, so a second copy in another
+A submission is stored as the exact body its node signed, zstd-compressed: the JSON of a
+:class:`~swarmrl.protocol.pool.Submission`, whose samples are the rollouts. Readers parse the
+samples out of it (:meth:`RolloutStore.get_samples`), and anyone can re-derive the body's
+digest and re-check the node's signature (``swarmrl.pool.audit.check_node_signature``). The
+signed body already holds every sample exactly as submitted, so a second copy in another
 encoding is not written: building and writing it had cost a submission a third of its CPU.
+
+In a local directory the bodies are records of append-only segment files, one folder per pool
+(``<pool>/segments/``, :mod:`swarmrl.pool.segments`): :meth:`RolloutStore.put_request` returns
+the reference to keep, ``<key>#<segment>@<offset>+<length>``, and every reader takes either
+that reference or the bare key (found by scanning the segments: what a third party holding only
+the ledger does). Elsewhere (an fsspec URL) each body is a file of its own,
+``<key>.request.zst``, and the reference is the key; such files are also read in a local
+directory (stores written before segments).
 
 Samples may also sit in a Parquet file under ``<key>`` itself (stores written before the
 request was the only copy, and :meth:`RolloutStore.put_samples`); where that file exists it is
@@ -42,6 +50,7 @@ from pydantic import ValidationError
 
 from swarmrl.errors import DiskWriteError
 from swarmrl.identity.keys import canonical_json
+from swarmrl.pool.segments import Location, SegmentLog
 from swarmrl.protocol.pool import Sample, Submission
 
 ROLLOUT_SCHEMA = pa.schema(
@@ -69,6 +78,13 @@ def _proof_value(text: str | None) -> dict[str, Any] | str | None:
     return text[4:] if text.startswith("hex:") else json.loads(text)
 
 
+def split_reference(ref: str) -> tuple[str, Location | None]:
+    """A stored submission's reference as its key and, for a record in a segment, where that
+    record lies; :class:`ValueError` for a reference with a malformed location."""
+    key, sep, where = ref.partition("#")
+    return key, Location.parse(where) if sep else None
+
+
 class RolloutStore:
     """Parquet rollouts under ``url`` (a directory path or fsspec URL)."""
 
@@ -79,7 +95,15 @@ class RolloutStore:
         self._made: set[str] = set()  # local directories known to exist
         # level 1: a body of 16 samples × 1,000 tokens (676 kB of JSON) compresses in 1.2 ms to
         # 344 kB, at level 3 in 4.9 ms to 348 kB (the digits of the log-probs barely compress)
-        self._zstd = zstandard.ZstdCompressor(level=1)
+        self._zstd = zstandard.ZstdCompressor(level=1, write_checksum=True)
+        self._logs: dict[str, SegmentLog] = {}  # by pool folder
+
+    def _log(self, key: str) -> SegmentLog:
+        folder = key.rsplit("/", 1)[0] if "/" in key else ""
+        log = self._logs.get(folder)
+        if log is None:
+            log = self._logs[folder] = SegmentLog(self._path(f"{folder}/segments"))
+        return log
 
     def _path(self, key: str) -> str:
         return f"{self.root.rstrip('/')}/{key}"
@@ -132,7 +156,7 @@ class RolloutStore:
     def get_samples(self, key: str) -> list[Sample]:
         """The samples stored under ``key``: its Parquet file's where there is one, else those
         of the signed request body (see the module docstring)."""
-        path = self._path(key)
+        path = self._path(split_reference(key)[0])
         if self.fs.exists(path):
             with self.fs.open(path, "rb") as handle:
                 rows = pq.read_table(handle).to_pylist()
@@ -145,31 +169,53 @@ class RolloutStore:
 
     def put_behaviour(self, key: str, logprobs: list[list[float]]) -> None:
         table = pa.table({"behaviour_logprobs": pa.array(logprobs, pa.list_(pa.float64()))})
-        self._write(key + ".behaviour.parquet", table)
+        self._write(split_reference(key)[0] + ".behaviour.parquet", table)
 
     def get_behaviour(self, key: str) -> list[list[float]] | None:
-        path = self._path(key + ".behaviour.parquet")
+        path = self._path(split_reference(key)[0] + ".behaviour.parquet")
         if not self.fs.exists(path):
             return None
         with self.fs.open(path, "rb") as handle:
             return pq.read_table(handle).column("behaviour_logprobs").to_pylist()
 
-    def put_request(self, key: str, body: bytes) -> None:
-        """Keep the request body a node signed for the submission stored under ``key``."""
+    def put_request(self, key: str, body: bytes) -> str:
+        """Keep the request body a node signed for the submission stored under ``key``; the
+        reference to read it back by (see the module docstring)."""
         compressed = self._zstd.compress(body)
-        self._write_bytes(self._path(key + ".request.zst"), compressed)
+        if not self.local:
+            self._write_bytes(self._path(key + ".request.zst"), compressed)
+            return key
+        try:
+            location = self._log(key).append(key, compressed)
+        except OSError as exc:
+            raise DiskWriteError(f"cannot store {key}: {exc.strerror or exc}") from exc
+        return f"{key}#{location}"
 
-    def get_request(self, key: str) -> bytes:
-        """The signed request body kept by :meth:`put_request`."""
+    def get_request(self, ref: str) -> bytes:
+        """The signed request body kept by :meth:`put_request`, by its reference or its key:
+        :class:`OSError` where there is none, :class:`ValueError` where the stored bytes are
+        not one."""
+        key, location = split_reference(ref)
         path = self._path(key + ".request.zst")
-        with self.fs.open(path, "rb") as handle:
-            compressed = handle.read()
+        if location is None and self.local and not os.path.exists(path):
+            location = self._log(key).find(key)
+            if location is None:
+                raise FileNotFoundError(f"no stored request under {key}")
+        if location is not None:
+            compressed = self._log(key).read(location, key)
+            path = f"{self._log(key).folder}/{location}"
+        else:
+            with self.fs.open(path, "rb") as handle:
+                compressed = handle.read()
         try:
             return zstandard.ZstdDecompressor().decompress(compressed)
         except zstandard.ZstdError as exc:
             raise ValueError(f"{path} is not a zstd frame: {exc}") from exc
 
     def delete(self, key: str) -> None:
+        """Remove a submission's files; a body kept in a segment is no longer found by its key
+        (its bytes stay in the segment until it is removed whole)."""
+        key = split_reference(key)[0]
         for path in (
             self._path(key),
             self._path(key + ".behaviour.parquet"),
@@ -177,3 +223,8 @@ class RolloutStore:
         ):
             if self.fs.exists(path):
                 self.fs.rm(path)
+        if self.local:
+            try:
+                self._log(key).delete(key)
+            except OSError as exc:
+                raise DiskWriteError(f"cannot delete {key}: {exc.strerror or exc}") from exc

@@ -450,7 +450,7 @@ def _submit(
             "nonce": signed.nonce,
         }
         # what the node signed: the rollouts, and for third parties its signature's subject
-        ctx.store.put_request(key, signed.body)
+        ref = ctx.store.put_request(key, signed.body)
         try:
             _INSERT_SUBMISSION.run(
                 conn,
@@ -460,7 +460,7 @@ def _submit(
                     lease_id=sub.lease_id,
                     node_id=node_id,
                     received_at=now,
-                    rollout_key=key,
+                    rollout_key=ref,
                     n_samples=len(sub.samples),
                     tokens=tokens,
                     min_version=min((s.policy_version for s in sub.samples), default=version),
@@ -489,6 +489,6 @@ def _submit(
                 )
             ctx.ledger.append_many(conn, entries)  # one head read, one insert
         except BaseException:
-            ctx.store.delete(key)
+            ctx.store.delete(ref)
             raise
     return SubmissionReceipt(submission_id=sid, status="pending", tokens=tokens)
