@@ -13,8 +13,10 @@ then heartbeats every ``--beat-s`` seconds on a fixed grid at a random phase, as
 (``swarmrl.rolekit.ticks``; a late answer does not move the next beat), and runs a work loop:
 lease a unit, "generate" for ``--unit-s`` seconds (sleep; no model runs), submit synthetic
 samples, repeat. Reported: requests per second, client-side p50/p99/max latency per call kind
-over the measured window (request written → response read; joins excluded), and the CPU share
-of the server and of the client processes. Run from the repository root:
+over the measured window (request written → response read; joins excluded), the CPU share
+of the server and of the client processes, and with ``--out`` a per-second timeline of the
+window (requests started, their p50/p99/max; JSON, and a PNG beside it). Run from the
+repository root:
 
     python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40
     python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40 --db postgresql --workers 2
@@ -160,13 +162,15 @@ class Recorder:
     def __init__(self, t0: float, t1: float) -> None:
         self.t0, self.t1 = t0, t1
         self.lat: dict[str, list[float]] = {}
+        self.moments: list[tuple[float, float]] = []  # (seconds into the window, latency)
         self.errors: dict[str, int] = {}
         self.joined_at = float("nan")  # when this process's last node had joined
         self.join_errors: dict[str, int] = {}  # refused or timed-out joins (retried)
 
     async def timed(self, kind: str, node: WireNode, path: str, body: bytes) -> Any:
         """``node.call``, timed if it starts in the window; refusals counted, not raised."""
-        counted = self.t0 <= time.time() < self.t1
+        begun = time.time()
+        counted = self.t0 <= begun < self.t1
         timings: list[float] | None = self.lat.setdefault(kind, []) if counted else None
         try:
             return await node.call(path, body, timings)
@@ -175,6 +179,9 @@ class Recorder:
                 key = f"{kind}: {exc.code}"
                 self.errors[key] = self.errors.get(key, 0) + 1
             return None
+        finally:
+            if timings:
+                self.moments.append((begun - self.t0, timings[-1]))
 
 
 async def node_life(
@@ -249,10 +256,54 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     return rec
 
 
-def drive_process(job: tuple) -> tuple[dict, dict, float, dict]:
+def drive_process(job: tuple) -> tuple[dict, dict, float, dict, list]:
     url, n_nodes, args, t0, t1 = job
     rec = uvloop.run(drive(url, n_nodes, args, t0, t1))
-    return rec.lat, rec.errors, rec.joined_at, rec.join_errors
+    return rec.lat, rec.errors, rec.joined_at, rec.join_errors, rec.moments
+
+
+def timeline(moments: list[tuple[float, float]], seconds: int) -> list[dict[str, float]]:
+    """Per second of the window: requests started in it, and their p50, p99 and max latency
+    (ms). Shows whether a p99 comes from a few stalls (every request of a second late) or from
+    a backlog built by bursts of arrivals."""
+    by_second: list[list[float]] = [[] for _ in range(seconds)]
+    for at, latency in moments:
+        if 0 <= at < seconds:
+            by_second[int(at)].append(latency)
+    return [
+        {
+            "s": i,
+            "n": len(v),
+            "p50_ms": round(percentile(v, 0.5) * 1000, 1),
+            "p99_ms": round(percentile(v, 0.99) * 1000, 1),
+            "max_ms": round(max(v, default=float("nan")) * 1000, 1),
+        }
+        for i, v in enumerate(by_second)
+    ]
+
+
+def plot_timeline(rows: list[dict], path: Path) -> None:
+    """Requests started and their latency per second of each level's window, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 3.2 * len(rows)), squeeze=False)
+    for ax, row in zip(axes[:, 0], rows, strict=True):
+        t = [x["s"] for x in row["timeline"]]
+        ax.bar(t, [x["n"] for x in row["timeline"]], color="#c8d6e5", label="requests started")
+        ax.set_ylabel("requests / s")
+        ax.set_xlabel("seconds into the window")
+        lat = ax.twinx()
+        lat.plot(t, [x["p99_ms"] for x in row["timeline"]], color="#c0392b", label="p99")
+        lat.plot(t, [x["p50_ms"] for x in row["timeline"]], color="#2e86de", label="p50")
+        lat.set_ylabel("latency (ms)")
+        lat.legend(loc="upper right")
+        ax.set_title(f"{row['nodes']} nodes: p99 {row['p99_ms']} ms, {row['req_per_s']} req/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
@@ -269,6 +320,7 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     for part in results:
         for k, v in part[3].items():
             join_errors[k] = join_errors.get(k, 0) + v
+    moments = [m for part in results for m in part[4]]
     for part_lat, part_errors, *_ in results:
         for k, v in part_lat.items():
             lat.setdefault(k, []).extend(v)
@@ -294,6 +346,8 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
         "join_errors": join_errors,  # before the window; a node refused 5 times takes no part
         # < unit-s means nodes were still ramping up (first leases) inside the window
         "joined_s_before_window": round(t0 - joined_at, 1),
+        "window_start": round(t0, 3),  # Unix time
+        "timeline": timeline(moments, int(args.duration)),
     }
 
 
@@ -462,6 +516,8 @@ def main() -> None:
         )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+        plot_timeline(rows, Path(args.out).with_suffix(".png"))
+        print(f'per-second timeline: {args.out} ("timeline"), {Path(args.out).with_suffix(".png")}')
 
 
 if __name__ == "__main__":
