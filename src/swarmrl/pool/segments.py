@@ -17,8 +17,9 @@ raised, so a segment holds whole records followed at most by the torn tail of a 
 
 A record is read back at its :class:`Location` (what the writer was told), or found by key
 (:meth:`SegmentLog.find`, reading what was appended to the folder's segments since its last
-look; the last record of a key wins, a tombstone hides it). A scan stops at a segment's first
-record that is not whole. Knows nothing about what the records hold.
+look, segments in name order, i.e. by creation; of a key's records the one read last wins, and
+a tombstone hides the key). A scan stops at a segment's first record that is not whole. Knows
+nothing about what the records hold.
 """
 
 from __future__ import annotations
