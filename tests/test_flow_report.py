@@ -24,6 +24,15 @@ def test_the_wasted_share_counts_accepted_work_never_trained():
     assert wasted({"rejected": 3})["wasted_share"] is None
 
 
+def test_work_invalidated_as_a_penalty_is_waste_in_the_headline_and_left_out_beside_it():
+    facts = wasted({"trained": 18, "accepted": 1, "unchecked": 1, "dropped": 5}, stale_dropped=2)
+    assert facts["accepted_ever"] == 25 and facts["never_trained"]["dropped"] == 5
+    assert facts["wasted_share"] == 9 / 25  # 1 queued + 1 unchecked + 5 dropped + 2 stale
+    assert facts["wasted_share_excluding_invalidated"] == 4 / 20
+    assert wasted({"dropped": 3})["wasted_share_excluding_invalidated"] is None
+    assert wasted({"trained": 9, "accepted": 1})["wasted_share_excluding_invalidated"] == 0.1
+
+
 def test_submissions_acknowledged_with_every_group_stale_count_as_never_trained():
     """The pool counts them trained (the trainer acknowledged them); nothing of them was."""
     facts = wasted({"trained": 18, "accepted": 1, "unchecked": 1}, stale_dropped=2)

@@ -210,7 +210,14 @@ def summary_text(report: dict) -> str:
         f"({subs['rejected_honest']} of them from honest workers), "
         f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on"
         + (
-            f" ({subs['wasted_share']:.0%} of those taken in never trained)"
+            f" ({subs['wasted_share']:.0%} of those taken in never trained"
+            + (
+                f"; {subs['wasted_share_excluding_invalidated']:.0%} leaving out the"
+                f" {subs['dropped']} invalidated as a penalty)"
+                if subs.get("dropped")
+                and subs.get("wasted_share_excluding_invalidated") is not None
+                else ")"
+            )
             if subs.get("wasted_share") is not None
             else ""
         )

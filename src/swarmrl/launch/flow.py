@@ -26,7 +26,11 @@ def wasted(by_status: dict[str, int], stale_dropped: int = 0) -> dict[str, Any]:
     as too stale to carry into a later step (``stale_dropped``: never trained).
     ``wasted_share`` = (accepted ever − trained + stale_dropped) ÷ accepted ever;
     ``wasted_share_by_status`` leaves the stale-dropped out (the pool's statuses alone). Both
-    None when nothing was accepted."""
+    None when nothing was accepted. ``wasted_share_excluding_invalidated`` is the first with the
+    dropped left out of both sides: work invalidated as a penalty (a banned node's untrained
+    work, a soft-invalidated unit) is refused for cause and its credit taken back, where the
+    rest of the never-trained work was honest compute the run could not use; the report gives
+    both, and the headline is ``wasted_share``."""
     trained = by_status.get("trained", 0)
     queued = by_status.get("accepted", 0) + by_status.get("leased", 0)
     unchecked = by_status.get("unchecked", 0)
@@ -42,6 +46,11 @@ def wasted(by_status: dict[str, int], stale_dropped: int = 0) -> dict[str, Any]:
         },
         "wasted_share": (accepted - trained + stale_dropped) / accepted if accepted else None,
         "wasted_share_by_status": (accepted - trained) / accepted if accepted else None,
+        "wasted_share_excluding_invalidated": (
+            (accepted - dropped - trained + stale_dropped) / (accepted - dropped)
+            if accepted > dropped
+            else None
+        ),
     }
 
 
