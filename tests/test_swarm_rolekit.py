@@ -153,3 +153,27 @@ def test_a_busy_moment_does_not_bunch_beats_on_a_fixed_rate() -> None:
     bunched, spread = _busiest_second("after the answer"), _busiest_second("fixed rate")
     assert bunched >= 160  # ~100 a second, plus the ~100 delayed ones
     assert spread <= 140
+
+
+def test_a_finished_role_ends_at_once_with_its_code_and_its_logs_written(tmp_path):
+    """end_process: a thread still running (here one that never ends and is not a daemon,
+    which would hold a normal exit forever) does not keep the role's process alive or change
+    its exit code, and what was logged and printed before reaches its files."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys, threading, time\n"
+        "from swarmrl.rolekit.toolkit import end_process\n"
+        f"logging.basicConfig(filename={str(tmp_path / 'role.log')!r}, level=logging.INFO)\n"
+        "threading.Thread(target=lambda: time.sleep(3600), daemon=False).start()\n"
+        "logging.getLogger('role').info('the run is finished; stopping')\n"
+        "print('last words', end='')\n"
+        "end_process(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "last words"
+    assert "the run is finished; stopping" in (tmp_path / "role.log").read_text()

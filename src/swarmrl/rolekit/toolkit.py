@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import httpx
 import tenacity
@@ -83,6 +85,22 @@ def setup_logging(name: str, level: str = "INFO") -> logging.Logger:
 
 class _Stopped(Exception):
     """Raised out of a pause when the role's stop event is set."""
+
+
+def end_process(code: int) -> NoReturn:
+    """End this role's process with ``code`` at once, its logs and standard streams flushed,
+    without the interpreter's finalisation. A role that has finished cleanly can still have
+    native threads running (torch's, a download's); destroying them while the interpreter
+    tears down has aborted a finished worker ("terminate called without an active exception",
+    status −6), which its supervisor then counts as a crash. For a role's own process only:
+    nothing registered to run at exit runs."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: nothing more can reach it
+    os._exit(code)
 
 
 def _pause(stop: threading.Event | None) -> Callable[[float], None]:

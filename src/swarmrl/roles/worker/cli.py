@@ -23,6 +23,7 @@ from swarmrl.rolekit.toolkit import (
     StatusReporter,
     add_peer_args,
     add_role_args,
+    end_process,
     load_role_config,
     log_config,
     setup_logging,
@@ -83,8 +84,9 @@ def main(verb: str, argv: Sequence[str]) -> int:
     with terminate_as_interrupt(), status:
         node = WorkerNode(config, settings, keypair, status, log)
         try:
-            return node.run()
+            code = node.run()
         except KeyboardInterrupt:
             log.info("stopping")
             status.set(state="stopped")
-            return 0
+            code = 0
+    end_process(code)  # the status written, the logs flushed (see end_process)
