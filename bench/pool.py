@@ -53,7 +53,8 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 import uvloop
 
-from proc_cpu import cpu_seconds, own_cpu_seconds, postgres_cpu_seconds  # this script's sibling
+from latency import ms_at, percentile, plot_timeline, timeline  # this script's siblings
+from proc_cpu import cpu_seconds, own_cpu_seconds, postgres_cpu_seconds
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
@@ -80,13 +81,6 @@ def bench_spec(lease_timeout_s: float) -> PoolSpec:
         max_leases_in_flight=1,
         lease_timeout_s=lease_timeout_s,
     )
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Refused(Exception):
@@ -262,50 +256,6 @@ def drive_process(job: tuple) -> tuple[dict, dict, float, dict, list]:
     return rec.lat, rec.errors, rec.joined_at, rec.join_errors, rec.moments
 
 
-def timeline(moments: list[tuple[float, float]], seconds: int) -> list[dict[str, float]]:
-    """Per second of the window: requests started in it, and their p50, p99 and max latency
-    (ms). Shows whether a p99 comes from a few stalls (every request of a second late) or from
-    a backlog built by bursts of arrivals."""
-    by_second: list[list[float]] = [[] for _ in range(seconds)]
-    for at, latency in moments:
-        if 0 <= at < seconds:
-            by_second[int(at)].append(latency)
-    return [
-        {
-            "s": i,
-            "n": len(v),
-            "p50_ms": round(percentile(v, 0.5) * 1000, 1),
-            "p99_ms": round(percentile(v, 0.99) * 1000, 1),
-            "max_ms": round(max(v, default=float("nan")) * 1000, 1),
-        }
-        for i, v in enumerate(by_second)
-    ]
-
-
-def plot_timeline(rows: list[dict], path: Path) -> None:
-    """Requests started and their latency per second of each level's window, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 3.2 * len(rows)), squeeze=False)
-    for ax, row in zip(axes[:, 0], rows, strict=True):
-        t = [x["s"] for x in row["timeline"]]
-        ax.bar(t, [x["n"] for x in row["timeline"]], color="#c8d6e5", label="requests started")
-        ax.set_ylabel("requests / s")
-        ax.set_xlabel("seconds into the window")
-        lat = ax.twinx()
-        lat.plot(t, [x["p99_ms"] for x in row["timeline"]], color="#c0392b", label="p99")
-        lat.plot(t, [x["p50_ms"] for x in row["timeline"]], color="#2e86de", label="p50")
-        lat.set_ylabel("latency (ms)")
-        lat.legend(loc="upper right")
-        ax.set_title(f"{row['nodes']} nodes: p99 {row['p99_ms']} ms, {row['req_per_s']} req/s")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     """Drive ``n_nodes`` nodes from ``args.procs`` client processes; summarise the window."""
     t0 = time.time() + args.warmup
@@ -331,14 +281,14 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
         "nodes": n_nodes,
         "requests": len(all_lat),
         "req_per_s": round(len(all_lat) / args.duration, 1),
-        "p50_ms": round(percentile(all_lat, 0.50) * 1000, 1),
-        "p99_ms": round(percentile(all_lat, 0.99) * 1000, 1),
+        "p50_ms": ms_at(all_lat, 0.50),
+        "p99_ms": ms_at(all_lat, 0.99),
         "max_ms": round(max(all_lat, default=float("nan")) * 1000, 1),
         "by_kind": {
             k: {
                 "n": len(v),
-                "p50_ms": round(percentile(v, 0.5) * 1000, 1),
-                "p99_ms": round(percentile(v, 0.99) * 1000, 1),
+                "p50_ms": ms_at(v, 0.5),
+                "p99_ms": ms_at(v, 0.99),
             }
             for k, v in sorted(lat.items())
         },

@@ -172,6 +172,19 @@ def trainer_summary(plan: SwarmPlan) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _waste_clause(subs: dict) -> str:
+    """The summary's clause on never-trained work, e.g. ``(12% of those taken in never trained;
+    9% leaving out the 7 invalidated as a penalty)``; the second part only where work was
+    invalidated, nothing without a share."""
+    if subs.get("wasted_share") is None:
+        return ""
+    clause = f" ({subs['wasted_share']:.0%} of those taken in never trained"
+    without = subs.get("wasted_share_excluding_invalidated")
+    if subs.get("dropped") and without is not None:
+        clause += f"; {without:.0%} leaving out the {subs['dropped']} invalidated as a penalty"
+    return clause + ")"
+
+
 def summary_text(report: dict) -> str:
     """What happened, in words, for a person at the end of a swarm run: learning, who cheated
     and how they were caught, what was rejected, and how to check the ledger oneself."""
@@ -209,18 +222,7 @@ def summary_text(report: dict) -> str:
         + f"{subs['rejected']} rejected "
         f"({subs['rejected_honest']} of them from honest workers), "
         f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on"
-        + (
-            f" ({subs['wasted_share']:.0%} of those taken in never trained"
-            + (
-                f"; {subs['wasted_share_excluding_invalidated']:.0%} leaving out the"
-                f" {subs['dropped']} invalidated as a penalty)"
-                if subs.get("dropped")
-                and subs.get("wasted_share_excluding_invalidated") is not None
-                else ")"
-            )
-            if subs.get("wasted_share") is not None
-            else ""
-        )
+        + _waste_clause(subs)
         + (
             f", {subs['stale_groups_dropped']} held-over groups went too stale to train"
             if subs.get("stale_groups_dropped")

@@ -197,13 +197,16 @@ class RolloutStore:
         not one."""
         key, location = split_reference(ref)
         path = self._path(key + ".request.zst")
-        if location is None and self.local and not os.path.exists(path):
-            location = self._log(key).find(key)
+        log = self._log(key) if self.local else None
+        if log is not None and location is None and not os.path.exists(path):
+            location = log.find(key)
             if location is None:
                 raise FileNotFoundError(f"no stored request under {key}")
         if location is not None:
-            compressed = self._log(key).read(location, key)
-            path = f"{self._log(key).folder}/{location}"
+            if log is None:
+                raise ValueError(f"{ref!r}: a segment location in a store without segments")
+            compressed = log.read(location, key)
+            path = f"{log.folder}/{location}"
         else:
             with self.fs.open(path, "rb") as handle:
                 compressed = handle.read()
