@@ -126,6 +126,34 @@ def test_forged_stale_replayed_and_unsigned_requests(env):
     expect(httpx.post(server.url + path, content=body, headers=h), 401, "already used")
 
 
+def test_a_weak_key_whose_signatures_anyone_can_make_cannot_join_an_open_pool(env):
+    # the identity point as public key: R = identity, S = 0 verifies under it for every message
+    # in a cofactorless check, so whoever joined with it could send (and deny) anything
+    server, owner, node, run = env
+    orch = server.ctx.key
+    spec = PoolSpec(
+        pool_id="open-weak",
+        owner_key=owner.public_key_hex,
+        task_count=5,
+        open=True,
+        validators=[KeyPair.generate().public_key_hex],
+    )
+    PoolClient(server.url, orch).create_pool(spec)
+    before = snapshot(server, run)
+    path = "/pools/open-weak/join"
+    body = JoinRequest(metadata=CPU_NODE).model_dump_json().encode()
+    headers = {
+        "X-Swarm-Key": "01" + "00" * 31,
+        "X-Swarm-Timestamp": str(int(time.time() * 1000)),
+        "X-Swarm-Nonce": "ab" * 16,
+        "X-Swarm-Signature": "01" + "00" * 63,
+        "Content-Type": "application/json",
+    }
+    expect(httpx.post(server.url + path, content=body, headers=headers), 401, "small-order")
+    assert snapshot(server, run) == before
+    PoolClient(server.url, KeyPair.generate()).join("open-weak", CPU_NODE)  # a real key joins
+
+
 def test_oversized_body_is_refused_before_parsing(env):
     server, owner, node, run = env
     before = snapshot(server, run)

@@ -4,6 +4,13 @@ A key file is JSON: ``{"kind": "ed25519", "private_key": "<64 hex>", "public_key
 written with mode 0600. A node id is ``sha256(public key bytes)`` in hex, cut to 32 characters
 (128 bits), so anyone holding the public key can recompute it and nobody can choose it.
 Signatures are 64 raw bytes, carried as hex on the wire.
+
+Signing and verification are libsodium's (PyNaCl), which verifies a short message in about
+half the time of OpenSSL's ed25519 and refuses what proves nothing: a public key of small order
+(or off the curve) and a signature whose R has small order or whose S is not reduced. Under
+the identity point as public key, R = identity and S = 0 "sign" every message; a verifier
+that accepts that lets a member pick a key whose signatures anyone can make, and later deny
+every submission it sent. Such a key is refused with that reason (:func:`key_is_usable`).
 """
 
 from __future__ import annotations
@@ -15,17 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
+import nacl.bindings
+from nacl.exceptions import BadSignatureError
 
 from swarmrl.errors import BadSignature, MissingPathError, UserError
 
@@ -85,29 +83,44 @@ def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) ->
             f"signature {len(sig_bytes)} bytes (want 64)"
         )
     try:
-        Ed25519PublicKey.from_public_bytes(key_bytes).verify(sig_bytes, message)
-    except InvalidSignature as exc:
+        nacl.bindings.crypto_sign_open(sig_bytes + message, key_bytes)
+    except BadSignatureError as exc:
+        if not key_is_usable(key_bytes):
+            raise BadSignature(
+                "public key is not a usable ed25519 key (a small-order or off-curve point: "
+                "signatures under it prove nothing)"
+            ) from exc
         raise BadSignature("signature does not verify") from exc
 
 
-class KeyPair:
-    """An ed25519 private key with its public half and node id."""
+def key_is_usable(key_bytes: bytes) -> bool:
+    """Whether 32 bytes are an ed25519 public key that signatures can bind to: on the curve
+    and not of small order (libsodium's conversion to X25519 refuses exactly those)."""
+    try:
+        nacl.bindings.crypto_sign_ed25519_pk_to_curve25519(key_bytes)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
-    def __init__(self, private_key: Ed25519PrivateKey) -> None:
-        self._private = private_key
-        raw_public = private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+class KeyPair:
+    """An ed25519 private key (its 32-byte seed) with its public half and node id."""
+
+    def __init__(self, seed: bytes) -> None:
+        if len(seed) != 32:
+            raise ValueError(f"seed must be 32 bytes, got {len(seed)}")
+        self._seed = bytes(seed)
+        raw_public, self._secret = nacl.bindings.crypto_sign_seed_keypair(self._seed)
         self.public = PublicKey(raw_public.hex())
 
     @classmethod
     def generate(cls) -> KeyPair:
-        return cls(Ed25519PrivateKey.generate())
+        return cls(os.urandom(32))
 
     @classmethod
     def from_seed(cls, seed: bytes) -> KeyPair:
         """Deterministic key from a 32-byte seed (tests and reproducible local swarms only)."""
-        if len(seed) != 32:
-            raise ValueError(f"seed must be 32 bytes, got {len(seed)}")
-        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+        return cls(seed)
 
     @property
     def public_key_hex(self) -> str:
@@ -119,7 +132,8 @@ class KeyPair:
 
     def sign(self, message: bytes) -> str:
         """Signature over ``message`` as 128 hex characters."""
-        return self._private.sign(message).hex()
+        signed = nacl.bindings.crypto_sign(message, self._secret)  # signature, then message
+        return signed[: nacl.bindings.crypto_sign_BYTES].hex()
 
     def save(self, path: str | Path) -> None:
         """Write the key file (JSON, mode 0600). Refuses to overwrite an existing file."""
@@ -127,9 +141,7 @@ class KeyPair:
         if path.exists():
             raise UserError(f"key file already exists, not overwriting: {path}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        private_hex = self._private.private_bytes(
-            Encoding.Raw, PrivateFormat.Raw, NoEncryption()
-        ).hex()
+        private_hex = self._seed.hex()
         body = json.dumps(
             {"kind": "ed25519", "private_key": private_hex, "public_key": self.public.hex},
             indent=2,
@@ -146,10 +158,9 @@ def load_keypair(path: str | Path) -> KeyPair:
         raise MissingPathError(f"key file not found: {path}")
     try:
         data = json.loads(path.read_text())
-        private = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(data["private_key"]))
+        pair = KeyPair(bytes.fromhex(data["private_key"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"key file {path} is not a swarmrl ed25519 key file ({exc})") from exc
-    pair = KeyPair(private)
     if data.get("public_key") not in (None, pair.public.hex):
         raise UserError(f"key file {path}: public_key does not match private_key")
     return pair
