@@ -284,16 +284,7 @@ def test_a_node_whose_unchecked_work_waits_gets_the_unit_that_can_release_it(db_
     because that very work counts as supply would leave it to go stale."""
     server, trainer, worker, checker = _spot_checked_pool(db_url, tmp_path, floor=0.5)
     try:
-        trainer.set_version(POOL, 0, steps=5, tasks_per_step=100)
-        assert _submit_and_judge(worker, checker)  # a new node's first unit is checked
-        unchecked_in_a_row = 0
-        for _ in range(60):  # until two units in a row went unchecked (1 in 4 per pair)
-            unchecked_in_a_row = 0 if _submit_and_judge(worker, checker) else unchecked_in_a_row + 1
-            if unchecked_in_a_row == 2:
-                break
-        assert unchecked_in_a_row == 2
-        served = trainer.batch(POOL, step=0, limit=256).submissions  # all but the unchecked
-        trainer.ack_batch(POOL, [s.submission_id for s in served])
+        _train_all_but_two_unchecked(trainer, worker, checker, steps=5)
         # the trainer now says it takes 1 task per step: steps 0 and 1 need 2, and the
         # supply (what step 0 used + the 2 unchecked) covers that; the unchecked work still
         # needs this node's next checked unit, so it gets the smallest one (1 ≤ 0.5 · 2)
@@ -302,6 +293,38 @@ def test_a_node_whose_unchecked_work_waits_gets_the_unit_that_can_release_it(db_
         assert reply.outcome == "work", reply.reason
         assert len(reply.work.task_indices) == 1
         assert worker.lease(POOL).outcome == "wait"  # one such unit at a time
+    finally:
+        server.__exit__(None, None, None)
+
+
+def _train_all_but_two_unchecked(trainer, worker, checker, steps: int) -> None:
+    """A run of ``steps`` steps at version 0 whose step 0 trained all the node's work but its
+    last two units, which went unchecked (each waits for a later passed check)."""
+    trainer.set_version(POOL, 0, steps=steps, tasks_per_step=100)
+    assert _submit_and_judge(worker, checker)  # a new node's first unit is checked
+    unchecked_in_a_row = 0
+    for _ in range(60):  # until two units in a row went unchecked (1 in 4 per pair)
+        unchecked_in_a_row = 0 if _submit_and_judge(worker, checker) else unchecked_in_a_row + 1
+        if unchecked_in_a_row == 2:
+            break
+    assert unchecked_in_a_row == 2
+    served = trainer.batch(POOL, step=0, limit=256).submissions  # all but the unchecked
+    trainer.ack_batch(POOL, [s.submission_id for s in served])
+
+
+def test_nothing_is_leased_once_the_trainer_holds_the_last_steps_batch(db_url, tmp_path):
+    """Not even the unit that could release a node's unchecked work: no step is left to train
+    it (nor the work it would release)."""
+    server, trainer, worker, checker = _spot_checked_pool(db_url, tmp_path, floor=0.5)
+    try:
+        _train_all_but_two_unchecked(trainer, worker, checker, steps=2)
+        trainer.set_version(POOL, 1, tasks_per_step=1)  # step 1, the last, trains versions ≥ 0
+        trainer.set_progress(POOL, 1)  # ... and its batch is held
+        reply = worker.lease(POOL)
+        assert reply.outcome == "wait"
+        assert "holds the batch of the run's last step (1)" in reply.reason
+        trainer.set_progress(POOL, 0)  # a trainer started again holds less: its word counts
+        assert worker.lease(POOL).outcome == "work"  # the unit that releases the unchecked
     finally:
         server.__exit__(None, None, None)
 

@@ -14,6 +14,7 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair
 from swarmrl.model import build_char_tokenizer
+from swarmrl.pool import progress
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
 from swarmrl.rolekit.supervisor import wait_until
@@ -89,12 +90,12 @@ def swarm(tmp_path):
                     ),
                 )
 
-        yield source, accepted, announced
+        yield source, accepted, announced, server
         source.close()
 
 
 def test_the_next_batch_is_leased_while_the_step_trains(swarm):
-    source, accepted, announced = swarm
+    source, accepted, announced, _ = swarm
     accepted(2)
     assert len(source.next_batch(0, 0).groups) == 2
     assert source.carry == []
@@ -114,7 +115,7 @@ def test_the_next_batch_is_leased_while_the_step_trains(swarm):
 def test_a_step_takes_what_it_lacks_and_leaves_the_rest_queued(swarm):
     """Work no step needs yet stays at the pool, where admission control counts it and the
     oldest is served first."""
-    source, accepted, _ = swarm
+    source, accepted, _, _ = swarm
     accepted(6)
     assert len(source.next_batch(0, 0).groups) == 2
     wait_until(lambda: len(source.carry) == 2, "the prefetch to lease step 1's rollouts", 20)
@@ -123,7 +124,7 @@ def test_a_step_takes_what_it_lacks_and_leaves_the_rest_queued(swarm):
 
 
 def test_a_step_asks_for_more_when_the_filter_has_been_dropping_groups(swarm):
-    source, accepted, _ = swarm
+    source, accepted, _, _ = swarm
     source._informative.extend([True] * 2 + [False] * 6)  # 2 of the last 8 groups kept
     accepted(10)
     assert len(source.next_batch(0, 0).groups) == 2  # asked for 4 × 2 tasks
@@ -140,7 +141,7 @@ def _filter_dropped_most(source: PoolSource) -> None:
 def test_a_submission_whose_groups_all_went_stale_is_counted_never_trained(swarm):
     """Acknowledged (the pool counts it trained), yet none of its groups was: the trainer
     lists it in ``stale_dropped``; the ones it trained are not listed."""
-    source, accepted, _ = swarm
+    source, accepted, _, _ = swarm
     _filter_dropped_most(source)
     accepted(4)
     assert len(source.next_batch(0, 0).groups) == 2
@@ -160,7 +161,7 @@ def test_a_submission_whose_groups_all_went_stale_is_counted_never_trained(swarm
 def test_a_step_waiting_for_its_batch_hands_over_the_groups_it_holds(swarm):
     """While step 0 waits for its second group, the first goes to the learner (to compute its
     gradients meanwhile); the batch then starts with it, and nothing is handed over twice."""
-    source, accepted, _ = swarm
+    source, accepted, _, _ = swarm
     accepted(1)
     handed: list = []
 
@@ -180,7 +181,7 @@ def test_a_step_waiting_for_its_batch_hands_over_the_groups_it_holds(swarm):
 
 
 def test_batches_held_beyond_the_next_step_are_told_to_the_pool(swarm):
-    source, accepted, _ = swarm
+    source, accepted, _, _ = swarm
     _filter_dropped_most(source)
     accepted(6)  # one served answer: step 0 takes 2, 4 carry over, enough for steps 1 and 2
     assert len(source.next_batch(0, 0).groups) == 2
@@ -188,6 +189,25 @@ def test_batches_held_beyond_the_next_step_are_told_to_the_pool(swarm):
     source.commit(0, 1)
     source.next_batch(1, 1)  # from the carry; what is left fills step 2, already told
     assert source.told_through == 2
+
+
+def test_the_pool_is_told_once_the_runs_last_batch_is_held(swarm):
+    """From then on no work leased can train (``swarmrl.pool.admission``): whether the
+    prefetch or the step itself gathered that batch, the pool hears of it before the step
+    trains; earlier steps' batches, held no further than their own step, are not told."""
+    source, accepted, _, server = swarm  # 3 steps: 0, 1 and 2
+    accepted(2)
+    source.next_batch(0, 0)
+    source.commit(0, 1)
+    accepted(2)
+    source.next_batch(1, 1)
+    assert source.told_through == -1
+    source.commit(1, 2)
+    accepted(2)
+    assert len(source.next_batch(2, 2).groups) == 2
+    assert source.told_through == 2
+    with server.ctx.engine.connect() as conn:
+        assert progress.plan(conn, POOL).batched_through == 2
 
 
 def test_the_steps_held_groups_fill_are_counted_as_a_step_takes_them():

@@ -45,7 +45,10 @@ the one it gathers for; it tells the pool the highest step B whose batch it hold
 every earlier one's). No step up to B takes more work, so only versions ≥ B + 1 − a can still
 train (:func:`trainable_from`): a lease at V asks for at least that version, and when it is
 newer than V nothing is leased until it is published (a node waits ``admission_retry_s``).
-The demand D is not changed by it. Ignored while the trainer is starving (below): a trainer
+The trainer also tells B when it holds the batch of the run's last step (B = S − 1, whether or
+not beyond the step it gathers for): then no work leased from now on can ever train, and
+nothing is leased (:func:`last_batch_held`; before, a node's smallest unit could still be
+lifted by :func:`unblock` while the last step trained). The demand D is not changed by it. Ignored while the trainer is starving (below): a trainer
 started again holds less than the one before it told, until it says so itself.
 
 T and Q are estimates (a step may filter out more groups than measured so far; part of a
@@ -128,6 +131,12 @@ def trainable_from(batched_through: int, async_level: int) -> int:
     trainer holds the whole batch of every step up to ``batched_through`` (B): step B + 1 takes
     versions ≥ B + 1 − a (module docstring, "Batches held ahead")."""
     return batched_through + 1 - async_level
+
+
+def last_batch_held(batched_through: int, steps: int | None) -> bool:
+    """Whether the trainer holds the batch of the run's last step (``steps`` − 1): no work
+    leased from then on can train (module docstring, "Batches held ahead")."""
+    return steps is not None and batched_through >= steps - 1
 
 
 def demand(version: int, steps: int | None, async_level: int, tasks_per_step: float) -> int:

@@ -121,6 +121,12 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         blocked = waiting_for is not None and waiting_for <= version  # not a prefetch: a step
         useful = admission.lowest_useful_version(version, spec.async_level, blocked)
         if ctx.config.admission and run.batched_through is not None and waiting_for is None:
+            if admission.last_batch_held(run.batched_through, run.steps):
+                return _wait(
+                    ctx.config.admission_retry_s,
+                    f"admission: the trainer holds the batch of the run's last step "
+                    f"({run.batched_through}); no work leased now can train",
+                )
             ahead = admission.trainable_from(run.batched_through, spec.async_level)
             if ahead > version:
                 return _wait(

@@ -165,6 +165,8 @@ class PoolSource:
                 self._used(sid)
         if step + 1 < rl.steps:
             self._start_prefetch(step + 1)
+        else:  # the last step: the pool leases nothing more (the prefetch may have told it)
+            self._tell_held(step, [group_version(g) for _, g in kept])
         self.status.set(state=f"training step {step}")
         return StepRollouts(groups=[g for _, g in kept[:need]], seen=seen)
 
@@ -251,12 +253,14 @@ class PoolSource:
 
     def _tell_held(self, step: int, versions: list[int]) -> None:
         """Step ``step``'s batch is held: when the groups held also fill later steps' batches,
-        tell the pool the last of them, so that it leases no work only those steps could train
+        or ``step`` is the run's last, tell the pool the last step held (never past the run's
+        last), so that it leases no work only those steps could train, or none at all
         (``swarmrl.pool.admission``, "Batches held ahead"). One try: the pool leasing a little
         more without it is the worst a lost message costs."""
         rl = self.config.rl
-        through = held_through(step, versions, rl.prompts_per_step, rl.async_level)
-        if through <= max(step, self.told_through):
+        last = rl.steps - 1
+        through = min(held_through(step, versions, rl.prompts_per_step, rl.async_level), last)
+        if through <= self.told_through or (through <= step and through != last):
             return
         try:
             self._call(lambda: self.pool.set_progress(self.pool_id, through))
