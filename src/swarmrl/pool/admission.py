@@ -47,9 +47,10 @@ train (:func:`trainable_from`): a lease at V asks for at least that version, and
 newer than V nothing is leased until it is published (a node waits ``admission_retry_s``).
 The trainer also tells B when it holds the batch of the run's last step (B = S − 1, whether or
 not beyond the step it gathers for): then no work leased from now on can ever train, and
-nothing is leased (:func:`last_batch_held`; before, a node's smallest unit could still be
-lifted by :func:`unblock` while the last step trained). The demand D is not changed by it. Ignored while the trainer is starving (below): a trainer
-started again holds less than the one before it told, until it says so itself.
+nothing is leased, not even the unit :func:`unblock` grants a node to release its unchecked
+work (:func:`last_batch_held`). The demand D is not changed by it. Ignored while the trainer
+is starving (below): a trainer started again holds less than the one before it told, until it
+says so itself.
 
 T and Q are estimates (a step may filter out more groups than measured so far; part of a
 submission the trainer holds may already be trained), so a trainer that is *starving* — its
