@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import nacl.bindings
-from nacl.exceptions import BadSignatureError
+from nacl.exceptions import BadSignatureError, CryptoError
 
 from swarmrl.errors import BadSignature, MissingPathError, UserError
 
@@ -98,7 +98,7 @@ def key_is_usable(key_bytes: bytes) -> bool:
     and not of small order (libsodium's conversion to X25519 refuses exactly those)."""
     try:
         nacl.bindings.crypto_sign_ed25519_pk_to_curve25519(key_bytes)
-    except (RuntimeError, ValueError, TypeError):
+    except (CryptoError, RuntimeError, ValueError, TypeError):  # libsodium's refusal
         return False
     return True
 
