@@ -16,6 +16,7 @@ from sharded_step import ROWS, fixed_batch
 
 from swarmrl.config import SwarmConfig
 from swarmrl.model.io import load_policy
+from swarmrl.rolekit.toolkit import end_process
 from swarmrl.trainer.checkpoint import Checkpointer
 from swarmrl.trainer.parallel import close_parallel, full_state_dict, init_parallel, shard
 from swarmrl.trainer.step import make_optimizer, policy_step
@@ -55,3 +56,7 @@ def run(model_dir: str, ckpt_dir: str, out: str, mode: str) -> None:
 
 if __name__ == "__main__":
     run(*sys.argv[1:5])
+    # its work written and the process group closed, a rank ends at once, as a worker does
+    # (swarmrl.rolekit.toolkit.end_process): a rank once aborted in the interpreter's
+    # finalisation ("terminate called without an active exception"), failing the run
+    end_process(0)

@@ -19,6 +19,7 @@ import torch
 
 from swarmrl.config import SwarmConfig
 from swarmrl.model.io import load_policy
+from swarmrl.rolekit.toolkit import end_process
 from swarmrl.trainer.batch import TrainBatch
 from swarmrl.trainer.lora import wrap
 from swarmrl.trainer.parallel import close_parallel, full_state_dict, init_parallel, shard
@@ -69,3 +70,7 @@ def run_step(model_dir: str, out: str, recompute: bool = False, lora: bool = Fal
 
 if __name__ == "__main__":
     run_step(sys.argv[1], sys.argv[2], sys.argv[3:] == ["ac"], sys.argv[3:] == ["lora"])
+    # its work written and the process group closed, a rank ends at once, as a worker does
+    # (swarmrl.rolekit.toolkit.end_process): a rank once aborted in the interpreter's
+    # finalisation ("terminate called without an active exception"), failing the run
+    end_process(0)
