@@ -14,9 +14,9 @@ then heartbeats every ``--beat-s`` seconds on a fixed grid at a random phase, as
 lease a unit, "generate" for ``--unit-s`` seconds (sleep; no model runs), submit synthetic
 samples, repeat. Reported: requests per second, client-side p50/p99/max latency per call kind
 over the measured window (request written → response read; joins excluded), the CPU share
-of the server and of the client processes, and with ``--out`` a per-second timeline of the
-window (requests started, their p50/p99/max; JSON, and a PNG beside it). Run from the
-repository root:
+of the server and of the client processes, the load generator's longest stall, and with
+``--out`` a per-second timeline of the window (requests started, their p50/p99/max; JSON, and a
+PNG beside it). Run from the repository root:
 
     python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40
     python bench/pool.py --nodes 1000 5000 --duration 60 --warmup 40 --db postgresql --workers 2
@@ -27,6 +27,19 @@ not wait for its WAL flush, as SQLite's ``synchronous=NORMAL`` in WAL mode (the 
 default) does not (a crash may lose the last commits, never consistency). "server CPU" is
 then all orchestrator processes together and "db CPU" PostgreSQL's, reported side by side.
 
+The load generator must not add pauses of its own to what it measures: a call's latency runs
+from its request written to its answer read *in the client's event loop*, so anything that
+stops that loop while calls are in flight is counted as the server's time. Python's cyclic
+garbage collector did exactly that: a client process driving 2,500 nodes collected its
+middle generation every 15 s or so, taking 90–150 ms (its oldest, 140–320 ms) with the loop
+stopped, and every call in flight on it took that much longer, the server's p99 at 5,000 nodes
+included. So each client process collects once, freezes what it holds
+(``gc.freeze``) and runs the window with the collector off (the nodes' garbage is freed by
+reference counting; a few minutes' cycles are kept); ``--client-gc`` leaves it on, to see the
+difference. A probe task wakes every 10 ms in each client process and records how late it
+woke: "client stall" is the longest such delay in the window, the most the load generator
+itself can have added to any one call.
+
 Time compression: ``--beat-s`` and ``--unit-s`` scale the real intervals (10 s and 30 s by
 default, i.e. uncompressed).
 """
@@ -36,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -160,6 +174,7 @@ class Recorder:
         self.errors: dict[str, int] = {}
         self.joined_at = float("nan")  # when this process's last node had joined
         self.join_errors: dict[str, int] = {}  # refused or timed-out joins (retried)
+        self.stall_s = 0.0  # the client loop's longest delay inside the window (probe_loop)
 
     async def timed(self, kind: str, node: WireNode, path: str, body: bytes) -> Any:
         """``node.call``, timed if it starts in the window; refusals counted, not raised."""
@@ -214,6 +229,17 @@ async def node_life(
     await asyncio.gather(beats(), work())
 
 
+async def probe_loop(rec: Recorder, period_s: float = 0.01) -> None:
+    """Record in ``rec.stall_s`` the longest this event loop was late waking a sleep of
+    ``period_s`` inside the window: what the load generator itself added to a call at most."""
+    while time.time() < rec.t1:
+        asleep = time.perf_counter()
+        await asyncio.sleep(period_s)
+        late = time.perf_counter() - asleep - period_s
+        if time.time() >= rec.t0:
+            rec.stall_s = max(rec.stall_s, late)
+
+
 async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1: float) -> Recorder:
     """Join ``n_nodes`` nodes, run them until ``t1``, and return what was recorded."""
     rec = Recorder(t0, t1)
@@ -238,8 +264,13 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     joined = await asyncio.gather(*(join(node) for node in nodes))
     nodes = [node for node, ok in zip(nodes, joined, strict=True) if ok]
     rec.joined_at = time.time()
+    if not args.client_gc:  # module docstring: the load generator's own pauses
+        gc.collect()
+        gc.freeze()
+        gc.disable()
     stop = asyncio.Event()
     tasks = [asyncio.create_task(node_life(node, rec, args, stop)) for node in nodes]
+    tasks.append(asyncio.create_task(probe_loop(rec)))
     await asyncio.sleep(max(0.0, t1 - time.time()))
     stop.set()
     for task in tasks:
@@ -247,13 +278,15 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     await asyncio.gather(*tasks, return_exceptions=True)
     for node in nodes:
         node._drop()
+    gc.enable()
+    gc.unfreeze()
     return rec
 
 
-def drive_process(job: tuple) -> tuple[dict, dict, float, dict, list]:
+def drive_process(job: tuple) -> tuple[dict, dict, float, dict, list, float]:
     url, n_nodes, args, t0, t1 = job
     rec = uvloop.run(drive(url, n_nodes, args, t0, t1))
-    return rec.lat, rec.errors, rec.joined_at, rec.join_errors, rec.moments
+    return rec.lat, rec.errors, rec.joined_at, rec.join_errors, rec.moments, rec.stall_s
 
 
 def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
@@ -293,6 +326,7 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
             for k, v in sorted(lat.items())
         },
         "errors": errors,
+        "client_stall_ms": round(max(r[5] for r in results) * 1000, 1),
         "join_errors": join_errors,  # before the window; a node refused 5 times takes no part
         # < unit-s means nodes were still ramping up (first leases) inside the window
         "joined_s_before_window": round(t0 - joined_at, 1),
@@ -417,6 +451,12 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--out", default=None, help="write the results JSON here")
     parser.add_argument(
+        "--client-gc",
+        action="store_true",
+        help="leave the client processes' garbage collector on in the window (its pauses are "
+        "then counted as latency; module docstring)",
+    )
+    parser.add_argument(
         "--costs", action="store_true", help="only measure server CPU per request, one at a time"
     )
     parser.add_argument(
@@ -461,9 +501,9 @@ def main() -> None:
         rows = [measure_level(n, spec, args, *fresh()) for n in args.nodes]
     print(
         "\n| nodes | db, workers, fronts | load (start → end) | req/s | p50 ms | p99 ms | max ms "
-        "| server CPU (orchestrator) | db CPU | client CPU | errors |"
+        "| server CPU (orchestrator) | db CPU | client CPU | client stall ms | errors |"
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         errors = sum(r["errors"].values())
         load = " → ".join(str(x) for x in r["load_1min"])
@@ -471,7 +511,8 @@ def main() -> None:
             f"| {r['nodes']} | {r['db']}, {r['workers']}, {r['fronts']} | {load} "
             f"| {r['req_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} "
             f"| {r['server_cpu_share']:.0%} ({r['orchestrator_cpu_share']:.0%}) "
-            f"| {r['db_cpu_share']:.0%} | {r['client_cpu_share']:.0%} | {errors} |"
+            f"| {r['db_cpu_share']:.0%} | {r['client_cpu_share']:.0%} | {r['client_stall_ms']} "
+            f"| {errors} |"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
