@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from swarmrl.rolekit.toolkit import add_role_args
+from swarmrl.rolekit.toolkit import add_role_args, end_process
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,4 +65,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     # the heavy imports (torch, transformers) come after parsing: ``--help`` answers at once
     from swarmrl.roles.trainer.process import start
 
-    return start(args)
+    code = start(args)
+    # every rank: the status written, the logs flushed, torch's native threads left running
+    # (swarmrl.rolekit.toolkit.end_process)
+    end_process(code)
