@@ -31,7 +31,7 @@ The load generator must not add pauses of its own to what it measures: a call's 
 from its request written to its answer read *in the client's event loop*, so anything that
 stops that loop while calls are in flight is counted as the server's time. Python's cyclic
 garbage collector did exactly that: a client process driving 2,500 nodes collected its
-middle generation every 15 s or so, taking 90–150 ms (its oldest, 140–320 ms) with the loop
+middle generation every 15 s or so, taking 87–150 ms (its oldest: 144 and 316 ms) with the loop
 stopped, and every call in flight on it took that much longer, the server's p99 at 5,000 nodes
 included. So each client process collects once, freezes what it holds
 (``gc.freeze``) and runs the window with the collector off (the nodes' garbage is freed by
