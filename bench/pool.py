@@ -27,18 +27,10 @@ not wait for its WAL flush, as SQLite's ``synchronous=NORMAL`` in WAL mode (the 
 default) does not (a crash may lose the last commits, never consistency). "server CPU" is
 then all orchestrator processes together and "db CPU" PostgreSQL's, reported side by side.
 
-The load generator must not add pauses of its own to what it measures: a call's latency runs
-from its request written to its answer read *in the client's event loop*, so anything that
-stops that loop while calls are in flight is counted as the server's time. Python's cyclic
-garbage collector did exactly that: a client process driving 2,500 nodes collected its
-middle generation every 15 s or so, taking 87–150 ms (its oldest: 144 and 316 ms) with the loop
-stopped, and every call in flight on it took that much longer, the server's p99 at 5,000 nodes
-included. So each client process collects once, freezes what it holds
-(``gc.freeze``) and runs the window with the collector off (the nodes' garbage is freed by
-reference counting; a few minutes' cycles are kept); ``--client-gc`` leaves it on, to see the
-difference. A probe task wakes every 10 ms in each client process and records how late it
-woke: "client stall" is the longest such delay in the window, the most the load generator
-itself can have added to any one call.
+The load generator (``bench/pool_load.py``) runs the window with its garbage collector off,
+so that its own pauses are not counted as the server's latency, and reports its longest
+event-loop stall as "client stall" (that module's docstring; ``--client-gc`` leaves the
+collector on).
 
 Time compression: ``--beat-s`` and ``--unit-s`` scale the real intervals (10 s and 30 s by
 default, i.e. uncompressed).
@@ -47,38 +39,29 @@ default, i.e. uncompressed).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import gc
 import json
 import multiprocessing
 import os
-import random
 import resource
 import subprocess
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import sqlalchemy as sa
-import uvloop
 
 from latency import ms_at, percentile, plot_timeline, timeline  # this script's siblings
+from pool_load import POOL, drive_process
 from proc_cpu import cpu_seconds, own_cpu_seconds, postgres_cpu_seconds
 from swarmrl.identity import KeyPair
-from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission, WorkUnit
-from swarmrl.rolekit.ticks import FixedRate
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples
-
-POOL = "bench"
-JOIN_BODY = json.dumps({"metadata": CPU_NODE.model_dump(mode="json")}).encode()
 
 
 def bench_spec(lease_timeout_s: float) -> PoolSpec:
@@ -97,218 +80,21 @@ def bench_spec(lease_timeout_s: float) -> PoolSpec:
     )
 
 
-class Refused(Exception):
-    """The orchestrator answered 4xx/5xx (``code``: the pool's error code or ``http_<status>``)."""
-
-    def __init__(self, code: str) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-class WireNode:
-    """One simulated node: a key pair and one kept-alive connection, one request at a time."""
-
-    def __init__(self, host: str, port: int, keypair: KeyPair, timeout_s: float) -> None:
-        self.host, self.port, self.keypair, self.timeout_s = host, port, keypair, timeout_s
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.lock = asyncio.Lock()
-
-    async def _connect(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-
-    def _drop(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
-
-    async def call(self, path: str, body: bytes, timings: list[float] | None = None) -> Any:
-        """POST a signed ``body`` to ``path``; the parsed JSON answer, or :class:`Refused`.
-
-        ``timings`` gets the seconds from writing the request to reading the whole answer."""
-        async with self.lock:
-            if self.writer is None or self.writer.is_closing():
-                await self._connect()
-            headers = sign_request(self.keypair, "POST", path, body)
-            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            request = (
-                f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n{head}\r\n"
-            ).encode() + body
-            assert self.writer is not None and self.reader is not None
-            started = time.perf_counter()
-            try:
-                self.writer.write(request)
-                status, payload, close = await asyncio.wait_for(self._answer(), self.timeout_s)
-            except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
-                self._drop()
-                raise Refused(type(exc).__name__) from exc
-            finally:  # a call that timed out or broke counts with the time it took
-                if timings is not None:
-                    timings.append(time.perf_counter() - started)
-            if close:
-                self._drop()
-        answer = json.loads(payload) if payload else None
-        if status >= 400:
-            error = answer.get("error", {}) if isinstance(answer, dict) else {}
-            raise Refused(str(error.get("code") or f"http_{status}"))
-        return answer
-
-    async def _answer(self) -> tuple[int, bytes, bool]:
-        assert self.reader is not None
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
-        body = await self.reader.readexactly(int(fields.get("content-length", "0")))
-        return status, body, fields.get("connection", "").lower() == "close"
-
-
-class Recorder:
-    """Latencies and refusals of calls that start inside the wall-clock window [t0, t1)."""
-
-    def __init__(self, t0: float, t1: float) -> None:
-        self.t0, self.t1 = t0, t1
-        self.lat: dict[str, list[float]] = {}
-        self.moments: list[tuple[float, float]] = []  # (seconds into the window, latency)
-        self.errors: dict[str, int] = {}
-        self.joined_at = float("nan")  # when this process's last node had joined
-        self.join_errors: dict[str, int] = {}  # refused or timed-out joins (retried)
-        self.stall_s = 0.0  # the client loop's longest delay inside the window (probe_loop)
-
-    async def timed(self, kind: str, node: WireNode, path: str, body: bytes) -> Any:
-        """``node.call``, timed if it starts in the window; refusals counted, not raised."""
-        begun = time.time()
-        counted = self.t0 <= begun < self.t1
-        timings: list[float] | None = self.lat.setdefault(kind, []) if counted else None
-        try:
-            return await node.call(path, body, timings)
-        except Refused as exc:
-            if counted:
-                key = f"{kind}: {exc.code}"
-                self.errors[key] = self.errors.get(key, 0) + 1
-            return None
-        finally:
-            if timings:
-                self.moments.append((begun - self.t0, timings[-1]))
-
-
-async def node_life(
-    node: WireNode, rec: Recorder, args: argparse.Namespace, stop: asyncio.Event
-) -> None:
-    rng = random.Random(node.keypair.node_id)
-    base = f"/pools/{POOL}"
-
-    async def beats() -> None:
-        # the worker's schedule: a fixed grid at the node's own phase (swarmrl.rolekit.ticks)
-        ticks = FixedRate.random_phase(args.beat_s, time.monotonic(), rng)
-        while not stop.is_set():
-            await asyncio.sleep(ticks.wait_s(time.monotonic()))
-            beat = Heartbeat(
-                status="ok",
-                model_version=0,
-                tokens_per_s=100.0,
-                log_tail=[f"step ok at {time.time():.0f}"],
-            )
-            await rec.timed("heartbeat", node, f"{base}/heartbeat", beat.model_dump_json().encode())
-            ticks.advance(time.monotonic())
-
-    async def work() -> None:
-        await asyncio.sleep(rng.random() * args.unit_s)
-        while not stop.is_set():
-            reply = await rec.timed("lease", node, f"{base}/lease", b"")
-            if not reply or reply.get("work") is None:
-                await asyncio.sleep(args.beat_s)
-                continue
-            unit = WorkUnit.model_validate(reply["work"])
-            await asyncio.sleep(args.unit_s)
-            samples = synthetic_samples(unit, 0, rng=rng)
-            body = Submission(lease_id=unit.lease_id, samples=samples).model_dump_json().encode()
-            await rec.timed("submit", node, f"{base}/submissions", body)
-
-    await asyncio.gather(beats(), work())
-
-
-async def probe_loop(rec: Recorder, period_s: float = 0.01) -> None:
-    """Record in ``rec.stall_s`` the longest this event loop was late waking a sleep of
-    ``period_s`` inside the window: what the load generator itself added to a call at most."""
-    while time.time() < rec.t1:
-        asleep = time.perf_counter()
-        await asyncio.sleep(period_s)
-        late = time.perf_counter() - asleep - period_s
-        if time.time() >= rec.t0:
-            rec.stall_s = max(rec.stall_s, late)
-
-
-async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1: float) -> Recorder:
-    """Join ``n_nodes`` nodes, run them until ``t1``, and return what was recorded."""
-    rec = Recorder(t0, t1)
-    where = urlsplit(url)
-    host, port = where.hostname or "127.0.0.1", where.port or 80
-    nodes = [WireNode(host, port, KeyPair.generate(), timeout_s=60) for _ in range(n_nodes)]
-    gate = asyncio.Semaphore(16)
-
-    async def join(node: WireNode) -> bool:
-        """Join, retrying a refusal or timeout up to 5 times (each counted); True if joined."""
-        for _ in range(5):
-            async with gate:
-                try:
-                    await node.call(f"/pools/{POOL}/join", JOIN_BODY)
-                    return True
-                except Refused as exc:
-                    key = f"join: {exc.code}"
-                    rec.join_errors[key] = rec.join_errors.get(key, 0) + 1
-            await asyncio.sleep(1.0)
-        return False
-
-    joined = await asyncio.gather(*(join(node) for node in nodes))
-    nodes = [node for node, ok in zip(nodes, joined, strict=True) if ok]
-    rec.joined_at = time.time()
-    if not args.client_gc:  # module docstring: the load generator's own pauses
-        gc.collect()
-        gc.freeze()
-        gc.disable()
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(node_life(node, rec, args, stop)) for node in nodes]
-    tasks.append(asyncio.create_task(probe_loop(rec)))
-    await asyncio.sleep(max(0.0, t1 - time.time()))
-    stop.set()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for node in nodes:
-        node._drop()
-    gc.enable()
-    gc.unfreeze()
-    return rec
-
-
-def drive_process(job: tuple) -> tuple[dict, dict, float, dict, list, float]:
-    url, n_nodes, args, t0, t1 = job
-    rec = uvloop.run(drive(url, n_nodes, args, t0, t1))
-    return rec.lat, rec.errors, rec.joined_at, rec.join_errors, rec.moments, rec.stall_s
-
-
 def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     """Drive ``n_nodes`` nodes from ``args.procs`` client processes; summarise the window."""
     t0 = time.time() + args.warmup
     t1 = t0 + args.duration
     shares = [n_nodes // args.procs + (i < n_nodes % args.procs) for i in range(args.procs)]
     with multiprocessing.get_context("spawn").Pool(args.procs, initializer=os.setsid) as pool:
-        results = pool.map(drive_process, [(url, k, args, t0, t1) for k in shares if k])
+        recs = pool.map(drive_process, [(url, k, args, t0, t1) for k in shares if k])
     lat: dict[str, list[float]] = {}
-    errors: dict[str, int] = {}
-    joined_at = max(r[2] for r in results)
-    join_errors: dict[str, int] = {}
-    for part in results:
-        for k, v in part[3].items():
-            join_errors[k] = join_errors.get(k, 0) + v
-    moments = [m for part in results for m in part[4]]
-    for part_lat, part_errors, *_ in results:
-        for k, v in part_lat.items():
+    errors: Counter[str] = Counter()
+    join_errors: Counter[str] = Counter()
+    for rec in recs:
+        for k, v in rec.lat.items():
             lat.setdefault(k, []).extend(v)
-        for k, v in part_errors.items():
-            errors[k] = errors.get(k, 0) + v
+        errors.update(rec.errors)
+        join_errors.update(rec.join_errors)
     all_lat = [x for v in lat.values() for x in v]
     return {
         "nodes": n_nodes,
@@ -325,13 +111,13 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
             }
             for k, v in sorted(lat.items())
         },
-        "errors": errors,
-        "client_stall_ms": round(max(r[5] for r in results) * 1000, 1),
-        "join_errors": join_errors,  # before the window; a node refused 5 times takes no part
+        "errors": dict(errors),
+        "client_stall_ms": round(max(rec.stall_s for rec in recs) * 1000, 1),
+        "join_errors": dict(join_errors),  # before the window; a node refused 5 times takes no part
         # < unit-s means nodes were still ramping up (first leases) inside the window
-        "joined_s_before_window": round(t0 - joined_at, 1),
+        "joined_s_before_window": round(t0 - max(rec.joined_at for rec in recs), 1),
         "window_start": round(t0, 3),  # Unix time
-        "timeline": timeline(moments, int(args.duration)),
+        "timeline": timeline([m for rec in recs for m in rec.moments], int(args.duration)),
     }
 
 
