@@ -31,9 +31,9 @@ from pool import POOL, bench_spec  # bench/pool.py, this script's sibling
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
-from swarmrl.pool import service
-from swarmrl.pool.app import build_app
 from swarmrl.pool.server import make_context
+from swarmrl.pool.trust import service
+from swarmrl.pool.web.app import build_app
 from swarmrl.protocol.pool import Heartbeat, LeaseReply, SamplingParams, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, synthetic_samples
 

@@ -10,7 +10,7 @@ from swarmrl.ledger.chain import GENESIS_HASH, Ledger
 from swarmrl.ledger.export import read_entries, write_export
 from swarmrl.ledger.reputation import reputation
 from swarmrl.ledger.verify import verify_export, verify_lines
-from swarmrl.pool.db import make_engine, sqlite_url
+from swarmrl.pool.state.db import make_engine, sqlite_url
 
 
 @pytest.fixture

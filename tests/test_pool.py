@@ -10,9 +10,9 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import Conflict, Expired, Invalid, NodeBanned, NotMember, Unauthorized
 from swarmrl.identity import KeyPair, verify_signature
 from swarmrl.identity.requests import request_message
-from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
+from swarmrl.pool.state import db
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import (
     Heartbeat,

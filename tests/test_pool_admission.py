@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import Conflict, PeerError
 from swarmrl.identity import KeyPair
-from swarmrl.pool.admission import (
+from swarmrl.pool.client import PoolClient
+from swarmrl.pool.flow.admission import (
     Admission,
     Supply,
     admit,
@@ -19,7 +20,6 @@ from swarmrl.pool.admission import (
     steps_left,
     unblock,
 )
-from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import (
     LeaseReply,
     PoolSpec,

@@ -10,8 +10,8 @@ from swarmrl.ledger.chain import Ledger, ledger_metadata
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.verify import export_lines, verify_export, verify_lines
 from swarmrl.pool.client import PoolClient
-from swarmrl.pool.db import sqlite_url
-from swarmrl.pool.scheduling import draw_tasks, unit_seed
+from swarmrl.pool.flow.scheduling import draw_tasks, unit_seed
+from swarmrl.pool.state.db import sqlite_url
 from swarmrl.protocol.pool import PoolSpec, SamplingParams
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator

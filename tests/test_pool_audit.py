@@ -11,10 +11,10 @@ import pytest
 
 from swarmrl.errors import CorruptData, LedgerMismatch
 from swarmrl.identity import KeyPair
-from swarmrl.pool.audit import check_node_signature
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import make_context
-from swarmrl.pool.store import RolloutStore
+from swarmrl.pool.state.store import RolloutStore
+from swarmrl.pool.trust.audit import check_node_signature
 from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 

@@ -1,4 +1,4 @@
-"""Heartbeats written in batches (swarmrl.pool.beats): a beat that keeps a node's state waits for
+"""Heartbeats written in batches (swarmrl.pool.trust.beats): a beat that keeps a node's state waits for
 the flush, one that changes it is written at once, a flush never undoes a ban, and a crash loses
 at most the beats of the last flush period while a replayed beat stays refused."""
 
@@ -14,9 +14,11 @@ import sqlalchemy as sa
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
-from swarmrl.pool import db, joins, penalties, service, work
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.flow import work
 from swarmrl.pool.server import make_context
+from swarmrl.pool.state import db
+from swarmrl.pool.trust import joins, penalties, service
 from swarmrl.protocol.pool import Heartbeat, JoinRequest, PoolSpec
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, spawn_orchestrator
 
@@ -178,8 +180,8 @@ def test_a_nonce_claimed_in_a_transaction_is_refused_until_expiry(db_url, tmp_pa
     from swarmrl.errors import ReplayedRequest
     from swarmrl.identity.keys import PublicKey
     from swarmrl.identity.requests import SignedRequest
-    from swarmrl.pool.db import make_engine, sqlite_url
-    from swarmrl.pool.nonces import DatabaseNonceStore, claim_in
+    from swarmrl.pool.state.db import make_engine, sqlite_url
+    from swarmrl.pool.state.nonces import DatabaseNonceStore, claim_in
 
     engine = make_engine(db_url or sqlite_url(tmp_path / "n.db"))
     now = [1000.0]
@@ -210,7 +212,7 @@ def test_a_nonce_claimed_in_a_transaction_is_refused_until_expiry(db_url, tmp_pa
 def test_a_database_made_before_lease_task_counts_gets_them(tmp_path):
     """An orchestrator started on a database without ``leases.n_tasks`` adds the column and
     counts the tasks of the leases in flight (admission sums them)."""
-    from swarmrl.pool.db import make_engine, sqlite_url
+    from swarmrl.pool.state.db import make_engine, sqlite_url
 
     url = sqlite_url(tmp_path / "old.db")
     engine = make_engine(url)

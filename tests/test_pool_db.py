@@ -1,7 +1,7 @@
 """The pool database's SQLite engine: a thread running one transaction after another keeps one
 connection (so its page cache stays valid), and that cache holds the hot tables' pages."""
 
-from swarmrl.pool.db import SQLITE_CACHE_KIB, make_engine, sqlite_url
+from swarmrl.pool.state.db import SQLITE_CACHE_KIB, make_engine, sqlite_url
 
 
 def test_one_transaction_after_another_uses_the_connection_returned_last(tmp_path):

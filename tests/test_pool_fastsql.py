@@ -5,8 +5,8 @@ import pytest
 import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast, FastResult
-from swarmrl.pool import db
-from swarmrl.pool.db import make_engine, sqlite_url
+from swarmrl.pool.state import db
+from swarmrl.pool.state.db import make_engine, sqlite_url
 
 _c = db.credits
 INSERT = Fast(_c.insert())

@@ -111,7 +111,7 @@ def test_the_orchestrator_stops_when_its_front_ends(fronted):
         for pid in os.listdir("/proc")
         if pid.isdigit()
         and _parent(int(pid)) == proc.pid
-        and b"swarmrl.pool.front" in _cmdline(int(pid))
+        and b"swarmrl.pool.web.front" in _cmdline(int(pid))
     ]
     assert len(fronts) == 1
     os.kill(fronts[0], signal.SIGKILL)

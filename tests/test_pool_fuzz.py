@@ -23,9 +23,9 @@ from schemathesis import GenerationMode
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
-from swarmrl.pool.app import build_app
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import make_context
+from swarmrl.pool.web.app import build_app
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples

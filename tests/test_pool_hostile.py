@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
-from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
-from swarmrl.pool.store import split_reference
+from swarmrl.pool.state import db
+from swarmrl.pool.state.store import split_reference
 from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 

@@ -1,6 +1,6 @@
 """The hot routes (heartbeat, lease, submission) answer exactly as their FastAPI routes do.
 
-A request with a query string is not taken by ``swarmrl.pool.hotroutes`` and reaches FastAPI,
+A request with a query string is not taken by ``swarmrl.pool.web.hotroutes`` and reaches FastAPI,
 so each case is sent twice, once to each, signed for its own path: status, error code and
 message must match, and nasty input is a 4xx on both. Runs on SQLite and PostgreSQL.
 """

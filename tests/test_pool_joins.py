@@ -9,9 +9,9 @@ import sqlalchemy as sa
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import RateLimited
 from swarmrl.identity import KeyPair
-from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
-from swarmrl.pool.work import HELD_UNTIL
+from swarmrl.pool.flow.work import HELD_UNTIL
+from swarmrl.pool.state import db
 from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -65,7 +65,7 @@ def test_a_new_node_has_its_credit_held_until_probation_passes(tmp_path):
         open=True,
         sampling=SamplingParams(max_new_tokens=2),
         validators=[validator.public_key_hex],
-        check_rate_decay=1.0,  # every submission is checked (swarmrl.pool.spotcheck)
+        check_rate_decay=1.0,  # every submission is checked (swarmrl.pool.flow.spotcheck)
         max_leases_in_flight=8,
     )
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:

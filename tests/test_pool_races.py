@@ -28,14 +28,16 @@ from swarmrl.errors import RateLimited
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import MemoryNonceStore, RequestVerifier, sign_request
 from swarmrl.ledger.chain import ledger_table
-from swarmrl.pool import db, joins, judging, service, work
-from swarmrl.pool.audit import audit
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.flow import judging, work
 from swarmrl.pool.invites import make_invite
-from swarmrl.pool.nonces import DatabaseNonceStore
 from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.server import make_context
-from swarmrl.pool.service import Context
+from swarmrl.pool.state import db
+from swarmrl.pool.state.nonces import DatabaseNonceStore
+from swarmrl.pool.trust import joins, service
+from swarmrl.pool.trust.audit import audit
+from swarmrl.pool.trust.service import Context
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import JoinRequest, PoolSpec, RejoinRequest, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, spawn_orchestrator, synthetic_samples

@@ -20,10 +20,11 @@ from swarmrl.errors import NodeBanned, NotFound, NotMember, PeerUnavailable, Una
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.ledger.export import read_entries
-from swarmrl.pool import db, spotcheck
-from swarmrl.pool.audit import audit
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.flow import spotcheck
 from swarmrl.pool.invites import make_invite
+from swarmrl.pool.state import db
+from swarmrl.pool.trust.audit import audit
 from swarmrl.protocol.pool import (
     Heartbeat,
     InvalidateRequest,

@@ -11,10 +11,10 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import HEADER_NONCE as NONCE
 from swarmrl.identity.requests import sign_request
-from swarmrl.pool import db
-from swarmrl.pool.app import build_app
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import make_context
+from swarmrl.pool.state import db
+from swarmrl.pool.web.app import build_app
 from swarmrl.protocol.pool import PoolSpec, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -72,8 +72,8 @@ def test_requests_dated_ahead_beyond_the_skew_are_refused(tmp_path):
 
 
 def test_the_database_nonce_store_refuses_reuse_until_expiry(db_url, tmp_path):
-    from swarmrl.pool.db import make_engine, sqlite_url
-    from swarmrl.pool.nonces import DatabaseNonceStore
+    from swarmrl.pool.state.db import make_engine, sqlite_url
+    from swarmrl.pool.state.nonces import DatabaseNonceStore
 
     engine = make_engine(db_url or sqlite_url(tmp_path / "n.db"))
     now = [1000.0]

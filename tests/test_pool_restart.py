@@ -109,7 +109,7 @@ def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_part_of_it(tmp_p
     import os
 
     from swarmrl.errors import PeerUnavailable
-    from swarmrl.pool import segments
+    from swarmrl.pool.state import segments
     from swarmrl.testing.pool_nodes import local_orchestrator
 
     orch, owner, node = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
@@ -125,7 +125,7 @@ def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_part_of_it(tmp_p
             return real_write(fd, data[: len(data) // 2])
         return real_write(fd, data)
 
-    # the store appends a submission's body to a segment file (swarmrl.pool.segments)
+    # the store appends a submission's body to a segment file (swarmrl.pool.state.segments)
     monkeypatch.setattr(segments.os, "write", write_or_full)
     with local_orchestrator(tmp_path / "run", orch) as server:
         PoolClient(server.url, orch).create_pool(spec)

@@ -21,10 +21,10 @@ from swarmrl.errors import (
 )
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
-from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
 from swarmrl.pool.rejections import BY_CODE, STATUS
+from swarmrl.pool.state import db
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import (
     Heartbeat,

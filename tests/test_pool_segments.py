@@ -1,4 +1,4 @@
-"""Append-only segment files (swarmrl.pool.segments) and the rollout store's use of them."""
+"""Append-only segment files (swarmrl.pool.state.segments) and the rollout store's use of them."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import pytest
 
 from swarmrl.errors import DiskWriteError
-from swarmrl.pool import segments
-from swarmrl.pool.segments import Location, SegmentLog
-from swarmrl.pool.store import RolloutStore, split_reference
+from swarmrl.pool.state import segments
+from swarmrl.pool.state.segments import Location, SegmentLog
+from swarmrl.pool.state.store import RolloutStore, split_reference
 
 
 def seg_files(folder):

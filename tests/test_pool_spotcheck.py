@@ -19,9 +19,10 @@ from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.spotchecks import SpotCheckReplay, check_rate, draw, is_checked
 from swarmrl.ledger.verify import export_lines, verify_lines
-from swarmrl.pool import db, spotcheck
-from swarmrl.pool.audit import audit
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.flow import spotcheck
+from swarmrl.pool.state import db
+from swarmrl.pool.trust.audit import audit
 from swarmrl.protocol.pool import (
     Heartbeat,
     PendingSubmission,

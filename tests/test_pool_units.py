@@ -6,10 +6,10 @@ import hashlib
 
 import pytest
 
+from swarmrl.pool.flow.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
+from swarmrl.pool.flow.work import check_samples
 from swarmrl.pool.rejections import Invalid
-from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
-from swarmrl.pool.store import RolloutStore
-from swarmrl.pool.work import check_samples
+from swarmrl.pool.state.store import RolloutStore
 from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, WorkUnit
 from swarmrl.testing.pool_nodes import synthetic_samples
 

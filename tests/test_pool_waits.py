@@ -1,6 +1,6 @@
 """Held listings: a validator's claim and a trainer's batch request that would be answered empty
 wait, bounded by ``wait_s``, and are answered as soon as a submission or a verdict makes
-something to hand out (``swarmrl.pool.waits``)."""
+something to hand out (``swarmrl.pool.web.waits``)."""
 
 import asyncio
 import json
@@ -13,8 +13,8 @@ import pytest
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
-from swarmrl.pool.replies import json_object
-from swarmrl.pool.waits import PoolChanges, held
+from swarmrl.pool.state.replies import json_object
+from swarmrl.pool.web.waits import PoolChanges, held
 from swarmrl.protocol.pool import MAX_WAIT_S, PoolSpec, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 

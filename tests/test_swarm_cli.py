@@ -82,7 +82,7 @@ LIGHT = textwrap.dedent(
     from swarmrl.identity import KeyPair
     from swarmrl.roles.orchestrator import cli as orchestrator
     from swarmrl.roles.relay import cli as relay
-    from swarmrl.pool.app import build_app
+    from swarmrl.pool.web.app import build_app
     from swarmrl.pool.server import make_context
 
     d = sys.argv[1]

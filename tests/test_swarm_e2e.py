@@ -22,7 +22,7 @@ from swarmrl.launch.display import LiveDisplay
 from swarmrl.launch.facts import POOL_ID, summary_text, swarm_facts
 from swarmrl.launch.swarm import prepare, run_swarm, start_all, watch
 from swarmrl.pool.client import PoolClient
-from swarmrl.pool.db import make_engine, sqlite_url
+from swarmrl.pool.state.db import make_engine, sqlite_url
 from swarmrl.rolekit.supervisor import Supervisor, wait_until
 from swarmrl.trainer.loop import ROW_KEYS
 

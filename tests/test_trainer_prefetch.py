@@ -14,8 +14,8 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair
 from swarmrl.model import build_char_tokenizer
-from swarmrl.pool import progress
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.flow import progress
 from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
 from swarmrl.rolekit.supervisor import wait_until
 from swarmrl.rolekit.toolkit import StatusReporter
@@ -192,7 +192,7 @@ def test_batches_held_beyond_the_next_step_are_told_to_the_pool(swarm):
 
 
 def test_the_pool_is_told_once_the_runs_last_batch_is_held(swarm):
-    """From then on no work leased can train (``swarmrl.pool.admission``): whether the
+    """From then on no work leased can train (``swarmrl.pool.flow.admission``): whether the
     prefetch or the step itself gathered that batch, the pool hears of it before the step
     trains; earlier steps' batches, held no further than their own step, are not told."""
     source, accepted, _, server = swarm  # 3 steps: 0, 1 and 2

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from swarmrl.config import load_config
 from swarmrl.errors import StaleWork
 from swarmrl.identity import KeyPair
-from swarmrl.pool import db
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.state import db
 from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
 from swarmrl.rolekit.toolkit import StatusReporter
 from swarmrl.roles.worker import node as worker_node

@@ -60,7 +60,7 @@ class PoolConfig(Section):
     )
     admission: bool = Field(
         True,
-        description="lease only what the trainer can train while fresh (swarmrl.pool.admission); "
+        description="lease only what the trainer can train while fresh (swarmrl.pool.flow.admission); "
         "false = lease whenever a node asks",
     )
     admission_validation_backlog_steps: float = Field(

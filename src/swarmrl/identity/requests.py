@@ -12,7 +12,7 @@ request dated further ahead could be held back and replayed later), the body is 
 ``max_body_bytes``, and the (key, nonce) pair was never seen before. A nonce is remembered until
 its timestamp leaves the window, after which the window check alone refuses a replay, so the
 nonce store stays bounded. A server that restarts must keep its nonces across the restart (the
-orchestrator keeps them in its database, ``swarmrl.pool.nonces``), or a request captured before
+orchestrator keeps them in its database, ``swarmrl.pool.state.nonces``), or a request captured before
 the restart replays after it.
 
 Knows nothing about HTTP frameworks, pools or databases: the nonce store is a small protocol
@@ -160,7 +160,7 @@ class RequestVerifier:
         the nonce itself (in the transaction that acts on the request, saving one) before it
         acts, and refuses the request if the claim fails. ``signature_checked``: a process of
         ours already verified this very request's signature (an orchestrator's front,
-        ``swarmrl.pool.bridge``); every other check is made as always.
+        ``swarmrl.pool.web.bridge``); every other check is made as always.
         """
         if len(body) > self.max_body_bytes:
             raise OversizedRequest(

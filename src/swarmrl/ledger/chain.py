@@ -31,7 +31,7 @@ GENESIS_HASH = "0" * 64
 EntryKind = Literal[
     "pool_created",
     "node_joined",
-    "node_rejoined",  # a node ejected for silence came back with its key (swarmrl.pool.joins)
+    "node_rejoined",  # a node ejected for silence came back with its key (swarmrl.pool.trust.joins)
     "submission",
     "verdict",
     "invalidation",
@@ -39,7 +39,7 @@ EntryKind = Literal[
     "credit",
     "assignment_commit",
     "assignment_reveal",
-    "vote",  # one validator's verdict on a disputed submission (swarmrl.pool.spotcheck)
+    "vote",  # one validator's verdict on a disputed submission (swarmrl.pool.flow.spotcheck)
     "release",  # unchecked submissions made trainable by a later passed check
 ]
 ENTRY_KINDS: tuple[str, ...] = EntryKind.__args__  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ Which submissions a validator checks is decided by two numbers:
   (a hard rejection; a soft one drops a unit without blame and leaves ``clean`` as it was);
 - the submission's *draw* ``u = HMAC-SHA256(secret, "spot-check/<pool>/<submission id>") / 2^256``
   in [0, 1), keyed with the secret of the assignment epoch open when the submission arrived
-  (``swarmrl.pool.assignments``: committed in the ledger when the epoch opens, revealed when it
+  (``swarmrl.pool.trust.assignments``: committed in the ledger when the epoch opens, revealed when it
   closes).
 
 The submission is checked exactly when ``u < p``. The node cannot predict ``u`` (it never holds

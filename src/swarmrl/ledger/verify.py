@@ -134,7 +134,7 @@ def _check_entry(
 
 def _check_assignment(commits: dict[tuple[Any, Any], str], entry: dict[str, Any]) -> str:
     """Reason an assignment entry is inconsistent with earlier ones, or "" (see
-    ``swarmrl.pool.assignments``: a revealed secret must hash to its earlier commitment)."""
+    ``swarmrl.pool.trust.assignments``: a revealed secret must hash to its earlier commitment)."""
     body = entry["body"]
     if not isinstance(body, dict):
         return ""

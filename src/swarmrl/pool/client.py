@@ -182,7 +182,7 @@ class PoolClient(_Base):
 
     def rejoin(self, pool_id: str, metadata: NodeMetadata) -> NodeView:
         """Come back after an ejection for silence, with this key and no invite
-        (``swarmrl.pool.joins``); a member gets its view, a banned node ``NodeBanned``."""
+        (``swarmrl.pool.trust.joins``); a member gets its view, a banned node ``NodeBanned``."""
         req = RejoinRequest(metadata=metadata)
         return self._call("POST", f"/pools/{pool_id}/rejoin", req, NodeView)
 
@@ -198,7 +198,7 @@ class PoolClient(_Base):
     # validator
     def claim(self, pool_id: str, limit: int = 8, wait_s: float = 0.0) -> list[PendingSubmission]:
         """Submissions to check; ``wait_s``: the orchestrator may hold an empty answer this
-        long until some arrive (``swarmrl.pool.waits``)."""
+        long until some arrive (``swarmrl.pool.web.waits``)."""
         req = ClaimRequest(limit=limit, wait_s=wait_s)
         path = f"/pools/{pool_id}/validation/claim"
         return self._call("POST", path, req, ClaimReply, held_s=wait_s).submissions

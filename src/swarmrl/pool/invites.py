@@ -1,4 +1,4 @@
-"""Making invites offline from a pool owner's key (verified by ``swarmrl.pool.joins.join``)."""
+"""Making invites offline from a pool owner's key (verified by ``swarmrl.pool.trust.joins``)."""
 
 from __future__ import annotations
 

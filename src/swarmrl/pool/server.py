@@ -15,11 +15,11 @@ from typing import Any, Protocol
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import LedgerMismatch
 from swarmrl.identity.keys import KeyPair
-from swarmrl.pool.app import build_app
-from swarmrl.pool.audit import audit
-from swarmrl.pool.db import make_engine, sqlite_url
-from swarmrl.pool.service import Context
-from swarmrl.pool.store import RolloutStore
+from swarmrl.pool.state.db import make_engine, sqlite_url
+from swarmrl.pool.state.store import RolloutStore
+from swarmrl.pool.trust.audit import audit
+from swarmrl.pool.trust.service import Context
+from swarmrl.pool.web.app import build_app
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.serving import FullCollections, ThreadServer
 
@@ -30,7 +30,7 @@ ORCHESTRATOR_LIMITS = HttpLimits(keep_alive_s=30.0)
 def make_context(key: KeyPair, run_dir: str | Path, config: PoolConfig | None = None) -> Context:
     """Context with the database and store named by ``config`` (defaults under ``run_dir``).
 
-    The database is audited against its ledger first (``swarmrl.pool.audit``): a cut or edited
+    The database is audited against its ledger first (``swarmrl.pool.trust.audit``): a cut or edited
     database is a :class:`~swarmrl.errors.LedgerMismatch`, and nothing is served from it.
     """
     config = config or PoolConfig()
@@ -62,8 +62,8 @@ class OrchestratorServer(ThreadServer):
         """``limits``: what a connection may cost before its request head is complete;
         ``mounts``: further ASGI apps served under path prefixes (the dashboard at ``/ui``);
         ``reuse_port``: other server processes of this database share the port (PostgreSQL
-        only: see ``swarmrl.pool.service`` for what keeps them apart); ``bridge``: also serve
-        front processes on this Unix socket (``swarmrl.pool.bridge``)."""
+        only: see ``swarmrl.pool.trust.service`` for what keeps them apart); ``bridge``: also serve
+        front processes on this Unix socket (``swarmrl.pool.web.bridge``)."""
         self.ctx = ctx
         self.app = app = build_app(ctx, shared=reuse_port, bridge=bridge)
         for prefix, sub in (mounts or {}).items():
@@ -105,7 +105,7 @@ def serve_forever(
     this one listens and before the port file is written (so whoever waits for the file finds
     all of them serving); serving stops when one of them ends. ``fronts``: front processes
     that serve ``host:port`` instead and bring every request here over a Unix socket
-    (``swarmrl.pool.bridge``; this process then listens on a free loopback port of its own);
+    (``swarmrl.pool.web.bridge``; this process then listens on a free loopback port of its own);
     started once this one listens, stopped with it, and serving stops when one of them ends.
     """
     bridge = fronts.bridge if fronts is not None else None

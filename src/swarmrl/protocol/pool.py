@@ -72,7 +72,7 @@ class PoolSpec(Message):
         ge=0,
         le=1,
         description="floor of a node's spot-check rate: the least share of its submissions "
-        "that validators check (swarmrl.pool.spotcheck)",
+        "that validators check (swarmrl.pool.flow.spotcheck)",
     )
     check_rate_decay: float = Field(
         0.9,
@@ -195,7 +195,7 @@ class WorkUnit(Message):
     """Tasks leased to one node.
 
     ``task_indices`` equal ``draw_tasks(pool seed, secret, origin_node_id, origin_counter, n,
-    task_count)`` (``swarmrl.pool.scheduling``) with the secret of ``assignment_epoch``, which
+    task_count)`` (``swarmrl.pool.flow.scheduling``) with the secret of ``assignment_epoch``, which
     the ledger reveals once that epoch closes, so anyone can recompute them afterwards. Example: ``{"lease_id": "…",
     "task_indices": [17, 902], "samples_per_task": 8, "seed": 77…, "min_version": 3, …}``.
     """
@@ -212,7 +212,7 @@ class WorkUnit(Message):
     origin_node_id: str = Field(description="node whose draw produced the tasks")
     origin_counter: int = Field(description="lease counter of that draw")
     assignment_epoch: int = Field(
-        0, description="epoch whose secret drew the tasks (swarmrl.pool.assignments)"
+        0, description="epoch whose secret drew the tasks (swarmrl.pool.trust.assignments)"
     )
 
 
@@ -225,7 +225,7 @@ class LeaseReply(Message):
     - ``work``: ``work`` holds the unit to generate;
     - ``wait``: nothing to do now (the node is not healthy, holds its lease cap, or the trainer
       already has, leased or queued all the rollouts it can train while they are fresh: see
-      ``swarmrl.pool.admission``); ask again after ``retry_after_s``;
+      ``swarmrl.pool.flow.admission``); ask again after ``retry_after_s``;
     - ``finished``: the run is over (the trainer finished its last step); stop.
 
     Example: ``{"outcome": "wait", "work": null, "retry_after_s": 0.5, "reason": "admission:
@@ -342,7 +342,7 @@ class VerdictReceipt(Message):
 
 class VersionUpdate(Message):
     """The trainer's progress. ``steps`` and ``tasks_per_step`` let the orchestrator size what it
-    leases before it has measured the trainer (``swarmrl.pool.admission``); ``finished`` says the
+    leases before it has measured the trainer (``swarmrl.pool.flow.admission``); ``finished`` says the
     run's last step is trained, after which leases answer ``finished``. Example: ``{"version":
     3, "steps": 20, "tasks_per_step": 32, "finished": false}``.
     """
@@ -365,7 +365,7 @@ class TrainerProgress(Message):
     """How far ahead the trainer holds its batches: ``batched_through`` is the highest step
     (numbered as in :class:`BatchRequest`) whose whole batch it holds, and every earlier step's
     too. Work that only steps up to it could train (generated with a version ≤
-    ``batched_through − async_level``) is not leased (``swarmrl.pool.admission``). Example:
+    ``batched_through − async_level``) is not leased (``swarmrl.pool.flow.admission``). Example:
     ``{"batched_through": 7}``.
     """
 

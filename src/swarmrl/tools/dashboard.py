@@ -23,8 +23,8 @@ from fastapi.responses import RedirectResponse
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import MissingPathError
 from swarmrl.identity import KeyPair, load_keypair
-from swarmrl.pool.db import sqlite_url
 from swarmrl.pool.server import make_context
+from swarmrl.pool.state.db import sqlite_url
 from swarmrl.roles.orchestrator.dashboard.app import TOKEN_FILE, admin_token, build_dashboard
 from swarmrl.roles.orchestrator.dashboard.data import RunData
 from swarmrl.serving import ThreadServer

@@ -92,7 +92,7 @@ def submission_groups(
 
     Behaviour log-probs are the validator's replay of the generating version, or, for an
     unchecked submission that a later passed spot check released, the worker's declared ones
-    (``swarmrl.pool.spotcheck``); a submission served without any yields no groups.
+    (``swarmrl.pool.flow.spotcheck``); a submission served without any yields no groups.
     """
     if sub.behaviour_logprobs is None:
         return []

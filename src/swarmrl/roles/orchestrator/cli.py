@@ -30,7 +30,7 @@ from swarmrl.roles.orchestrator.fronts import FrontGroup
 from swarmrl.roles.orchestrator.workers import WorkerGroup, require_postgres
 
 if TYPE_CHECKING:
-    from swarmrl.pool.service import Context
+    from swarmrl.pool.trust.service import Context
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,9 +98,9 @@ def pool_config(args: argparse.Namespace) -> PoolConfig:
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     config = pool_config(args)
-    from swarmrl.pool import service
     from swarmrl.pool.rejections import Conflict
     from swarmrl.pool.server import ORCHESTRATOR_LIMITS, make_context, serve_forever
+    from swarmrl.pool.trust import service
 
     ctx = make_context(load_keypair(args.key), args.run_dir, config)
     for path in args.pool:
@@ -144,7 +144,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
 
 def report_pools(reporter: StatusReporter, ctx: Context, pool_ids: list[str]) -> None:
     """The status numbers of the hosted pools, summed: version, nodes, submissions."""
-    from swarmrl.pool import service
+    from swarmrl.pool.trust import service
 
     total: dict[str, float] = {}
     version = 0

@@ -1,10 +1,10 @@
 """Front processes on the orchestrator's port: ``swarmrl orchestrator --fronts N``.
 
 The orchestrator (one process, one database writer) listens on a Unix socket in a fresh
-directory only this user can enter and starts N front processes (``swarmrl.pool.front``) on
+directory only this user can enter and starts N front processes (``swarmrl.pool.web.front``) on
 the public port, all with ``SO_REUSEPORT``; the first binds the port asked for (0: a free one)
 and the others the one it got. Fronts parse HTTP and check signatures on the cores the
-orchestrator's event loop does not use, and bring every request to it (``swarmrl.pool.bridge``).
+orchestrator's event loop does not use, and bring every request to it (``swarmrl.pool.web.bridge``).
 The orchestrator stops them when it stops and stops when one of them ends.
 
 Process wiring only; knows nothing about pool rules.
@@ -43,7 +43,7 @@ class FrontGroup:
             port_file = self._dir / f"front-{i}.port"
             cfg = self.config
             command = [
-                sys.executable, "-m", "swarmrl.pool.front", "--bridge", self.bridge,
+                sys.executable, "-m", "swarmrl.pool.web.front", "--bridge", self.bridge,
                 "--host", host, "--port", str(port), "--port-file", str(port_file),
                 "--max-body-bytes", str(cfg.max_body_bytes),
                 "--window-s", str(cfg.request_window_s),

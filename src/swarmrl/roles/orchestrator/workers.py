@@ -3,7 +3,7 @@
 The first process (the one started) binds the port with ``SO_REUSEPORT``, then starts N − 1
 copies of itself on that port; the kernel spreads new connections over the N listening
 sockets, and each process runs its own event loop and database connections. They share
-nothing but the PostgreSQL database, which keeps them apart (``swarmrl.pool.service`` lists
+nothing but the PostgreSQL database, which keeps them apart (``swarmrl.pool.trust.service`` lists
 the locks); SQLite has one writer, so N > 1 is refused there. The first process alone writes
 the port file and the status file; it writes the port file only once every copy listens, and
 it stops them all when it stops or when one of them ends.

@@ -17,8 +17,8 @@ after the last step it also tells the orchestrator the run is finished) and then
 (``/batches/ack``) every submission the committed step used up: all its groups trained,
 filtered out, or dropped as too stale to carry. A submission none of whose groups is trained
 (all filtered out or stale) is acknowledged as soon as it is used up, so the orchestrator's
-admission control (``swarmrl.pool.admission``) does not count it as work the trainer holds. Unacknowledged submissions return to
-the orchestrator's queue when their lease runs out (``swarmrl.pool.batches``), so a trainer
+admission control (``swarmrl.pool.flow.admission``) does not count it as work the trainer holds. Unacknowledged submissions return to
+the orchestrator's queue when their lease runs out (``swarmrl.pool.flow.batches``), so a trainer
 that dies mid-step loses no rollout; a submission served again while still held is used once.
 
 Why it lives in the trainer role and not in the learning library (``swarmrl.trainer``): it
@@ -63,7 +63,7 @@ NOTE_EVERY_S = 30.0  # how often a long wait for rollouts is logged
 FILTER_MEMORY = 256  # groups whose filter outcome sizes the next request (tasks_to_ask)
 POLL_S = 0.2  # pause between empty answers from /batches
 # a step waiting for its batch asks the orchestrator to hold an empty answer this long and
-# answer as soon as work arrives (``swarmrl.pool.waits``); the prefetch, which a step's start
+# answer as soon as work arrives (``swarmrl.pool.web.waits``); the prefetch, which a step's start
 # stops and joins, does not wait there
 HOLD_S = 2.0
 T = TypeVar("T")
@@ -255,7 +255,7 @@ class PoolSource:
         """Step ``step``'s batch is held: when the groups held also fill later steps' batches,
         or ``step`` is the run's last, tell the pool the last step held (never past the run's
         last), so that it leases no work only those steps could train, or none at all
-        (``swarmrl.pool.admission``, "Batches held ahead"). One try: the pool leasing a little
+        (``swarmrl.pool.flow.admission``, "Batches held ahead"). One try: the pool leasing a little
         more without it is the worst a lost message costs."""
         rl = self.config.rl
         last = rl.steps - 1

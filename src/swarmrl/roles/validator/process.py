@@ -43,7 +43,7 @@ from swarmrl.shardcast import WeightClient
 KEEP_LOADED = {"torch": 3, "vllm": 1}
 FINISHED_CHECK_S = 2.0  # how often an idle validator asks whether the run is over
 # an idle validator's claim is held by the orchestrator until submissions arrive, this long at
-# most (``swarmrl.pool.waits``); an empty answer that came sooner is followed by a pause
+# most (``swarmrl.pool.web.waits``); an empty answer that came sooner is followed by a pause
 CLAIM_HOLD_S = 1.0
 CLAIM_PAUSE_S = 0.3
 FOLLOW_WAIT_S = 5.0  # one long-poll for a newer version; the follower checks ``stop`` between

@@ -13,7 +13,7 @@ Three loops run side by side:
 Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.toolkit``). A
 refusal from the orchestrator (stale version, expired lease) drops that unit and goes on; a
 ``NotMember`` refusal (the node went silent long enough to be declared dead or ejected) rejoins
-with the node's own key, no invite (``swarmrl.pool.joins``), pausing longer after each failed
+with the node's own key, no invite (``swarmrl.pool.trust.joins``), pausing longer after each failed
 attempt up to ``REJOIN_MAX_PAUSE_S``, and logs the ejection once; ``NodeBanned`` stops the node
 with exit status 3. A lease
 answered ``wait`` (admission control: the trainer has enough) pauses for the reply's

@@ -24,8 +24,9 @@ import sqlalchemy as sa
 
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.verify import export_lines, verify_lines
-from swarmrl.pool import db, service
-from swarmrl.pool.service import Context
+from swarmrl.pool.state import db
+from swarmrl.pool.trust import service
+from swarmrl.pool.trust.service import Context
 from swarmrl.protocol.pool import NodeView, PoolInfo
 from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.shardcast import store

@@ -6,13 +6,14 @@ pool's join rate taken, for a closed pool a single-use invite signed by the pool
 own key, without an invite.
 
 Silence is no offence: a node whose beats stopped (a network cut, a suspended machine, a
-restart) was declared ``dead`` and then ``ejected`` by the health sweep (``swarmrl.pool.health``)
-and its leases were released. Its admission still stands, so a signed rejoin request from the
-same key brings it back to ``healthy``: the request is signed over its route, body, time and a
-single-use nonce (``swarmrl.identity.requests``), so only the holder of the node's key can make
-it and a captured one cannot be replayed. A banned node stays out (a hard invalidation is
-final), and a node the pool never admitted must join with an invite. A join request from such a
-node (a worker restarted with its spent invite) is a rejoin too: see :func:`join_or_rejoin`.
+restart) was declared ``dead`` and then ``ejected`` by the health sweep
+(``swarmrl.pool.trust.health``) and its leases were released. Its admission still stands, so a
+signed rejoin request from the same key brings it back to ``healthy``: the request is signed
+over its route, body, time and a single-use nonce (``swarmrl.identity.requests``), so only the
+holder of the node's key can make it and a captured one cannot be replayed. A banned node stays
+out (a hard invalidation is final), and a node the pool never admitted must join with an invite.
+A join request from such a node (a worker restarted with its spent invite) is a rejoin too: see
+:func:`join_or_rejoin`.
 
 A rejoin changes the node's state, metadata and last sign of life, nothing else: its joining
 time, its accepted / soft / hard counters, its credits (locked or dropped), its spot-check
@@ -28,10 +29,10 @@ import sqlalchemy as sa
 
 from swarmrl.errors import BadSignature, RateLimited
 from swarmrl.identity.keys import canonical_json, verify_signature
-from swarmrl.pool import db
-from swarmrl.pool.limits import take_join_token
 from swarmrl.pool.rejections import Conflict, Expired, NodeBanned, Unauthorized
-from swarmrl.pool.service import Context, node_row, node_row_or_none, node_view
+from swarmrl.pool.state import db
+from swarmrl.pool.trust.limits import take_join_token
+from swarmrl.pool.trust.service import Context, node_row, node_row_or_none, node_view
 from swarmrl.protocol.pool import (
     JoinRequest,
     NodeMetadata,

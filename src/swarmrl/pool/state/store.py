@@ -3,12 +3,12 @@
 A submission is stored as the exact body its node signed, zstd-compressed: the JSON of a
 :class:`~swarmrl.protocol.pool.Submission`, whose samples are the rollouts. Readers parse the
 samples out of it (:meth:`RolloutStore.get_samples`), and anyone can re-derive the body's
-digest and re-check the node's signature (``swarmrl.pool.audit.check_node_signature``). The
+digest and re-check the node's signature (``swarmrl.pool.trust.audit.check_node_signature``). The
 signed body already holds every sample exactly as submitted, so a second copy in another
 encoding is not written: building and writing it had cost a submission a third of its CPU.
 
 In a local directory the bodies are records of append-only segment files, one folder per pool
-(``<pool>/segments/``, :mod:`swarmrl.pool.segments`): :meth:`RolloutStore.put_request` returns
+(``<pool>/segments/``, :mod:`swarmrl.pool.state.segments`): :meth:`RolloutStore.put_request` returns
 the reference to keep, ``<key>#<segment>@<offset>+<length>``, and every reader takes either
 that reference or the bare key (found by scanning the segments: what a third party holding only
 the ledger does). Elsewhere (an fsspec URL) each body is a file of its own,
@@ -50,7 +50,7 @@ from pydantic import ValidationError
 
 from swarmrl.errors import DiskWriteError
 from swarmrl.identity.keys import canonical_json
-from swarmrl.pool.segments import Location, SegmentLog
+from swarmrl.pool.state.segments import Location, SegmentLog
 from swarmrl.protocol.pool import Sample, Submission
 
 ROLLOUT_SCHEMA = pa.schema(
@@ -162,7 +162,7 @@ class RolloutStore:
                 rows = pq.read_table(handle).to_pylist()
             return [Sample(**{**row, "proof": _proof_value(row["proof"])}) for row in rows]
         body = self.get_request(key)
-        try:  # parsed as on arrival (swarmrl.pool.hotroutes): pydantic's parser, else FastAPI's
+        try:  # parsed as on arrival (swarmrl.pool.web.hotroutes): pydantic's parser, else FastAPI's
             return Submission.model_validate_json(body).samples
         except ValidationError:
             return Submission.model_validate(json.loads(body)).samples

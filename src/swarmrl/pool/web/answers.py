@@ -2,7 +2,7 @@
 (``swarmrl.pool.rejections``) for a peer's fault, 503 for its own, and the request-body limit
 that answers 413 before any route reads the body.
 
-Knows nothing about the routes (``swarmrl.pool.app``).
+Knows nothing about the routes (``swarmrl.pool.web.app``).
 """
 
 from __future__ import annotations

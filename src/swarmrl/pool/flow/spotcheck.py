@@ -13,7 +13,8 @@ Trainability: a checked submission trains once its check passes (with the valida
 behaviour log-probs). An unchecked one is stored as ``unchecked`` and becomes trainable (with
 the worker's declared log-probs) only when a check of a *later* submission of the same node
 passes; that release is a ``release`` ledger entry naming what it freed. A failed hard check
-bans the node and drops all its untrained work, unchecked included (``swarmrl.pool.penalties``).
+bans the node and drops all its untrained work, unchecked included
+(``swarmrl.pool.trust.penalties``).
 So no unchecked unit trains unless a check the node could not foresee passed after it was
 submitted; what can slip through is a falsified unit followed by an honest checked one
 (docs/pool.md bounds it).
@@ -33,9 +34,10 @@ import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
 from swarmrl.ledger.spotchecks import check_rate, is_checked
-from swarmrl.pool import assignments, db
 from swarmrl.pool.rejections import Conflict
-from swarmrl.pool.service import Context
+from swarmrl.pool.state import db
+from swarmrl.pool.trust import assignments
+from swarmrl.pool.trust.service import Context
 from swarmrl.protocol.pool import PoolSpec, Verdict
 
 

@@ -12,7 +12,7 @@ or the last empty one when the wait ends.
 
 Everything runs on the server's event loop: between a take and the wait nothing else runs, so a
 change is never missed between the two. Knows nothing about what is listed beyond its being
-empty (``swarmrl.pool.replies``).
+empty (``swarmrl.pool.state.replies``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from swarmrl.pool.replies import empty_listing
+from swarmrl.pool.state.replies import empty_listing
 
 RECHECK_S = 0.5  # a held request looks again at least this often
 

@@ -1,7 +1,7 @@
 """Assignment secrets: what makes a node's tasks unpredictable to it, yet checkable afterwards.
 
 Each pool has a current *assignment epoch* with a secret only the orchestrator knows (32 random
-bytes, hex). Task draws and unit seeds mix the secret in (``swarmrl.pool.scheduling``), so a
+bytes, hex). Task draws and unit seeds mix the secret in (``swarmrl.pool.flow.scheduling``), so a
 node cannot compute which tasks a key will be given before it holds the lease, and grinding
 keys before joining buys it nothing. The secret is committed in advance: when an epoch opens,
 the ledger gets an ``assignment_commit`` entry with ``sha256(secret)``; when the trainer
@@ -23,10 +23,10 @@ import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import digest_hex
-from swarmrl.pool import db
+from swarmrl.pool.state import db
 
 if TYPE_CHECKING:
-    from swarmrl.pool.service import Context
+    from swarmrl.pool.trust.service import Context
 
 
 def commitment(secret: str) -> str:

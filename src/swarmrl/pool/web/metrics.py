@@ -8,7 +8,7 @@ rejected …), ``swarmrl_pool_policy_version``, ``swarmrl_pool_credited_tokens``
 ``swarmrl_orchestrator_request_seconds{method, route, status}`` (``route`` is the path template,
 ``/pools/{pool_id}/lease``, so node ids never become labels). Each app has its own registry.
 
-Knows nothing about the rules behind the numbers (``swarmrl.pool.service``).
+Knows nothing about the rules behind the numbers (``swarmrl.pool.trust.service``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from swarmrl.pool import service
-from swarmrl.pool.service import Context
+from swarmrl.pool.trust import service
+from swarmrl.pool.trust.service import Context
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 

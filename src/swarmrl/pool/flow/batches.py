@@ -10,8 +10,8 @@ request renews the same holder's other leases, so groups a live trainer carries 
 step stay leased to it; an acknowledgement also settles a submission whose lease ran out but
 that nobody leased since, so nothing is trained twice by one trainer.
 
-Each function is one database transaction (see ``swarmrl.pool.service``); a batch commits only
-once its reply is built (``swarmrl.pool.replies``). Knows nothing about HTTP or the optimizer.
+Each function is one database transaction (see ``swarmrl.pool.trust.service``); a batch commits only
+once its reply is built (``swarmrl.pool.state.replies``). Knows nothing about HTTP or the optimizer.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from swarmrl.pool import assignments, db, progress
+from swarmrl.pool.flow import progress
 from swarmrl.pool.rejections import Conflict, NotFound
-from swarmrl.pool.replies import json_object, serialise_rows
-from swarmrl.pool.service import Context, current_version
+from swarmrl.pool.state import db
+from swarmrl.pool.state.replies import json_object, serialise_rows
+from swarmrl.pool.trust import assignments
+from swarmrl.pool.trust.service import Context, current_version
 from swarmrl.protocol.pool import BatchAckReceipt, TrainableSubmission, VersionUpdate, WorkUnit
 
 
@@ -31,9 +33,9 @@ def set_version(
     ctx: Context, pool_id: str, version: int, update: VersionUpdate | None = None
 ) -> int:
     """Record the trainer's policy version; a newer one also closes the assignment epoch (its
-    secret is revealed in the ledger, ``swarmrl.pool.assignments``). What else ``update`` tells
-    (the run's length, batch size, that it finished) is kept for admission control
-    (``swarmrl.pool.progress``)."""
+    secret is revealed in the ledger, ``swarmrl.pool.trust.assignments``). What else ``update``
+    tells (the run's length, batch size, that it finished) is kept for admission control
+    (``swarmrl.pool.flow.progress``)."""
     with ctx.engine.begin() as conn:
         if update is not None:
             ctx.spec(conn, pool_id)
@@ -52,7 +54,7 @@ def set_version(
 
 
 def set_progress(ctx: Context, pool_id: str, batched_through: int) -> int:
-    """Record how far ahead the trainer holds its batches (``swarmrl.pool.admission``)."""
+    """Record how far ahead the trainer holds its batches (``swarmrl.pool.flow.admission``)."""
     with ctx.engine.begin() as conn:
         ctx.spec(conn, pool_id)
         progress.record_batched(conn, pool_id, batched_through)
@@ -61,7 +63,7 @@ def set_progress(ctx: Context, pool_id: str, batched_through: int) -> int:
 
 def _trainable(ctx: Context, r: Any) -> TrainableSubmission:
     """A checked submission carries the validator's replayed log-probs; an unchecked one that a
-    later passed check released (``swarmrl.pool.spotcheck``) the worker's declared ones."""
+    later passed check released (``swarmrl.pool.flow.spotcheck``) the worker's declared ones."""
     samples = ctx.store.get_samples(r.rollout_key)
     behaviour = (
         ctx.store.get_behaviour(r.rollout_key) if r.validated else [s.logprobs for s in samples]

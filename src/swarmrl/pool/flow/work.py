@@ -1,6 +1,6 @@
 """Pool work: leasing units to nodes, checking and storing their submissions.
 
-Each function is one database transaction (see ``swarmrl.pool.service``). Across server
+Each function is one database transaction (see ``swarmrl.pool.trust.service``). Across server
 processes sharing PostgreSQL, a lease holds its node's row locked (its in-flight count and
 lease counter are read, then written) and takes an orphaned lease only if no other transaction
 holds it; a submission holds its node's row, then its lease's row, so a second answer to one
@@ -8,10 +8,10 @@ lease waits for the first and is then a 409 (the unique ``lease_id`` of a submis
 backstop, also a 409). Row locks are always taken node first, then lease, then the ledger's
 append lock, so two transactions never wait on each other in a cycle (a submission's nonce,
 claimed first, is a new row: only a replay of the same request waits for it). A submission's
-signed body, which holds its rollouts (``swarmrl.pool.store``), is written before its row; if
+signed body, which holds its rollouts (``swarmrl.pool.state.store``), is written before its row; if
 the row cannot be committed the file is removed, so a rejected request leaves nothing behind.
-Verdicts live in ``swarmrl.pool.judging``, trainer batches in ``swarmrl.pool.batches``. Knows
-nothing about HTTP or what a proof bundle holds.
+Verdicts live in ``swarmrl.pool.flow.judging``, trainer batches in
+``swarmrl.pool.flow.batches``. Knows nothing about HTTP or what a proof bundle holds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.ledger.chain import Entry
-from swarmrl.pool import admission, assignments, db, progress, spotcheck
+from swarmrl.pool.flow import admission, progress, spotcheck
+from swarmrl.pool.flow.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.rejections import (
     Conflict,
     Expired,
@@ -38,8 +39,9 @@ from swarmrl.pool.rejections import (
     StaleWork,
     Unauthorized,
 )
-from swarmrl.pool.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
-from swarmrl.pool.service import (
+from swarmrl.pool.state import db
+from swarmrl.pool.trust import assignments
+from swarmrl.pool.trust.service import (
     Context,
     current_version,
     leases_in_flight,
@@ -200,7 +202,7 @@ def _admission(
     now: float,
     waiting_for: int | None,
 ) -> admission.Admission:
-    """How many tasks a fresh lease may hold now (``swarmrl.pool.admission``); ``waiting_for``:
+    """How many tasks a fresh lease may hold now (``swarmrl.pool.flow.admission``); ``waiting_for``:
     the step an empty batch request was for lately (:func:`starved_step`), None if none."""
     wanted = lease_size(
         measured_tps,
@@ -327,7 +329,7 @@ HELD_UNTIL = 1e18  # unlock_at of a credit held while its node is on probation
 def on_probation(ctx: Context, spec: PoolSpec, accepted: int) -> bool:
     """A node with fewer than ``probation_submissions`` accepted verdicts is on probation: its
     credits are held (``HELD_UNTIL``) until it passes (its check rate is
-    ``swarmrl.pool.spotcheck``'s)."""
+    ``swarmrl.pool.flow.spotcheck``'s)."""
     return bool(spec.validators) and accepted < ctx.config.probation_submissions
 
 

@@ -15,7 +15,7 @@ With, in tasks (one task = one group of G completions)::
     P = fresh tasks submitted and awaiting a validator          (the validation backlog)
     Q = fresh tasks accepted or in a trainer's batch, untrained (the trainable backlog)
     U = fresh tasks not selected for a spot check, waiting for a later passed check of their
-        node (``swarmrl.pool.spotcheck``)
+        node (``swarmrl.pool.flow.spotcheck``)
     F = tasks served to the trainer for step V or later and already used up: groups the online
         filter dropped, acknowledged at once; T counts them, so the supply must too, else
         every step whose batch is taken looks short by its filtered groups and the
@@ -64,7 +64,7 @@ gets what a node asks for, so an estimate can never stall the run. While work is
 awaits a validator, that work is the answer to a starving trainer; leasing more would only
 make it stale.
 
-Pure arithmetic; the counts come from ``swarmrl.pool.progress``. Knows nothing about the
+Pure arithmetic; the counts come from ``swarmrl.pool.flow.progress``. Knows nothing about the
 database or HTTP.
 """
 

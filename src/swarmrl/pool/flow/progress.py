@@ -1,5 +1,5 @@
 """The run's progress as the pool sees it: what the trainer said (steps, batch size, finished)
-and the counts admission control needs (``swarmrl.pool.admission``).
+and the counts admission control needs (``swarmrl.pool.flow.admission``).
 
 The trainer tells its plan with each version update (:class:`VersionUpdate`), and how far ahead
 it holds its batches when that runs past the step it gathers for (:class:`TrainerProgress`);
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
-from swarmrl.pool import db
-from swarmrl.pool.admission import Supply
+from swarmrl.pool.flow.admission import Supply
+from swarmrl.pool.state import db
 from swarmrl.protocol.pool import PoolSpec, VersionUpdate
 
 MEASURED_STEPS = 3  # trainer steps the consumption rate is averaged over
@@ -94,7 +94,7 @@ _LEASED = sa.select(sa.func.coalesce(sa.func.sum(db.leases.c.n_tasks), 0)).where
 
 
 def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
-    """L, P, Q, U and F of ``swarmrl.pool.admission`` in tasks, for a pool at ``version``
+    """L, P, Q, U and F of ``swarmrl.pool.flow.admission`` in tasks, for a pool at ``version``
     (F: submissions served for step ``version`` or later and acknowledged as used up)."""
     g = spec.samples_per_task
     oldest = version - spec.async_level
@@ -111,7 +111,7 @@ def supply(conn: sa.Connection, spec: PoolSpec, version: int) -> Supply:
 
 
 def node_supply(conn: sa.Connection, spec: PoolSpec, version: int, node_id: str) -> Supply:
-    """One node's fresh L, P and U in tasks (for ``swarmrl.pool.admission.unblock``)."""
+    """One node's fresh L, P and U in tasks (for ``swarmrl.pool.flow.admission.unblock``)."""
     subs, g = db.submissions, spec.samples_per_task
     rows = conn.execute(
         sa.select(subs.c.status, sa.func.coalesce(sa.func.sum(subs.c.n_samples), 0))

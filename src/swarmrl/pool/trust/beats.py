@@ -4,7 +4,7 @@ A heartbeat that leaves a node's state as it was (a healthy node saying "ok" aga
 beat) changes only its liveness columns: ``last_beat_at``, ``status``, ``model_version``,
 ``reported_tps`` and the log tail. :class:`BeatBuffer` keeps the latest such beat per node (and
 every log line beats brought) and :meth:`BeatBuffer.flush` writes them all in one transaction,
-every ``pool.heartbeat_flush_s`` (the orchestrator's flusher, ``swarmrl.pool.app``). A beat that
+every ``pool.heartbeat_flush_s`` (the orchestrator's flusher, ``swarmrl.pool.web.app``). A beat that
 changes the state (a dead or unhealthy node coming back, a node reporting an error) is written
 at once, in the heartbeat's own transaction, together with whatever the buffer held for the node,
 so membership, leases and bans never wait for a flush.
@@ -13,9 +13,9 @@ What survives a crash: everything committed. What a crash loses: the beats of th
 period (at most ``heartbeat_flush_s`` of liveness and log lines). No work, credit, verdict or
 ledger entry depends on a buffered beat. A beat's nonce is claimed before the beat is answered:
 in the database, or in the process's memory and written with the flush, with the rules of
-``swarmrl.pool.nonces`` keeping a beat replayed after a restart refused. Silence is measured
+``swarmrl.pool.state.nonces`` keeping a beat replayed after a restart refused. Silence is measured
 from the later of a node's last written beat and the orchestrator's start
-(``swarmrl.pool.health``), so beats lost in a crash cost no node its membership.
+(``swarmrl.pool.trust.health``), so beats lost in a crash cost no node its membership.
 
 Several server processes: each buffers the beats it answered and flushes them itself. A flush
 moves only a node still in the state the beat saw (a ban, an ejection or a sweep committed by any
@@ -23,7 +23,8 @@ process in between stays; the node's next beat then writes at once), and takes t
 extends row-locked in node order (PostgreSQL), so two flushes never lose each other's lines.
 The one elected sweeper judges silence on what is written, which trails a node's last beat by
 at most a flush period (1 s against ``unhealthy_after_s``, 15 s by default).
-Knows nothing about HTTP or signatures; the heartbeat's checks live in ``swarmrl.pool.service``.
+Knows nothing about HTTP or signatures; the heartbeat's checks live in
+``swarmrl.pool.trust.service``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
-from swarmrl.pool import db, nonces
+from swarmrl.pool.state import db, nonces
 
 LOG_TAIL_LINES = 200  # log lines kept per node
 _IN_CHUNK = 500  # node ids per IN list when reading log tails
@@ -98,7 +99,7 @@ class BeatBuffer:
     def __init__(self) -> None:
         self._pending: dict[Key, Beat] = {}
         # nonces of beats and leases claimed in this process's memory, written with the next
-        # flush (swarmrl.pool.nonces.HotNonces)
+        # flush (swarmrl.pool.state.nonces.HotNonces)
         self._nonces: list[dict[str, object]] = []
 
     def __len__(self) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from swarmrl.pool import db
+from swarmrl.pool.state import db
 
 
 @dataclass
@@ -62,7 +62,7 @@ def take_join_token(
     if row is None:
         # a pool's first join: create its bucket full. Two processes doing this at once both
         # insert; the loser's duplicate key fails its transaction, and the join is retried
-        # (``swarmrl.pool.joins.join``), then finding the row.
+        # (``swarmrl.pool.trust.joins.join``), then finding the row.
         conn.execute(_t.insert(), dict(pool_id=pool_id, tokens=float(burst), last_s=now))
         bucket = TokenBucket(rate_per_s, burst, float(burst), now)
     else:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from pydantic import BaseModel
 
-from swarmrl.pool import db
+from swarmrl.pool.state import db
 
 log = logging.getLogger("swarmrl.pool")
 R = TypeVar("R")

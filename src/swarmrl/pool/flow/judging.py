@@ -1,12 +1,12 @@
 """Validation: validators claim pending submissions and post verdicts on them.
 
-Validators see only the submissions the spot check selected (``swarmrl.pool.spotcheck``, which
+Validators see only the submissions the spot check selected (``swarmrl.pool.flow.spotcheck``, which
 also holds the quorum rule for disputed ones). Every selected submission is judged, whether or
 not the trainer can still use it: one that went stale while it waited is still claimed (after
 the fresh ones), so a worker that cheats just before a version bump is judged and penalised
-like any other; being stale, it is never served to the trainer (``swarmrl.pool.batches``).
-Each function is one database transaction (see ``swarmrl.pool.service``); a claim commits only
-once its reply is built (``swarmrl.pool.replies``). Knows nothing about HTTP or what a proof
+like any other; being stale, it is never served to the trainer (``swarmrl.pool.flow.batches``).
+Each function is one database transaction (see ``swarmrl.pool.trust.service``); a claim commits only
+once its reply is built (``swarmrl.pool.state.replies``). Knows nothing about HTTP or what a proof
 bundle holds.
 """
 
@@ -18,12 +18,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from swarmrl.pool import db, spotcheck
-from swarmrl.pool.penalties import invalidate_in
+from swarmrl.pool.flow import spotcheck
+from swarmrl.pool.flow.work import HELD_UNTIL, credit, on_probation
 from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
-from swarmrl.pool.replies import json_object, serialise_rows
-from swarmrl.pool.service import Context, current_version, node_row
-from swarmrl.pool.work import HELD_UNTIL, credit, on_probation
+from swarmrl.pool.state import db
+from swarmrl.pool.state.replies import json_object, serialise_rows
+from swarmrl.pool.trust.penalties import invalidate_in
+from swarmrl.pool.trust.service import Context, current_version, node_row
 from swarmrl.protocol.pool import (
     PendingSubmission,
     PoolSpec,
@@ -118,7 +119,8 @@ def record_verdict(
         ).first()
         if row is None:
             raise NotFound(f"unknown submission {verdict.submission_id} in pool {pool_id!r}")
-        # the node's row before the ledger's append lock (the order ``swarmrl.pool.work`` keeps)
+        # the node's row before the ledger's append lock (the order ``swarmrl.pool.flow.work``
+        # keeps)
         node_row(conn, pool_id, row.node_id, lock=True)
         if row.status not in ("pending", "disputed"):
             raise Conflict(f"submission {verdict.submission_id} is {row.status}, not pending")

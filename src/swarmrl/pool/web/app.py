@@ -6,15 +6,16 @@ orchestrator key or the pool owner key is admin (pool creation needs the orchest
 database work runs on the event loop's thread, one operation at a time in arrival order, so no
 two operations of one process race and SQLite never sees concurrent writers; several processes
 sharing PostgreSQL (``swarmrl orchestrator --workers N``) are kept apart by the locks that
-``swarmrl.pool.service`` lists. (Each operation takes about a
+``swarmrl.pool.trust.service`` lists. (Each operation takes about a
 millisecond; a separate database thread was measured to be slower, because the two threads
 convoy on the GIL: each SQLite call releases it and then waits for the busy loop thread.) Bodies
 over the size cap are refused before they are parsed. The three routes nodes call all the time
-(heartbeat, lease, submission) are answered by ``swarmrl.pool.hotroutes`` with the same checks
+(heartbeat, lease, submission) are answered by ``swarmrl.pool.web.hotroutes`` with the same checks
 in the same order, without FastAPI's per-request machinery; their FastAPI routes document them
 and serve what falls through.
 
-Knows nothing about how the pool rules are implemented (``swarmrl.pool.service`` / ``work``).
+Knows nothing about how the pool rules are implemented (``swarmrl.pool.trust.service`` /
+``flow.work``).
 """
 
 from __future__ import annotations
@@ -36,16 +37,18 @@ from swarmrl.errors import InfraError, Malformed, PeerError
 from swarmrl.identity.requests import RequestVerifier, SignedRequest
 from swarmrl.ledger.chain import GENESIS_HASH, attest
 from swarmrl.ledger.export import read_entries, read_entries_from
-from swarmrl.pool import batches, joins, judging, nonces, penalties, service, work
-from swarmrl.pool.answers import BodyLimit, error_response, json_reply, unavailable
-from swarmrl.pool.bridge import Bridge
-from swarmrl.pool.db import WalCheckpointer, is_retryable
-from swarmrl.pool.hotroutes import HotLane, HotRoute, HotRoutes, error_summary
-from swarmrl.pool.metrics import OrchestratorMetrics, RequestTimer
-from swarmrl.pool.nonces import DatabaseNonceStore
+from swarmrl.pool.flow import batches, judging, work
 from swarmrl.pool.rejections import Unauthorized
-from swarmrl.pool.service import Context
-from swarmrl.pool.waits import PoolChanges, held
+from swarmrl.pool.state import nonces
+from swarmrl.pool.state.db import WalCheckpointer, is_retryable
+from swarmrl.pool.state.nonces import DatabaseNonceStore
+from swarmrl.pool.trust import joins, penalties, service
+from swarmrl.pool.trust.service import Context
+from swarmrl.pool.web.answers import BodyLimit, error_response, json_reply, unavailable
+from swarmrl.pool.web.bridge import Bridge
+from swarmrl.pool.web.hotroutes import HotLane, HotRoute, HotRoutes, error_summary
+from swarmrl.pool.web.metrics import OrchestratorMetrics, RequestTimer
+from swarmrl.pool.web.waits import PoolChanges, held
 from swarmrl.protocol.pool import (
     NODE_ID,
     POOL_ID_PATTERN,
@@ -90,7 +93,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _hot_nonces(ctx: Context) -> nonces.HotNonces | None:
     """Heartbeat and lease nonces in this process's memory, with the restart rules of
-    ``swarmrl.pool.nonces``; None where beats are written at once (``heartbeat_flush_s`` 0)."""
+    ``swarmrl.pool.state.nonces``; None where beats are written at once (``heartbeat_flush_s``
+    0)."""
     if ctx.config.heartbeat_flush_s <= 0:
         return None
     return nonces.HotNonces.at_start(ctx.engine, ctx.clock(), ctx.config.request_future_skew_s)
@@ -101,8 +105,8 @@ RACE_RETRIES = 3  # runs of one operation that PostgreSQL may abort as a deadloc
 
 def run_transaction(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``, run again when PostgreSQL aborted its transaction to break a deadlock
-    between server processes (``swarmrl.pool.db.is_retryable``): an operation is one
-    transaction, so an aborted run left nothing behind. The lock order of ``swarmrl.pool.work``
+    between server processes (``swarmrl.pool.state.db.is_retryable``): an operation is one
+    transaction, so an aborted run left nothing behind. The lock order of ``swarmrl.pool.flow.work``
     makes this rare; it is the backstop, not the plan."""
     for attempt in range(RACE_RETRIES):
         try:
@@ -117,8 +121,8 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     """The orchestrator app over ``ctx``; its lifespan runs the health/lease sweeper.
     ``shared``: other server processes serve the same database (each claims every nonce in
     it); otherwise this process claims heartbeat and lease nonces in memory
-    (``swarmrl.pool.nonces``). ``bridge``: a Unix socket path where the lifespan also serves
-    the orchestrator's front processes (``swarmrl.pool.bridge``)."""
+    (``swarmrl.pool.state.nonces``). ``bridge``: a Unix socket path where the lifespan also serves
+    the orchestrator's front processes (``swarmrl.pool.web.bridge``)."""
     # nonces live in the database, so a request captured before a restart is refused after it
     nonce_store = DatabaseNonceStore(ctx.engine, ctx.clock)
     hot_nonces = None if shared else _hot_nonces(ctx)
@@ -132,7 +136,7 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     async def on_db(fn: Callable[..., T], *args: Any) -> T:
         return run_transaction(fn, *args)
 
-    changes = PoolChanges()  # wakes the listings held for work (swarmrl.pool.waits)
+    changes = PoolChanges()  # wakes the listings held for work (swarmrl.pool.web.waits)
 
     async def sweeper() -> None:
         while True:
@@ -237,7 +241,7 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
         ).observe(s),
     )
     app.state.hot_lane = lane  # the server answers these from its parser (swarmrl.pool.server)
-    # requests whose signature a front checked (swarmrl.pool.bridge): all else checked here
+    # requests whose signature a front checked (swarmrl.pool.web.bridge): all else checked here
     app.state.bridge_lane = lane.with_verify(
         functools.partial(verifier.verify, signature_checked=True)
     )
@@ -290,7 +294,7 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        """Prometheus text (``swarmrl.pool.metrics``); public, like ``/health``."""
+        """Prometheus text (``swarmrl.pool.web.metrics``); public, like ``/health``."""
         body, content_type = await on_db(prometheus.render)
         return Response(body, media_type=content_type)
 

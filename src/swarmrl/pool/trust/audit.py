@@ -37,8 +37,8 @@ from swarmrl.identity.keys import digest_hex, verify_signature
 from swarmrl.identity.requests import request_message
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.verify import export_lines, verify_lines
-from swarmrl.pool import db
-from swarmrl.pool.store import RolloutStore
+from swarmrl.pool.state import db
+from swarmrl.pool.state.store import RolloutStore
 
 SHOWN = 3  # disagreements named in the error
 
@@ -138,7 +138,7 @@ def _disagreements(conn: sa.Connection, facts: LedgerFacts) -> list[str]:
 def _spot_check_disagreements(subs: list[Any], facts: LedgerFacts) -> list[str]:
     """A submission's status must agree with the spot-check decision its ledger entry records:
     unchecked work is trainable only once a ``release`` entry names it
-    (``swarmrl.pool.spotcheck``)."""
+    (``swarmrl.pool.flow.spotcheck``)."""
     out = []
     for s in subs:
         checked = facts.checked.get(s.submission_id)

@@ -3,7 +3,7 @@
 Each (key, nonce) pair is stored until its timestamp leaves the request window, so a request
 captured before a restart is refused after it, exactly as it would have been before. Expired
 pairs are deleted at most every ``purge_every_s``. Runs on the orchestrator's event-loop thread
-like every other database operation (``swarmrl.pool.app``). Safe across server processes
+like every other database operation (``swarmrl.pool.web.app``). Safe across server processes
 sharing PostgreSQL: a claim is an insert under the pair's primary key (of two processes
 claiming one fresh pair, the second gets a duplicate key and refuses), and reusing an expired
 pair is one conditional update (one process wins). Knows nothing about signatures
@@ -13,7 +13,7 @@ Heartbeats and leases, two of the three requests a node sends most, are claimed 
 when one server process serves the database (:class:`HotNonces`): they cost no database write
 of their own (a lease claiming in the table would take a transaction before the lease's own),
 and the nonces claimed are written to the table with the buffered beats
-(``swarmrl.pool.beats``), in the same transaction, every ``heartbeat_flush_s``. A submission
+(``swarmrl.pool.trust.beats``), in the same transaction, every ``heartbeat_flush_s``. A submission
 claims its nonce in its own transaction (:func:`claim_in`), with the submission it commits.
 What keeps a replay refused across a restart:
 
@@ -26,7 +26,7 @@ What keeps a replay refused across a restart:
   (``request_future_skew_s``), the latest time such a lost claim can carry. Honest nodes lose
   at most that many seconds of beats and leases after a crash (both are asked again; nothing
   of a node's work is lost); their membership is judged from the start
-  (``swarmrl.pool.health``).
+  (``swarmrl.pool.trust.health``).
 
 Several server processes on one database (PostgreSQL) each claim every nonce in the table.
 """
@@ -42,7 +42,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from swarmrl.errors import ReplayedRequest
 from swarmrl.fastsql import Fast
 from swarmrl.identity.requests import MemoryNonceStore, SignedRequest, replayed
-from swarmrl.pool import db
+from swarmrl.pool.state import db
 
 # built once: a claim runs on every signed request
 _t = db.nonces

@@ -34,7 +34,7 @@ socket write; the middleware answers what the lane did not take (a pipelined req
 without the lane, an in-process call of the app). Both time each answer under its route
 template, as the app's request timer does.
 
-Knows nothing about what the operations do (``swarmrl.pool.service`` / ``work``).
+Knows nothing about what the operations do (``swarmrl.pool.trust.service`` / ``flow.work``).
 """
 
 from __future__ import annotations

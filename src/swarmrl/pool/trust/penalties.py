@@ -13,12 +13,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from swarmrl.pool import db
 from swarmrl.pool.rejections import Conflict, NotFound
-from swarmrl.pool.service import Context, node_row, node_view, release_leases
+from swarmrl.pool.state import db
+from swarmrl.pool.trust.service import Context, node_row, node_view, release_leases
 from swarmrl.protocol.pool import NodeView
 
-# statuses of work not yet handed to a trainer (swarmrl.pool.db): an invalidation drops it
+# statuses of work not yet handed to a trainer (swarmrl.pool.state.db): an invalidation drops it
 UNTRAINED = ("pending", "disputed", "unchecked", "accepted")
 
 
@@ -63,7 +63,7 @@ def invalidate_in(
     if severity == "hard":
         # a leased unit is in the trainer's hands already; an accepted one is not (even if a
         # lease on it ran out), nor is work waiting for a check or for a later passed check
-        # (swarmrl.pool.spotcheck), so none of those is ever served again
+        # (swarmrl.pool.flow.spotcheck), so none of those is ever served again
         untrained = sa.and_(sub_where, db.submissions.c.status.in_(UNTRAINED))
         dropped = sorted(
             conn.execute(sa.select(db.submissions.c.submission_id).where(untrained)).scalars()

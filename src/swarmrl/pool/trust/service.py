@@ -1,14 +1,15 @@
-"""Pool membership: pools, heartbeats, health sweeps, admin views (joins: ``swarmrl.pool.joins``).
+"""Pool membership: pools, heartbeats, health sweeps, admin views (joins:
+``swarmrl.pool.trust.joins``).
 
 Every public function runs one database transaction: it either commits the whole state change
 together with its ledger entries, or raises a :class:`Rejected` and leaves nothing behind. The
 functions are synchronous and run one at a time on each server process's event-loop thread
-(``swarmrl.pool.app``). On PostgreSQL several server processes may share the database, so each
+(``swarmrl.pool.web.app``). On PostgreSQL several server processes may share the database, so each
 read-then-write is made safe by a lock or a constraint, said where it is taken: the ledger's
 append lock (``swarmrl.ledger.chain.lock``), the node row in a lease and a rejoin, the node and
 lease rows in a submission, the join bucket's row and the primary keys of nodes and used
 invites in a join, and one sweeper at a time (an advisory lock). Work (leases, submissions, verdicts,
-batches) lives in ``swarmrl.pool.work``. Knows nothing about HTTP.
+batches) lives in ``swarmrl.pool.flow.work``. Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import KeyPair
 from swarmrl.ledger.chain import Ledger
 from swarmrl.ledger.reputation import reputation
-from swarmrl.pool import assignments, beats, db
-from swarmrl.pool.beats import LOG_TAIL_LINES, Beat, BeatBuffer
-from swarmrl.pool.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.pool.rejections import (
     Conflict,
     Invalid,
@@ -37,7 +35,11 @@ from swarmrl.pool.rejections import (
     NotFound,
     NotMember,
 )
-from swarmrl.pool.store import RolloutStore
+from swarmrl.pool.state import db
+from swarmrl.pool.state.store import RolloutStore
+from swarmrl.pool.trust import assignments, beats
+from swarmrl.pool.trust.beats import LOG_TAIL_LINES, Beat, BeatBuffer
+from swarmrl.pool.trust.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.protocol.pool import (
     Heartbeat,
     HeartbeatReply,
@@ -62,9 +64,9 @@ class Context:
     started_at: float = field(default_factory=time.time)
     _specs: dict[str, PoolSpec] = field(default_factory=dict)
     # per pool: when a trainer's batch request last came back empty, and for which step
-    # (swarmrl.pool.admission)
+    # (swarmrl.pool.flow.admission)
     starved_at: dict[str, tuple[float, int]] = field(default_factory=dict)
-    # heartbeats answered by this process and not yet written (swarmrl.pool.beats)
+    # heartbeats answered by this process and not yet written (swarmrl.pool.trust.beats)
     beats: BeatBuffer = field(default_factory=BeatBuffer)
 
     @property
@@ -229,7 +231,7 @@ def list_pools(ctx: Context) -> list[PoolInfo]:
 
 
 # Heartbeats are the most frequent request: their read is built once, and a beat that leaves the
-# node's state as it was is buffered and written in a batch (swarmrl.pool.beats).
+# node's state as it was is buffered and written in a batch (swarmrl.pool.trust.beats).
 _BEAT_READ = Fast(
     sa.select(db.nodes.c.node_id, db.nodes.c.state, db.pools.c.current_version)
     .join(db.pools, db.pools.c.pool_id == db.nodes.c.pool_id)
@@ -301,7 +303,7 @@ def _beating_member(ctx: Context, conn: sa.Connection, pool_id: str, node_id: st
 
 
 def flush_beats(ctx: Context) -> int:
-    """Write the beats this process buffered (``swarmrl.pool.beats``); the number written."""
+    """Write the beats this process buffered (``swarmrl.pool.trust.beats``); the number written."""
     return ctx.beats.flush(ctx.engine)
 
 

@@ -92,7 +92,7 @@ submissions = sa.Table(
     sa.Column("auth", sa.Text, nullable=False),  # node key, signature, body digest (JSON)
     # pending (to be checked) → accepted | rejected | disputed (a rejection awaiting its quorum)
     # | quarantined (unservable); unchecked (not selected) → accepted once a later check of its
-    # node passes (swarmrl.pool.spotcheck); accepted → leased (in a batch) → trained
+    # node passes (swarmrl.pool.flow.spotcheck); accepted → leased (in a batch) → trained
     # (acknowledged) or back to accepted (lease expired); any untrained one → dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),
@@ -116,7 +116,7 @@ credits = sa.Table(
 )
 
 # per-pool assignment secrets, committed in the ledger when opened and revealed when closed
-# (swarmrl.pool.assignments)
+# (swarmrl.pool.trust.assignments)
 assignment_secrets = sa.Table(
     "assignment_secrets",
     metadata,
@@ -128,7 +128,7 @@ assignment_secrets = sa.Table(
 )
 
 # submissions leased to a trainer in a batch and not yet acknowledged (their status is
-# "leased"); an expired lease returns the submission to "accepted" (swarmrl.pool.batches)
+# "leased"); an expired lease returns the submission to "accepted" (swarmrl.pool.flow.batches)
 batch_leases = sa.Table(
     "batch_leases",
     metadata,
@@ -140,7 +140,7 @@ batch_leases = sa.Table(
 )
 
 # per-node spot-check record: checks passed since the node's last failed one, which sets its
-# check rate (swarmrl.pool.spotcheck)
+# check rate (swarmrl.pool.flow.spotcheck)
 spot_rates = sa.Table(
     "spot_rates",
     metadata,
@@ -159,7 +159,7 @@ spot_votes = sa.Table(
 )
 
 # what the trainer said about its run: its length, its batch size, and when it finished
-# (swarmrl.pool.progress); a pool whose trainer said nothing has no row
+# (swarmrl.pool.flow.progress); a pool whose trainer said nothing has no row
 run_progress = sa.Table(
     "run_progress",
     metadata,
@@ -171,7 +171,7 @@ run_progress = sa.Table(
     sa.Column("batched_through", sa.Integer, nullable=True),
 )
 
-# the join rate limit's token bucket per pool (swarmrl.pool.limits): in the database, so that
+# the join rate limit's token bucket per pool (swarmrl.pool.trust.limits): in the database, so that
 # several server processes share one bucket instead of each admitting the whole rate
 join_buckets = sa.Table(
     "join_buckets",
@@ -182,7 +182,7 @@ join_buckets = sa.Table(
 )
 
 # (key, nonce) pairs of signed requests, kept until their timestamp leaves the request window, so
-# a request captured before a restart cannot be replayed after it (swarmrl.pool.nonces)
+# a request captured before a restart cannot be replayed after it (swarmrl.pool.state.nonces)
 nonces = sa.Table(
     "nonces",
     metadata,
@@ -192,7 +192,8 @@ nonces = sa.Table(
 )
 
 # a row written when an orchestrator that kept heartbeat nonces in memory stopped cleanly (every
-# nonce it claimed written to ``nonces``), taken by the next one to start (swarmrl.pool.nonces)
+# nonce it claimed written to ``nonces``), taken by the next one to start
+# (swarmrl.pool.state.nonces)
 clean_stops = sa.Table(
     "clean_stops",
     metadata,

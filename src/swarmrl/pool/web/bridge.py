@@ -1,7 +1,7 @@
 """The orchestrator's side of its front processes: requests that arrive over a Unix socket.
 
 With ``swarmrl orchestrator --fronts N`` the public port belongs to N front processes
-(``swarmrl.pool.front``): they hold the nodes' connections, parse HTTP and check request
+(``swarmrl.pool.web.front``): they hold the nodes' connections, parse HTTP and check request
 signatures, the CPU-heavy work that needs no pool state, on the cores the orchestrator's own
 event loop does not use. Each front sends every complete request here over one Unix-socket
 connection and writes back the answer it gets. Nothing else changes: the same app answers
@@ -15,7 +15,7 @@ and ``v``: true when the front found the request's signature good. Answer head: 
 ``s`` (status), ``h`` (headers, without ``content-length``).
 
 A heartbeat, lease or submission whose signature a front checked is answered by the app's
-bridge lane (``swarmrl.pool.hotroutes.HotLane`` with the signature check left out: time
+bridge lane (``swarmrl.pool.web.hotroutes.HotLane`` with the signature check left out: time
 window, nonce and everything after it are checked here as always); every other request
 (another route, or a hot one whose signature did not pass, which the app then refuses with its
 usual answer and record) goes through the whole ASGI app in-process. The socket lives in a

@@ -8,7 +8,7 @@ epoch's secret is revealed), with the project's one seeding rule
 
 for i in 0 … n−1, where ``counter`` is the node's lease counter in that pool (0, 1, 2, …) and
 ``secret`` the orchestrator's assignment secret of the epoch the lease was drawn in (hex,
-committed in the ledger beforehand and revealed later: ``swarmrl.pool.assignments``). Draws
+committed in the ledger beforehand and revealed later: ``swarmrl.pool.trust.assignments``). Draws
 are with replacement; the modulo bias is below 2^-40 for any task count under 2^23.
 
 Unit seed: ``derive_seed("unit", pool_seed, secret, node_id, counter)``.

@@ -5,14 +5,14 @@ fronts) with uvicorn and the same HTTP limits as the orchestrator, reads each re
 (a body over the pool's cap is refused here, as the orchestrator would), checks the signature
 of a ``POST`` without a query string (ed25519 and the time window, never the nonce: that
 needs the pool's state), and sends the request with that finding to the orchestrator over its
-Unix socket (``swarmrl.pool.bridge``), then writes back the answer. A request whose signature
+Unix socket (``swarmrl.pool.web.bridge``), then writes back the answer. A request whose signature
 did not pass is sent on all the same, marked unchecked: the orchestrator checks it again and
 answers and records the refusal as it always does. The front keeps no state of its own; while
 the orchestrator cannot be reached it answers 503 and connects again for the next request.
 
 Run by the orchestrator, not by hand::
 
-    python -m swarmrl.pool.front --bridge SOCKET --port P [--port-file F] …
+    python -m swarmrl.pool.web.front --bridge SOCKET --port P [--port-file F] …
 
 Knows nothing about pool rules.
 """
@@ -27,9 +27,9 @@ from typing import Any
 
 from swarmrl.errors import InfraError, OversizedRequest, PeerError
 from swarmrl.identity.requests import HEADER_SIGNATURE, MemoryNonceStore, RequestVerifier
-from swarmrl.pool.answers import error_response, unavailable
-from swarmrl.pool.bridge import frame, read_frame
-from swarmrl.pool.hotroutes import headers_of
+from swarmrl.pool.web.answers import error_response, unavailable
+from swarmrl.pool.web.bridge import frame, read_frame
+from swarmrl.pool.web.hotroutes import headers_of
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.serving import FullCollections, ThreadServer
 
