@@ -119,3 +119,34 @@ def test_every_verb_helps_at_once_and_alike():
         assert "``" not in text, f"swarmrl {verb} --help shows RST markup"
         if "--set" in text:
             assert "SECTION.KEY=VALUE" in text, f"swarmrl {verb} describes --set differently"
+
+
+def test_a_run_under_torchrun_is_refused_before_any_run_directory(tmp_path, monkeypatch, capsys):
+    """Two ranks of `swarmrl run --colocated` would be two independent runs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = str(REPO / "configs" / "arith.toml")
+    for argv in (["run", config, "--colocated"], ["run", config], ["demo"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "WORLD_SIZE=2" in err and "trainer.nproc=2" in err
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["run", config, "--set", "rl.bogus=1"]) == 2  # one rank: the verb runs
+    assert "unknown config key" in capsys.readouterr().err
+
+
+def test_torchrun_with_two_ranks_writes_no_run_directory(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        torchrun = None
+    cmd = [sys.executable, "-m", "torch.distributed.run"] if torchrun is None else [str(torchrun)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [*cmd, "--standalone", "--nproc-per-node", "2", "-m", "swarmrl.cli", "run",
+         str(REPO / "configs" / "arith.toml"), "--colocated", "--quiet"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "every rank would start a run of its own" in result.stderr
+    assert not (tmp_path / "runs").exists()
