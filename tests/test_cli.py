@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -150,3 +151,40 @@ def test_torchrun_with_two_ranks_writes_no_run_directory(tmp_path):
     assert result.returncode != 0
     assert "every rank would start a run of its own" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_logged_config_line_holds_only_what_differs_from_the_defaults():
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+    from swarmrl.config.args import config_line
+
+    line = config_line(load_config([EMBEDDED_DEFAULT], ["rl.steps=3", "pool.db_url=sqlite:///x"]))
+    assert len(line) < 200
+    data = json.loads(line)
+    assert data["rl"] == {"steps": 3} and data["pool"] == {"db_url": "<set>"}
+    assert "toploc" not in data and "shardcast" not in data
+
+
+def test_role_arguments_are_checked_before_the_first_log_line(tmp_path):
+    """A refused role prints its one error line, not a config line before it."""
+    key = tmp_path / "k.key"
+    assert main(["keys", "new", "--out", str(key)]) == 0
+    config = str(REPO / "configs" / "arith.toml")
+    refusals = {
+        "invite file not found": _swarmrl(
+            "worker", config, "--key", str(key), "--invite", str(tmp_path / "no.json"),
+            "--orchestrator", "http://127.0.0.1:9", "--publisher-key", str(key),
+            "--weights", "http://127.0.0.1:9",
+        ),
+        "pool spec not found": _swarmrl(
+            "orchestrator", config, "--key", str(key), "--pool", str(tmp_path / "no.json"),
+            "--run-dir", str(tmp_path / "o"),
+        ),
+        "neither 64 hex characters nor a key file": _swarmrl(
+            "relay", config, "--upstream", "http://127.0.0.1:9", "--publisher-key", "nokey",
+            "--store", str(tmp_path / "r"),
+        ),
+    }  # fmt: skip
+    for needle, result in refusals.items():
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr[:500]
+        assert needle in lines[0]
