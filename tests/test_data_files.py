@@ -63,3 +63,10 @@ def test_rows_are_the_ones_datasets_reads():
     datasets.disable_progress_bars()
     theirs = datasets.load_dataset("json", data_files=str(MATH_SMALL), split="train")
     assert load_records(MATH_SMALL) == [dict(row) for row in theirs]
+
+
+def test_a_key_a_row_lacks_reads_as_none(tmp_path, no_datasets):
+    """As ``datasets`` reads it: every row has every column of the file."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"problem": "1 + 2", "answer": "3"}\n{"problem": "p"}\n')
+    assert load_records(path)[1] == {"problem": "p", "answer": None}

@@ -89,7 +89,9 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
     for i, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
             raise DatasetError(f"{path} row {i}: expected an object, got {type(row).__name__}")
-    return rows
+    # one set of columns for every row, a key a row lacks read as None (as ``datasets`` does)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return [{key: row.get(key) for key in columns} for row in rows]
 
 
 def _read_with_datasets(text: str, path: Path, split: str, config_name: str | None) -> Any:
