@@ -8,10 +8,11 @@ Applies the ``[pool]`` section of ``CONFIG`` (default: the embedded config) plus
 overrides; ``--db`` and ``--store``, when given, replace ``pool.db_url`` and
 ``pool.store_url``. A ``--pool`` spec that disagrees with a given ``CONFIG`` (sampling, group
 size, task count, …) is refused at start (``swarmrl.pool.spec_check``). ``--workers N`` serves
-the port from N processes (PostgreSQL only; :mod:`swarmrl.roles.orchestrator.workers`); ``--fronts N`` has N front processes hold the
-connections, parse HTTP and check signatures, and bring every request to this one
-(:mod:`swarmrl.roles.orchestrator.fronts`, any database). Its ``/health`` answers with the settings it applies. Process wiring only;
-the service is :mod:`swarmrl.pool`. Imports neither torch nor transformers.
+the port from N processes (PostgreSQL only; :mod:`swarmrl.roles.orchestrator.workers`);
+``--fronts N`` has N front processes hold the connections, parse HTTP and check signatures, and
+bring every request to this one (:mod:`swarmrl.roles.orchestrator.fronts`, any database). Its
+``/health`` answers with the settings it applies. Process wiring only; the service is
+:mod:`swarmrl.pool`. Imports neither torch nor transformers.
 """
 
 from __future__ import annotations
