@@ -11,6 +11,11 @@ A shell starts its background jobs with SIGINT ignored, and an ignored signal st
 every process started from it: tests that interrupt a run or a supervisor with SIGINT would
 then wait for an interrupt their child never sees. The session takes SIGINT back (Python's
 own handler), so the processes it starts get the default again.
+
+Hypothesis keeps its example database and caches in ``.hypothesis/`` of the current directory
+unless told otherwise: here they go to the user cache (``run.cache_dir``'s default, under
+``hypothesis/``), so a test run leaves nothing in the repository. ``HYPOTHESIS_STORAGE_DIRECTORY``
+set beforehand wins.
 """
 
 import contextlib
@@ -18,12 +23,17 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from swarmrl.config.run import user_cache_dir
 from swarmrl.errors import ServiceUnavailable
 from swarmrl.testing.postgres import private_postgres
+
+# read by hypothesis when it first stores something, which is after this module is imported
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(user_cache_dir()) / "hypothesis"))
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)

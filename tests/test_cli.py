@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,3 +120,71 @@ def test_every_verb_helps_at_once_and_alike():
         assert "``" not in text, f"swarmrl {verb} --help shows RST markup"
         if "--set" in text:
             assert "SECTION.KEY=VALUE" in text, f"swarmrl {verb} describes --set differently"
+
+
+def test_a_run_under_torchrun_is_refused_before_any_run_directory(tmp_path, monkeypatch, capsys):
+    """Two ranks of `swarmrl run --colocated` would be two independent runs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = str(REPO / "configs" / "arith.toml")
+    for argv in (["run", config, "--colocated"], ["run", config], ["demo"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "WORLD_SIZE=2" in err and "trainer.nproc=2" in err
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["run", config, "--set", "rl.bogus=1"]) == 2  # one rank: the verb runs
+    assert "unknown config key" in capsys.readouterr().err
+
+
+def test_torchrun_with_two_ranks_writes_no_run_directory(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        torchrun = None
+    cmd = [sys.executable, "-m", "torch.distributed.run"] if torchrun is None else [str(torchrun)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [*cmd, "--standalone", "--nproc-per-node", "2", "-m", "swarmrl.cli", "run",
+         str(REPO / "configs" / "arith.toml"), "--colocated", "--quiet"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "every rank would start a run of its own" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_logged_config_line_holds_only_what_differs_from_the_defaults():
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+    from swarmrl.config.args import config_line
+
+    line = config_line(load_config([EMBEDDED_DEFAULT], ["rl.steps=3", "pool.db_url=sqlite:///x"]))
+    assert len(line) < 200
+    data = json.loads(line)
+    assert data["rl"] == {"steps": 3} and data["pool"] == {"db_url": "<set>"}
+    assert "toploc" not in data and "shardcast" not in data
+
+
+def test_role_arguments_are_checked_before_the_first_log_line(tmp_path):
+    """A refused role prints its one error line, not a config line before it."""
+    key = tmp_path / "k.key"
+    assert main(["keys", "new", "--out", str(key)]) == 0
+    config = str(REPO / "configs" / "arith.toml")
+    refusals = {
+        "invite file not found": _swarmrl(
+            "worker", config, "--key", str(key), "--invite", str(tmp_path / "no.json"),
+            "--orchestrator", "http://127.0.0.1:9", "--publisher-key", str(key),
+            "--weights", "http://127.0.0.1:9",
+        ),
+        "pool spec not found": _swarmrl(
+            "orchestrator", config, "--key", str(key), "--pool", str(tmp_path / "no.json"),
+            "--run-dir", str(tmp_path / "o"),
+        ),
+        "neither 64 hex characters nor a key file": _swarmrl(
+            "relay", config, "--upstream", "http://127.0.0.1:9", "--publisher-key", "nokey",
+            "--store", str(tmp_path / "r"),
+        ),
+    }  # fmt: skip
+    for needle, result in refusals.items():
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr[:500]
+        assert needle in lines[0]

@@ -79,7 +79,7 @@ def test_warm_start_digest_follows_the_dataset_bytes(tmp_path):
 
 
 def test_math_config_runs_warm_start_rl_and_eval(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)  # the config names its dataset relative to the repository root
+    monkeypatch.chdir(tmp_path)  # the config's dataset path is taken from the config's folder
     config = load_config(
         [REPO / "configs" / "math.toml"], [*TINY_RUN, f"run.cache_dir={tmp_path / 'cache'}"]
     )

@@ -2,7 +2,9 @@
 
 The top level parses only the verb, then imports the owning module and hands it the remaining
 arguments, so ``swarmrl relay`` never imports torch and ``swarmrl --help`` is instant.
-Every :class:`swarmrl.errors.UserError` becomes one line on stderr and exit status 2.
+Every :class:`swarmrl.errors.UserError` becomes one line on stderr and exit status 2. A verb that
+is a whole run (``run``, ``demo``) is refused under torchrun with several ranks, which would
+start one independent run per rank.
 """
 
 from __future__ import annotations
@@ -44,6 +46,26 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+# verbs that are a whole run each: under torchrun every rank would start one of its own
+WHOLE_RUN_VERBS = {"run", "demo"}
+
+
+def refuse_under_torchrun(verb: str) -> None:
+    """A :class:`UserError` when ``verb`` starts a whole run and this process is one of several
+    torchrun ranks (``WORLD_SIZE`` > 1): the colocated loop is one process, and ``swarmrl run``
+    starts its trainer under torchrun itself (``trainer.nproc``)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if verb in WHOLE_RUN_VERBS and world > 1:
+        raise UserError(
+            f"under torchrun (WORLD_SIZE={world}) every rank would start a run of its own: "
+            f"start `swarmrl {verb}` once, without torchrun (for a trainer sharded over {world} "
+            f"ranks run the swarm with --set trainer.nproc={world})"
+        )
+
+
 def _silence_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -66,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module_name, _ = VERBS[verb]
     try:
+        refuse_under_torchrun(verb)
         module = importlib.import_module(module_name)
         return int(module.main(verb, rest) or 0)
     except UserError as exc:

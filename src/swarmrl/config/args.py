@@ -55,8 +55,28 @@ def public_section(config: SwarmConfig, name: str) -> dict[str, Any]:
     return data
 
 
+def _changed(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that differ from ``defaults``, descending into sub-tables."""
+    out = {}
+    for key, value in values.items():
+        default = defaults.get(key)
+        if isinstance(value, dict) and isinstance(default, dict):
+            value = _changed(value, default)
+            if value:
+                out[key] = value
+        elif value != default:
+            out[key] = value
+    return out
+
+
 def config_line(config: SwarmConfig, sections: Iterable[str] | None = None) -> str:
-    """The resolved config (or some of its sections) as one line of JSON, for a role's log."""
+    """The keys of the resolved config (or of some sections) that differ from the defaults, as
+    one short line of JSON for a role's log; ``swarmrl config show CONFIG`` prints every key."""
     names = list(sections) if sections is not None else list(SwarmConfig.model_fields)
-    data = {name: public_section(config, name) for name in names}
+    defaults = SwarmConfig()
+    data = {}
+    for name in names:
+        changed = _changed(public_section(config, name), public_section(defaults, name))
+        if changed:
+            data[name] = changed
     return json.dumps(data, sort_keys=True, separators=(",", ":"))

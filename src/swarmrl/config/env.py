@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import Section, path_key
 
 
 class LengthBudgetConfig(Section):
@@ -51,6 +51,7 @@ class SandboxConfig(Section):
         None,
         description="interpreter that runs the code (default: /usr/bin/python3 when present, "
         "else the one running swarmrl)",
+        json_schema_extra=path_key("path or command"),
     )
 
 
@@ -66,6 +67,7 @@ class EnvConfig(Section):
         None,
         description="math/code: a local directory, a .jsonl/.json/.parquet file, or a Hugging "
         "Face hub id (needs network)",
+        json_schema_extra=path_key("path or hub id"),
     )
     dataset_split: str = Field("train", description="math/code: split of the dataset to read")
     dataset_config: str | None = Field(None, description="math/code: hub dataset config name")
@@ -104,6 +106,7 @@ class EnvConfig(Section):
         None,
         description="JSONL written by `swarmrl filter`: train only on its problem ids "
         "(held-out split unchanged)",
+        json_schema_extra=path_key(),
     )
     heldout_fraction: float = Field(
         0.1, gt=0, lt=1, description="share of the problem space reserved for held-out eval"

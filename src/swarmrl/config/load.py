@@ -4,18 +4,27 @@
 Override values are parsed as TOML literals (``8``, ``0.5``, ``true``, ``"x"``, ``[1, 2]``) and
 fall back to a plain string. Every failure is a :class:`ConfigError` whose one-line message names
 the dotted key and what is allowed. Imports no torch, so light tools can load configs.
+
+Keys that hold paths (declared with ``path_key`` in ``swarmrl.config.base``) are made absolute
+as they are read: a relative path in a config file is taken from the file's folder, so
+``swarmrl run ../swarmrl/configs/math.toml`` finds the file's data wherever it is started; a
+relative path in a ``--set`` (or a default: ``run.run_dir``) from the current directory. The
+resolved config therefore holds absolute paths and means the same when written elsewhere
+(``RUN_DIR/config.toml``) and read again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from swarmrl.config.base import PathKind
 from swarmrl.config.root import SwarmConfig
 from swarmrl.errors import ConfigError, MissingPathError
 
@@ -31,6 +40,54 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def path_keys(
+    model: type[BaseModel] = SwarmConfig, prefix: tuple[str, ...] = ()
+) -> dict[tuple[str, ...], PathKind]:
+    """Every key of the tree declared as a path (``path_key``), dotted parts → its kind."""
+    keys: dict[tuple[str, ...], PathKind] = {}
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        kind = extra.get("path")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys.update(path_keys(field.annotation, (*prefix, name)))
+        elif kind is not None:
+            keys[(*prefix, name)] = kind
+    return keys
+
+
+# file types a dataset may be, so ``data.jsonl`` is a path even where it does not exist yet
+DATA_SUFFIXES = {".jsonl", ".json", ".parquet", ".csv", ".arrow"}
+
+
+def _is_path(value: str, kind: PathKind, base: Path) -> bool:
+    if kind == "path or command":
+        return "/" in value
+    if kind == "path or URL":
+        return "://" not in value
+    if kind == "path or hub id":  # a hub id is "name" or "owner/name"
+        return (
+            value.startswith(".")
+            or value.count("/") > 1
+            or Path(value).suffix in DATA_SUFFIXES
+            or (base / value).exists()
+        )
+    return True
+
+
+def anchor_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``data`` (one layer's tables) with each relative path made absolute against ``base``."""
+    for key, kind in path_keys().items():
+        table: Any = data
+        for part in key[:-1]:
+            table = table.get(part) if isinstance(table, dict) else None
+        value = table.get(key[-1]) if isinstance(table, dict) else None
+        if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+            continue
+        if _is_path(value, kind, base):
+            table[key[-1]] = os.path.normpath(base / value)
+    return data
 
 
 def _parse_value(text: str) -> Any:
@@ -82,13 +139,18 @@ def build_config(data: Mapping[str, Any]) -> SwarmConfig:
 
 
 def load_config(files: Iterable[str | Path] = (), overrides: Iterable[str] = ()) -> SwarmConfig:
-    """Defaults, then each TOML file in order, then each ``key=value`` override."""
+    """Defaults, then each TOML file in order, then each ``key=value`` override.
+
+    Relative paths are taken from each file's folder, and from the current directory for
+    overrides and defaults (see the module docstring)."""
     data: dict[str, Any] = {}
     for file in files:
-        data = _merge(data, read_toml(file))
+        folder = Path(os.path.abspath(file)).parent
+        data = _merge(data, anchor_paths(read_toml(file), folder))
     for item in overrides:
-        data = _merge(data, parse_override(item))
-    return build_config(data)
+        data = _merge(data, anchor_paths(parse_override(item), Path.cwd()))
+    defaults = anchor_paths(SwarmConfig().model_dump(mode="json"), Path.cwd())  # run.run_dir
+    return build_config(_merge(defaults, data))
 
 
 def save_config(config: SwarmConfig, run_dir: str | Path) -> Path:

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import Section, path_key
 
 
 class PoolConfig(Section):
     """Settings of `swarmrl.pool` (the orchestrator service)."""
 
     db_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in the run directory")
-    store_url: str = Field("", description="rollout store dir or fsspec URL; empty = run dir")
+    store_url: str = Field(
+        "",
+        description="rollout store dir or fsspec URL; empty = run dir",
+        json_schema_extra=path_key("path or URL"),
+    )
     request_window_s: float = Field(
         60.0, gt=0, description="oldest accepted signed request, s (its nonce is kept this long)"
     )

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from swarmrl.config.args import add_config_args, config_from_args
+from swarmrl.config.load import path_keys
 from swarmrl.config.root import SwarmConfig
 
 
@@ -67,6 +68,30 @@ def show_text(config: SwarmConfig) -> str:
     return "\n".join(lines)
 
 
+def _paths_paragraph() -> list[str]:
+    """How relative paths resolve, with the keys that hold paths (from their declarations)."""
+    kinds: dict[str, list[str]] = {}
+    for key, kind in path_keys().items():
+        kinds.setdefault(kind, []).append(f"`{'.'.join(key)}`")
+    when = {
+        "path": "",
+        "path or hub id": " when it looks like one (`./x`, `a/b/c`, `x.jsonl`) or exists there, "
+        "else a Hugging Face hub id used as written",
+        "path or command": " when it holds a `/`, else a command looked up on `PATH`",
+        "path or URL": " unless it is a URL (`s3://…`)",
+    }
+    listed = "; ".join(f"{', '.join(keys)}{when[kind]}" for kind, keys in kinds.items())
+    return [
+        "**Paths.** A relative path in a config file is taken from the folder of that file, so a",
+        "config and its data travel together and `swarmrl run ../elsewhere/configs/math.toml`",
+        "works from any directory; a relative path given with `--set` is taken from the current",
+        "directory. Either is made absolute when the config is read, so the resolved config",
+        "(`RUN_DIR/config.json`, `config.toml`) holds absolute paths. Keys that hold a path: "
+        + listed
+        + ". Database URLs (`pool.db_url`) are used as written.",
+    ]
+
+
 def show_markdown() -> str:
     """The key reference page (``docs/config.md``), from the defaults."""
     out = [
@@ -77,6 +102,12 @@ def show_markdown() -> str:
         "Set a key in a TOML file (`[section]` then `key = value`) or on the command line",
         "(`--set section.key=value`); unknown keys are refused. The default of `run.cache_dir`",
         "is the user cache directory of the machine (shown here for this one's user).",
+        "",
+        "**Defaults.** The defaults are the tested values of the embedded demo config",
+        "(`configs/arith.toml`, which a test holds to them), so a file that sets only what it",
+        "changes (`[env] name = …`, `[rl] steps = …`) starts from settings that learn.",
+        "",
+        *_paths_paragraph(),
         "",
     ]
     section = None

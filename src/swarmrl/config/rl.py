@@ -15,13 +15,13 @@ class SamplingConfig(Section):
     temperature: float = Field(1.0, gt=0, description="softmax temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass kept")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = all")
-    max_new_tokens: int = Field(8, gt=0, description="decode at most this many tokens")
+    max_new_tokens: int = Field(6, gt=0, description="decode at most this many tokens")
 
 
 class RLConfig(Section):
     """GRPO with two-sided clipping (DESIGN.md §4)."""
 
-    steps: int = Field(60, ge=0, description="optimizer steps")
+    steps: int = Field(20, ge=0, description="optimizer steps")
     prompts_per_step: int = Field(32, gt=0, description="groups per batch")
     group_size: int = Field(8, ge=2, description="completions per prompt (G)")
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate")
@@ -46,7 +46,7 @@ class RLConfig(Section):
 class SFTConfig(Section):
     """Warm start by supervised fine-tuning on generated worked examples."""
 
-    steps: int = Field(500, ge=0, description="optimizer steps")
+    steps: int = Field(350, ge=0, description="optimizer steps")
     batch_size: int = Field(128, gt=0, description="examples per step")
     lr: float = Field(2e-3, gt=0, description="AdamW learning rate")
     train_examples: int = Field(20000, gt=0, description="size of the fixed SFT set")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import Section, path_key
 
 
 def user_cache_dir() -> str:
@@ -23,10 +23,17 @@ class RunConfig(Section):
 
     name: str = Field("arith", description="run name, used in the run directory")
     seed: int = Field(0, description="master seed; everything random derives from it")
-    run_dir: str = Field("runs", description="parent directory of run directories")
+    run_dir: str = Field(
+        "runs", description="parent directory of run directories", json_schema_extra=path_key()
+    )
     cache_dir: str = Field(
         default_factory=user_cache_dir,
         description="warm-start and other caches (default: the user cache directory)",
+        json_schema_extra=path_key(),
     )
-    threads: int = Field(2, ge=1, description="torch intra-op threads")
+    threads: int = Field(
+        1,
+        ge=1,
+        description="torch intra-op threads (the tiny model's matrices are too small to share)",
+    )
     device: Literal["cpu", "cuda", "auto"] = Field("auto", description="where tensors live")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import Section, path_key
 
 THRESHOLDS_FILE = "toploc-thresholds.json"  # run-start calibration, in the run directory
 
@@ -94,7 +94,9 @@ class ToplocConfig(Section):
         4096, gt=0, description="padded positions per batched validator prefill"
     )
     thresholds_path: str | None = Field(
-        None, description="JSON from `swarmrl toploc calibrate`; None = use the values above"
+        None,
+        description="JSON from `swarmrl toploc calibrate`; None = use the values above",
+        json_schema_extra=path_key(),
     )
     calibrate_at_start: bool = Field(
         True,

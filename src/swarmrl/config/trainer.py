@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import Section, path_key
 
 
 class TrainerConfig(Section):
@@ -32,6 +32,7 @@ class TrainerConfig(Section):
         None,
         description="where checkpoints go (None: RUN_DIR/trainer/checkpoints for the swarm "
         "trainer; no checkpoints in a colocated run)",
+        json_schema_extra=path_key(),
     )
     rank_timeout_s: float = Field(
         1800.0,

@@ -1,16 +1,18 @@
-"""Dataset rows the way people hold them, read through Hugging Face ``datasets``.
+"""Dataset rows the way people hold them.
 
 A source is one of:
 
-- a ``.jsonl``/``.json``, ``.parquet`` or ``.csv`` file;
+- a ``.jsonl``/``.json``, ``.parquet`` or ``.csv`` file, read with what the core installs (the
+  standard library's ``json``, ``pyarrow``);
 - a local directory: one written by ``Dataset.save_to_disk`` (it holds ``dataset_info.json`` or
   ``state.json``), or a folder of data files ``datasets`` can read;
 - otherwise a Hugging Face hub id (``openai/gsm8k``), which needs the machine to be online.
 
-Every row is read once, when the environment is built, so a bad row is found at start-up: a
-missing file is a :class:`MissingPathError`, an unusable row or column a :class:`DatasetError`
-naming the source and the row (1-based). ``datasets`` is an optional dependency
-(``pip install 'swarmrl[tasks]'``); without it only the error names the install command.
+Only the last two go through Hugging Face ``datasets``, an optional dependency
+(``pip install 'swarmrl[tasks]'``) imported only then; without it the error names the install
+command. Every row is read once, when the environment is built, so a bad row is found at
+start-up: a missing file is a :class:`MissingPathError`, an unusable row or column a
+:class:`DatasetError` naming the source and the row (1-based).
 
 Also the reference-answer formats of common math sets: GSM8K's ``#### 42``, a final
 ``\\boxed{...}``, or the plain text. Knows nothing about prompts, rewards or models.
@@ -26,7 +28,7 @@ from typing import Any, Literal
 from swarmrl.errors import ConfigError, DatasetError, MissingPathError
 
 AnswerFormat = Literal["auto", "plain", "gsm8k", "boxed"]
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+DATA_FILES = (".jsonl", ".json", ".parquet", ".csv")
 INSTALL_HINT = "pip install 'swarmrl[tasks]'"
 
 
@@ -43,55 +45,87 @@ def require(module: str, purpose: str) -> Any:
 def _looks_local(source: str) -> bool:
     return (
         source.startswith((".", "/", "~"))
-        or Path(source).suffix in FILE_BUILDERS
+        or Path(source).suffix in DATA_FILES
         or source.count("/") > 1
     )
 
 
-def _check_json_lines(path: Path) -> None:
-    """Row-numbered errors for JSON lines files (``datasets`` reports chunk offsets only)."""
-    if path.suffix != ".jsonl":
-        return
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
+def _json_rows(path: Path) -> list[Any]:
+    """The rows of a JSON lines file, or of a ``.json`` file holding one array of objects (or
+    JSON lines, as ``datasets`` also accepts). Errors name the row (1-based)."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # JSON lines under a .json name
+        if isinstance(whole, list):
+            return whole
+        if whole is not None:
+            raise DatasetError(f"{path}: expected an array of objects or JSON lines")
+    rows = []
+    for i, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{path} row {i}: not valid JSON ({exc.msg})") from exc
+    return rows
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
+    """Rows of one local data file, without ``datasets``."""
+    if path.suffix in (".jsonl", ".json"):
+        rows = _json_rows(path)
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        import pyarrow.csv
+
+        rows = pyarrow.csv.read_csv(path).to_pylist()
+    for i, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
             raise DatasetError(f"{path} row {i}: expected an object, got {type(row).__name__}")
+    # one set of columns for every row, a key a row lacks read as None (as ``datasets`` does)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return [{key: row.get(key) for key in columns} for row in rows]
+
+
+def _read_with_datasets(text: str, path: Path, split: str, config_name: str | None) -> Any:
+    """A saved or data-file directory, or a hub id, through Hugging Face ``datasets``."""
+    datasets = require("datasets", "reading a dataset directory or hub id")
+    datasets.disable_progress_bars()
+    if not path.is_dir():
+        return datasets.load_dataset(text, config_name, split=split)
+    if (path / "dataset_info.json").exists() or (path / "state.json").exists():
+        data = datasets.load_from_disk(str(path))
+    else:
+        data = datasets.load_dataset(str(path), config_name)
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            raise DatasetError(f"{path}: no split {split!r} (has {', '.join(data)})")
+        data = data[split]
+    return data
 
 
 def load_records(
     source: str | Path, split: str = "train", config_name: str | None = None
 ) -> list[dict[str, Any]]:
     """All rows of ``source`` (see the module docstring) as plain dicts, in order."""
-    datasets = require("datasets", "reading a dataset")
-    datasets.disable_progress_bars()
     text = str(source)
     path = Path(text).expanduser()
     try:
         if path.is_file():
-            builder = FILE_BUILDERS.get(path.suffix)
-            if builder is None:
-                raise DatasetError(f"{path}: unknown file type (use {', '.join(FILE_BUILDERS)})")
-            _check_json_lines(path)
-            data = datasets.load_dataset(builder, data_files=str(path), split="train")
-        elif path.is_dir():
-            if (path / "dataset_info.json").exists() or (path / "state.json").exists():
-                data = datasets.load_from_disk(str(path))
-            else:
-                data = datasets.load_dataset(str(path), config_name)
-            if isinstance(data, datasets.DatasetDict):
-                if split not in data:
-                    raise DatasetError(f"{path}: no split {split!r} (has {', '.join(data)})")
-                data = data[split]
-        elif _looks_local(text):
+            if path.suffix not in DATA_FILES:
+                raise DatasetError(f"{path}: unknown file type (use {', '.join(DATA_FILES)})")
+            return _read_file(path)
+        if not path.is_dir() and _looks_local(text):
             raise MissingPathError(f"dataset file not found: {path}")
-        else:
-            data = datasets.load_dataset(text, config_name, split=split)
-    except (DatasetError, MissingPathError):
+        data = _read_with_datasets(text, path, split, config_name)
+    except (DatasetError, MissingPathError, ConfigError):
         raise
     except ConnectionError as exc:
         raise DatasetError(f"{text}: not a local path and the hub is unreachable ({exc})") from exc

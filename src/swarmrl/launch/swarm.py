@@ -45,7 +45,6 @@ from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
 from swarmrl.launch.facts import POOL_ID, swarm_facts, trainer_summary
 from swarmrl.launch.report import RunRecorder, RunStatus
-from swarmrl.protocol import PoolSpec, SamplingParams
 from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.rolekit.supervisor import (
     Supervisor,
@@ -96,36 +95,10 @@ class SwarmPlan:
         return self.run_dir / "status"
 
 
-def pool_spec(config: SwarmConfig, owner: KeyPair, validators: list[KeyPair]) -> PoolSpec:
-    """The pool a swarm run trains in: its tasks are the environment's training split."""
-    from swarmrl.envs import build_env
-
-    env = build_env(config.env)
-    return PoolSpec(
-        pool_id=POOL_ID,
-        owner_key=owner.public_key_hex,
-        open=False,
-        validators=[v.public_key_hex for v in validators],
-        task_count=env.split_size("train"),
-        samples_per_task=config.rl.group_size,
-        sampling=SamplingParams.model_validate(config.rl.sampling.model_dump()),
-        seed=config.run.seed,
-        async_level=config.rl.async_level,
-        validated_fraction=config.swarm.spot_check_floor,
-        check_rate_decay=config.swarm.spot_check_decay,
-        quorum=config.swarm.quorum,
-        min_tasks_per_lease=1,
-        max_tasks_per_lease=max(1, config.swarm.rollouts_per_lease // config.rl.group_size),
-        lease_target_s=5.0,
-        lease_timeout_s=config.swarm.lease_timeout_s,
-        max_leases_in_flight=1,
-        credit_lock_s=3600.0,
-    )
-
-
 def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None) -> SwarmPlan:
     """Write keys, invites, the pool spec and the resolved config into ``run_dir``."""
     from swarmrl.pool.invites import make_invite
+    from swarmrl.pool.spec_check import spec_from_config, write_spec
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if config.toploc.thresholds_path is None and config.toploc.calibrate_at_start:
@@ -146,8 +119,9 @@ def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None)
     for name in ["trainer", "orchestrator", *plan.validators, *plan.workers]:
         path = plan.key(name)
         keys[name] = load_keypair(path) if path.is_file() else _new_key(path)
-    spec = pool_spec(config, keys["trainer"], [keys[v] for v in plan.validators])
-    (run_dir / "pool.json").write_text(spec.model_dump_json(indent=2) + "\n")
+    validators = [keys[v].public_key_hex for v in plan.validators]
+    spec = spec_from_config(config, keys["trainer"].public_key_hex, validators, POOL_ID)
+    write_spec(spec, run_dir / "pool.json")  # as `swarmrl pool spec` writes it
     invites = run_dir / "invites"
     invites.mkdir(exist_ok=True)
     for name in plan.workers:

@@ -2,6 +2,7 @@
 
     swarmrl pool invite --key owner.json --pool ID [--expires-in 86400] [--node NODE_ID] [--out F]
     swarmrl pool create --url URL --key orch.json --spec spec.json
+    swarmrl pool spec CONFIG --owner KEY [--validator KEY …] [--out pool.json]
 
 Knows only argument parsing; the work is in ``swarmrl.pool.server`` and the client.
 """
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from swarmrl.errors import ConfigError, MissingPathError, UserError
 from swarmrl.identity.keys import load_keypair
+from swarmrl.pool.spec_check import add_spec_args, spec_main
 from swarmrl.protocol.pool import PoolSpec
 
 
@@ -45,7 +47,10 @@ def _pool(argv: Sequence[str]) -> int:
     create.add_argument("--url", required=True)
     create.add_argument("--key", required=True, help="orchestrator key file")
     create.add_argument("--spec", required=True, help="pool spec JSON")
+    add_spec_args(sub.add_parser("spec", help="write the pool spec a config implies"))
     args = parser.parse_args(list(argv))
+    if args.action == "spec":
+        return spec_main(args)
     if args.action == "invite":
         from swarmrl.pool.invites import make_invite
 

@@ -73,7 +73,8 @@ def load_role_config(args: argparse.Namespace) -> SwarmConfig:
 
 
 def log_config(log: logging.Logger, config: SwarmConfig) -> None:
-    """One log line with the resolved config this process runs with (credentials masked)."""
+    """One short log line with the keys of the resolved config that differ from the defaults
+    (credentials masked)."""
     log.info("resolved config %s", config_line(config))
 
 

@@ -4,11 +4,13 @@
     pass_at_1 = mean over tasks and k samples (rollout temperature) of correctness
 
 "Correct" is the environment's ``correct`` detail (an exact answer), or reward = 1 where an
-environment reports none. Knows nothing about training.
+environment reports none. A held-out split smaller than n is evaluated whole, with one warning
+naming both numbers. Knows nothing about training.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -22,6 +24,20 @@ from swarmrl.protocol.seeds import derive_seed
 from swarmrl.trainer.rollout import sampling_params
 
 EVAL_BATCH = 512  # prompts per engine call
+log = logging.getLogger(__name__)
+_warned: set[tuple[str, int, int]] = set()  # (env, n, held-out size) already warned about
+
+
+def _warn_short_heldout(env: Environment, n: int, size: int) -> None:
+    """Say once per process that ``eval.n`` asks for more than the held-out split holds."""
+    if (env.name, n, size) in _warned:
+        return
+    _warned.add((env.name, n, size))
+    log.warning(
+        "eval.n = %d but the held-out split of env %r has %d problems (env.heldout_fraction = "
+        "%s): evaluating on %d; lower eval.n or raise env.heldout_fraction",
+        n, env.name, size, getattr(env, "heldout_fraction", "?"), size,
+    )  # fmt: skip
 
 
 def correctness(
@@ -59,6 +75,8 @@ def evaluate(
 ) -> dict[str, float | int]:
     """``{"accuracy", "pass_at_1", "n"}`` on the first ``n`` held-out tasks."""
     tasks = env.first("heldout", n)
+    if len(tasks) < n:
+        _warn_short_heldout(env, n, len(tasks))
     base = sampling_params(sampling, tokenizer)
     greedy = SamplingParams(
         temperature=0.0, max_new_tokens=base.max_new_tokens, stop_token_ids=base.stop_token_ids

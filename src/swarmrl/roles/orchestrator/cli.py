@@ -6,11 +6,13 @@
 
 Applies the ``[pool]`` section of ``CONFIG`` (default: the embedded config) plus ``--set``
 overrides; ``--db`` and ``--store``, when given, replace ``pool.db_url`` and
-``pool.store_url``. ``--workers N`` serves the port from N processes (PostgreSQL only;
-:mod:`swarmrl.roles.orchestrator.workers`); ``--fronts N`` has N front processes hold the
-connections, parse HTTP and check signatures, and bring every request to this one
-(:mod:`swarmrl.roles.orchestrator.fronts`, any database). Its ``/health`` answers with the settings it applies. Process wiring only;
-the service is :mod:`swarmrl.pool`. Imports neither torch nor transformers.
+``pool.store_url``. A ``--pool`` spec that disagrees with a given ``CONFIG`` (sampling, group
+size, task count, …) is refused at start (``swarmrl.pool.spec_check``). ``--workers N`` serves
+the port from N processes (PostgreSQL only; :mod:`swarmrl.roles.orchestrator.workers`);
+``--fronts N`` has N front processes hold the connections, parse HTTP and check signatures, and
+bring every request to this one (:mod:`swarmrl.roles.orchestrator.fronts`, any database). Its
+``/health`` answers with the settings it applies. Process wiring only; the service is
+:mod:`swarmrl.pool`. Imports neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from swarmrl.roles.orchestrator.workers import WorkerGroup, require_postgres
 
 if TYPE_CHECKING:
     from swarmrl.pool.trust.service import Context
+    from swarmrl.protocol.pool import PoolSpec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,16 +98,32 @@ def pool_config(args: argparse.Namespace) -> PoolConfig:
     return pool
 
 
+def pool_specs(args: argparse.Namespace) -> list[tuple[str, PoolSpec]]:
+    """Each ``--pool`` spec; with ``CONFIG`` given, one that disagrees with it is refused in one
+    line naming the keys (``swarmrl.pool.spec_check``)."""
+    specs = [(path, read_spec(path)) for path in args.pool]
+    if args.config is not None and specs:
+        from swarmrl.pool.spec_check import check_spec
+
+        config = config_from_args(args)
+        for path, spec in specs:
+            note = check_spec(spec, config, path)
+            if note is not None:
+                print(f"swarmrl orchestrator: warning: {note}", file=sys.stderr)
+    return specs
+
+
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
+    specs = pool_specs(args)  # arguments are checked before the first log line
+    keypair = load_keypair(args.key)
     config = pool_config(args)
     from swarmrl.pool.rejections import Conflict
     from swarmrl.pool.server import ORCHESTRATOR_LIMITS, make_context, serve_forever
     from swarmrl.pool.trust import service
 
-    ctx = make_context(load_keypair(args.key), args.run_dir, config)
-    for path in args.pool:
-        spec = read_spec(path)
+    ctx = make_context(keypair, args.run_dir, config)
+    for path, spec in specs:
         try:
             service.create_pool(ctx, spec)
         except Conflict:  # already hosted (a restart): its state comes back from the database
@@ -115,7 +134,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
                     file=sys.stderr,
                 )
     mounts = {} if args.no_ui else {"/ui": dashboard_app(ctx, args)}
-    pools = [read_spec(path).pool_id for path in args.pool]
+    pools = [spec.pool_id for _, spec in specs]
     reporter = StatusReporter(
         "orchestrator",
         args.name,

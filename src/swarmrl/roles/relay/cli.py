@@ -63,6 +63,7 @@ def build(args: argparse.Namespace, config: SwarmConfig) -> tuple[Starlette, Fol
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     config = config_from_args(args)
+    parse_public_keys(args.publisher_key)  # a bad key is refused before the first log line
     log_config(setup_logging(args.name, args.log_level), config)
     from swarmrl.shardcast.server import serve_until_signal
 

@@ -95,10 +95,10 @@ class Origin:
 def start(args: argparse.Namespace) -> int:
     """Run the role with parsed arguments (see :mod:`cli`); returns the exit status."""
     config = load_role_config(args)
+    keypair = load_keypair(args.key)  # before the first log line: a refusal is one line
     name = args.name or "trainer"
     log = setup_logging(name)
     log_config(log, config)
-    keypair = load_keypair(args.key)
     torch.set_num_threads(config.run.threads)
     if "TORCHELASTIC_RUN_ID" in os.environ:
         # torchrun starts each rank in a session of its own: if torchrun itself is killed, its

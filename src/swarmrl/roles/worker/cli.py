@@ -49,9 +49,6 @@ def main(verb: str, argv: Sequence[str]) -> int:
 
     require_backend(config.inference.backend)
     keypair = load_keypair(args.key)
-    name = args.name or f"worker-{keypair.node_id[:8]}"
-    log = setup_logging(name)
-    log_config(log, config)
     from swarmrl.identity.keys import parse_public_key
     from swarmrl.protocol.pool import Invite
     from swarmrl.rolekit.policy import set_threads
@@ -66,12 +63,16 @@ def main(verb: str, argv: Sequence[str]) -> int:
             invite = Invite.model_validate_json(path.read_text())
         except ValueError as exc:
             raise UserError(f"{path} is not an invite ({str(exc).splitlines()[0]})") from exc
+    publisher_key = parse_public_key(args.publisher_key)
+    name = args.name or f"worker-{keypair.node_id[:8]}"
+    log = setup_logging(name)  # after the arguments were checked: a refusal is one line
+    log_config(log, config)
     set_threads(config.swarm.role_threads)
     settings = WorkerSettings(
         orchestrator=args.orchestrator,
         pool_id=args.pool,
         weight_sources=[u for item in args.weights for u in item.split(",") if u],
-        publisher_key=parse_public_key(args.publisher_key),
+        publisher_key=publisher_key,
         work_dir=Path(args.work_dir or f"worker-{name}"),
         invite=invite,
     )
