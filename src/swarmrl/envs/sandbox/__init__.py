@@ -68,17 +68,24 @@ _uid_lock = threading.Lock()
 log = logging.getLogger(__name__)
 
 # Runs the program as __main__ and turns a MemoryError into a distinct exit status, so the
-# verdict never depends on reading the program's own output.
+# verdict never depends on reading the program's own output. (Not runpy, whose imports cost
+# more than a trivial program's run.)
 RUNNER = f"""\
-import os, runpy, sys, traceback
+import os, sys
 sys.argv = ["main.py"]
 try:
-    runpy.run_path("/task/main.py", run_name="__main__")
+    main = type(sys)("__main__")
+    main.__file__ = "/task/main.py"
+    sys.modules["__main__"] = main
+    with open("/task/main.py", "rb") as source:
+        code = compile(source.read(), "/task/main.py", "exec")
+    exec(code, main.__dict__)
 except MemoryError:
     os._exit({EXIT_MEMORY})
 except SystemExit:
     raise
 except BaseException:
+    import traceback
     traceback.print_exc()
     sys.stderr.flush()
     os._exit(1)

@@ -29,13 +29,12 @@ A step that fails prints ``sandbox setup: <step>: <reason>`` on stderr and exits
 91. Knows nothing of limits (the caller sets rlimits before ``exec``) or of verdicts.
 """
 
+import _signal  # the C modules: signal and socket import enum, which costs more than the rest
+import _socket
 import ctypes
 import errno
 import fcntl
 import os
-import platform
-import signal
-import socket
 import struct
 import sys
 
@@ -146,7 +145,7 @@ def lock_down(root):
     write(f"{root}/proc/sys/user/max_user_namespaces", "0")
     bind(f"{root}/proc/sys", f"{root}/proc/sys")
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    number = SYS_PIVOT_ROOT.get(platform.machine())
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
     if number is None:
         fail("pivot_root", errno.ENOSYS)
     os.chdir(root)
@@ -156,10 +155,11 @@ def lock_down(root):
 
 
 def loopback_up():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH22x", b"lo", 0)
-        flags = struct.unpack("16sH22x", fcntl.ioctl(sock, 0x8913, request))[1]  # SIOCGIFFLAGS
-        fcntl.ioctl(sock, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    request = struct.pack("16sH22x", b"lo", 0)
+    flags = struct.unpack("16sH22x", fcntl.ioctl(sock.fileno(), 0x8913, request))[1]  # SIOCGIFFLAGS
+    fcntl.ioctl(sock.fileno(), 0x8914, struct.pack("16sH22x", b"lo", flags | 1))  # SIOCSIFFLAGS: up
+    sock.close()
 
 
 def drop_capabilities():
@@ -176,7 +176,7 @@ def drop_capabilities():
 
 def init(root, task, prefix, size, status_fd):
     """PID 1: build, lock down, run the program as PID 2, report its wait status."""
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)
     build_root(root, task, prefix, size)
     lock_down(root)
     try:
@@ -219,13 +219,55 @@ def launch():
     status = int(report) if report else init_status
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_DFL)
+        if sig not in (_signal.SIGKILL, _signal.SIGSTOP):
+            _signal.signal(sig, _signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else EXIT_SETUP)
 
 
+def exit_status(code):
+    """The exit status of ``raise SystemExit(code)``, as the interpreter makes it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:  # a program may have closed or replaced stderr
+        pass
+    return 1
+
+
+def finish(status):
+    """End the program as the interpreter would (its other threads, ``atexit``, buffered
+    output), but skip the teardown of this copy of the launcher's heap, which costs more
+    than a trivial program's run."""
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            for thread in threading.enumerate():
+                if thread is not threading.current_thread() and not thread.daemon:
+                    thread.join()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        status = exit_status(exc.code)
+    except BaseException:
+        status = status or 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # closed or replaced by the program: the interpreter ignores it too
+            pass
+    os._exit(status)
+
+
 launch()  # returns only in the program
-with open("/task/runner.py") as runner:
-    exec(compile(runner.read(), "/task/runner.py", "exec"), {"__name__": "__runner__"})
+try:
+    with open("/task/runner.py") as runner:
+        exec(compile(runner.read(), "/task/runner.py", "exec"), {"__name__": "__runner__"})
+except SystemExit as exc:
+    finish(exit_status(exc.code))
+finish(0)
