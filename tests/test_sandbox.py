@@ -363,3 +363,46 @@ def test_where_no_isolating_mode_starts_auto_refuses_in_one_line():
     assert "apt-get install bubblewrap" in refusal and "user namespaces" in refusal
     assert unisolated == "rlimit: 42"
     assert "env.sandbox.mode = 'rlimit'" in done.stderr and "only" in done.stderr
+
+
+UNPRIVILEGED_PROBE = """
+import ctypes, errno, os, socket
+print(sorted(p for p in os.listdir('/proc') if p.isdigit()), socket.if_nameindex())
+print(os.getuid(), os.path.exists('/etc/passwd'), ctypes.CDLL(None).unshare(0x10000000))
+written = 0
+try:
+    for i in range(64):
+        with open(f'/dev/shm/{i}', 'wb') as f:
+            f.write(b'x' * 2**20)
+        written += 1
+except OSError as exc:
+    print(written, errno.errorcode[exc.errno])
+"""
+
+
+def test_unshare_isolates_an_unprivileged_caller_too(shared_dir):
+    """The ``unshare`` mode needs no privilege: run as ``nobody``, its launcher makes the same
+    namespaces, filesystem and caps."""
+    setpriv = shutil.which("setpriv")
+    if not ROOT or setpriv is None or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs root, setpriv(1) and /usr/bin/python3 to run as nobody")
+    from swarmrl.envs.sandbox import RUNNER
+    from swarmrl.envs.sandbox.modes import ISOLATE
+
+    task, root = os.path.join(shared_dir, "task"), os.path.join(shared_dir, "root")
+    for path in (task, root):
+        os.mkdir(path)
+        os.chmod(path, 0o755)
+    files = {f"{task}/runner.py": RUNNER, f"{task}/main.py": UNPRIVILEGED_PROBE}
+    files[f"{shared_dir}/isolate.py"] = ISOLATE.read_text()
+    for path, text in files.items():
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o644)
+    nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    launcher = ["/usr/bin/python3", "-I", f"{shared_dir}/isolate.py", root, task, "", str(8 << 20)]
+    done = subprocess.run([*nobody, *launcher], capture_output=True, text=True, timeout=60)
+    if "sandbox setup: create namespaces" in done.stderr:
+        pytest.skip(f"no user namespaces for unprivileged users here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['1', '2'] [(1, 'lo')]", "1000 False -1", "8 ENOSPC"]

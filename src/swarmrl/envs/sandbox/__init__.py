@@ -348,6 +348,7 @@ def _refusal(causes: dict[str, str | None]) -> str:
     return (
         f"no isolating sandbox can start here ({why}): install bubblewrap (Debian/Ubuntu: "
         "apt-get install bubblewrap) or allow user namespaces (sysctl "
-        "kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0); "
+        "user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1, "
+        "kernel.apparmor_restrict_unprivileged_userns=0); "
         "env.sandbox.mode = 'rlimit' runs the code unisolated"
     )
