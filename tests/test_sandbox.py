@@ -8,6 +8,7 @@ and host files, loopback listeners, interfaces, ``/dev/shm`` and ``/tmp``, neste
 in the isolating modes, ``bwrap`` and ``unshare``: ``rlimit`` does not isolate by design.
 """
 
+import ast
 import glob
 import os
 import shutil
@@ -259,6 +260,32 @@ def test_dev_shm_tmp_and_its_directory_are_private_and_capped(isolated):
         assert int(written) <= cap and failure in ("ENOSPC", "EFBIG"), (where, written, failure)
     leftovers = glob.glob(f"/dev/shm/{token}*") + glob.glob(f"/tmp/{token}*")
     assert leftovers == []
+
+
+WRITABLE_PROBE = """
+import os
+writable = []
+for top, dirs, _ in os.walk('/'):
+    if top.startswith('/proc') or top.count('/') > 2:
+        dirs.clear()
+        continue
+    try:
+        open(os.path.join(top, '.probe'), 'w').close()
+    except OSError:
+        continue
+    stat = os.statvfs(top)
+    writable.append((top, stat.f_blocks * stat.f_frsize))
+print(writable)
+"""
+
+
+def test_its_only_writable_places_are_three_capped_tmpfs(isolated):
+    """Every directory two levels down from ``/`` (less ``/proc``) where the program can
+    create a file is ``/sandbox``, ``/tmp`` or ``/dev/shm``, each no larger than its cap."""
+    result = isolated.run(WRITABLE_PROBE)
+    writable = dict(ast.literal_eval(result.stdout))  # the (path, bytes) pairs it printed
+    assert sorted(writable) == ["/dev/shm", "/sandbox", "/tmp"], result
+    assert all(size <= tmpfs_bytes(LIMITS.file_mb) for size in writable.values()), writable
 
 
 def test_it_can_make_no_namespace_or_mount_of_its_own(isolated):

@@ -21,7 +21,8 @@ its own processes (a fresh ``/proc``), none of which can signal the caller; ``/u
 ``/task``; size-capped tmpfs (``4 × file_mb`` each) as its working directory ``/sandbox``, as
 ``/tmp`` and as ``/dev/shm``; ``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``. Host
 files, ``/etc``, ``/home``, ``/root``, run directories, databases and the host's ``/tmp`` and
-``/dev/shm`` are not there at all. Every filesystem it can write is one of those capped tmpfs.
+``/dev/shm`` are not there at all. Every filesystem it can write is one of those capped tmpfs
+(``/`` and ``/dev`` are read-only, and it can neither mount nor make a user namespace).
 
 In every mode: when the caller is root, the program runs as an otherwise unused uid (so it cannot
 read or write files only root may, and its process count is its own); the environment is
@@ -33,6 +34,7 @@ time (``RLIMIT_CPU``), address space (``RLIMIT_AS``), processes (``RLIMIT_NPROC`
 
 Not isolated in any mode: CPU caches and timing, the kernel itself (a kernel exploit escapes
 any namespace), reading world-readable files under ``/usr`` and the Python installation.
+Not capped: System V shared memory of the run's own IPC namespace (freed when the run ends).
 
 Knows nothing about tasks or rewards: code and input in, a :class:`RunResult` out.
 """

@@ -6,24 +6,25 @@ Three processes, as in bubblewrap:
 
 - the launcher (this process, in the caller's PID namespace) drops into new user, mount, PID,
   network, IPC, UTS and cgroup namespaces (``unshare(2)``), maps its own uid and gid to 1000
-  inside, forks the init and passes on how the program ended (its exit status, or dies by the
-  same signal);
-- the init (PID 1 of the new PID namespace) builds the filesystem on a fresh tmpfs at ROOT,
-  ``pivot_root``\\ s into it, brings the private loopback up, forbids further user namespaces,
-  drops every capability, forks the program and waits for it. When the init exits, the kernel
-  kills whatever the program left running in the namespace; when the launcher dies, the init
-  gets ``SIGKILL`` (``PR_SET_PDEATHSIG``);
-- the program (PID 2) sets ``no_new_privs`` and runs ``/task/runner.py`` in this interpreter
-  (no second interpreter start-up), with no capabilities, as uid 1000 of a namespace that maps
+  inside, forks the init, drops its capabilities and passes on how the program ended (its
+  exit status, or it dies by the same signal);
+- the init (PID 1 of the new PID namespace) builds the filesystem on a fresh tmpfs at ROOT and
+  moves into it (``pivot_root(2)``), brings the private loopback up, forbids further user
+  namespaces, drops every capability, makes itself undumpable (the program cannot ptrace it),
+  forks the program and waits for it. When the init exits, the kernel kills whatever the
+  program left running in the namespace; when the launcher dies, the init gets ``SIGKILL``
+  (``PR_SET_PDEATHSIG``);
+- the program (PID 2) runs ``/task/runner.py`` in this interpreter (no second interpreter
+  start-up), with no capabilities and ``no_new_privs``, as uid 1000 of a namespace that maps
   nothing else.
 
 The filesystem it sees: ``/usr`` (and the ``/bin``, ``/lib``… links or directories) and the
 interpreter's installation PREFIX read-only; TASK read-only at ``/task``; tmpfs of TMPFS_BYTES
-each at ``/sandbox`` (the working directory), ``/tmp`` and ``/dev/shm``; ``/dev`` with ``null``,
-``zero``, ``full``, ``random``, ``urandom``; a ``/proc`` of the new PID namespace whose
-``/proc/sys`` is read-only. Nothing else of the host: no ``/etc``, ``/home``, ``/root``, run
-directories or the host's ``/tmp``. Every writable filesystem is a tmpfs with a size cap, and the
-program can mount no other (it has no capabilities and may create no user namespace).
+each at ``/sandbox`` (the working directory), ``/tmp`` and ``/dev/shm``; a read-only ``/dev``
+with ``null``, ``zero``, ``full``, ``random``, ``urandom``; a ``/proc`` of the new PID namespace
+whose ``/proc/sys`` is read-only. Nothing else of the host: no ``/etc``, ``/home``, ``/root``,
+run directories or the host's ``/tmp``. Every writable filesystem is a tmpfs with a size cap,
+and the program can mount no other (it has no capabilities and may create no user namespace).
 
 A step that fails prints ``sandbox setup: <step>: <reason>`` on stderr and exits with status
 91. Knows nothing of limits (the caller sets rlimits before ``exec``) or of verdicts.
@@ -48,17 +49,12 @@ CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
     0x40000000,
 )
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = (
-    1024,
-    2048,
-    4096,
-    16384,
-    1 << 18,
-    1 << 21,
-)
-KEPT_FLAGS = MS_NOEXEC | MS_NOATIME | MS_NODIRATIME | MS_RELATIME  # locked in a user namespace
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
+ST_RELATIME = 4096  # statvfs's flag; the others used here have their MS_ values
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 38, 47
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
+PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 38, 47
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
@@ -92,11 +88,19 @@ def mount(source, target, fstype, flags, data=None):
     call(f"mount {target}", result)
 
 
+def locked_flags(path):
+    """The flags of the mount holding ``path`` that a user namespace may not clear (read-only,
+    noexec, the atime mode): a remount must repeat them."""
+    have = os.statvfs(path).f_flag
+    atime = MS_NOATIME if have & MS_NOATIME else MS_RELATIME if have & ST_RELATIME else 0
+    kept = have & (MS_RDONLY | MS_NOEXEC | MS_NODIRATIME)
+    return kept | (atime or MS_STRICTATIME)
+
+
 def bind(source, target, writable=False):
     mount(source, target, None, MS_BIND)
-    kept = os.statvfs(source).f_flag & KEPT_FLAGS
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | kept | (0 if writable else MS_RDONLY | MS_NODEV)
-    mount(None, target, None, flags)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | locked_flags(source)
+    mount(None, target, None, flags | (0 if writable else MS_RDONLY | MS_NODEV))
 
 
 def tmpfs(target, size, mode):
@@ -136,6 +140,7 @@ def build_root(root, task, prefix, size):
         os.symlink(target, f"{root}/dev/{name}")
     os.symlink("/proc/self/fd/1", f"{root}/dev/stdout")
     os.symlink("/proc/self/fd/2", f"{root}/dev/stderr")
+    mount(None, f"{root}/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def lock_down(root):
@@ -186,9 +191,11 @@ def init(root, task, prefix, size, status_fd):
     name = b"sandbox"
     call("set the hostname", libc.sethostname(name, len(name)))
     drop_capabilities()
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the program may not ptrace its init
     child = os.fork()
     if child == 0:
         os.close(status_fd)
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         return  # the program: the caller runs it
     while True:
         pid, status = os.wait()
@@ -214,6 +221,7 @@ def launch():
         init(root, task, prefix, int(size), write_fd)
         return
     os.close(write_fd)
+    drop_capabilities()  # nothing left for the launcher to set up
     _, init_status = os.waitpid(child, 0)
     report = os.read(read_fd, 32)
     status = int(report) if report else init_status

@@ -80,6 +80,7 @@ class Bubblewrap:
         args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
         args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox"]
         args += ["--ro-bind", str(task), "/task", "--chdir", "/sandbox"]
+        args += ["--remount-ro", "/dev", "--remount-ro", "/"]  # bwrap's own tmpfs: no size cap
         return [*args, os.path.realpath(python), "-I", "/task/runner.py"], str(task)
 
 
