@@ -117,7 +117,8 @@ class Namespaces:
         script = base / "isolate.py"  # a copy the sandbox's uid can read
         script.write_text(_isolate_source())
         os.chmod(script, 0o644)
-        return [python, "-I", str(script), str(root), str(task), prefix, size], str(task)
+        exe = os.path.realpath(python)  # the installation itself, not a venv's link to it
+        return [exe, "-I", str(script), str(root), str(task), prefix, size], str(task)
 
 
 @functools.cache
