@@ -90,10 +90,10 @@ def mount(source, target, fstype, flags, data=None):
 
 def locked_flags(path):
     """The flags of the mount holding ``path`` that a user namespace may not clear (read-only,
-    noexec, the atime mode): a remount must repeat them."""
+    nosuid, nodev, noexec, the atime mode): a remount must repeat them."""
     have = os.statvfs(path).f_flag
     atime = MS_NOATIME if have & MS_NOATIME else MS_RELATIME if have & ST_RELATIME else 0
-    kept = have & (MS_RDONLY | MS_NOEXEC | MS_NODIRATIME)
+    kept = have & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NODIRATIME)
     return kept | (atime or MS_STRICTATIME)
 
 
