@@ -333,6 +333,15 @@ def test_a_sandbox_that_cannot_start_is_a_one_line_error(tmp_path, monkeypatch):
         assert Sandbox(LIMITS, "auto").mode == "unshare"  # isolated without bubblewrap
 
 
+def test_the_unisolated_mode_runs_only_when_named_and_warns(caplog):
+    with caplog.at_level("WARNING", logger="swarmrl.envs.sandbox"):
+        sandbox = Sandbox(LIMITS, "rlimit")
+    assert sandbox.mode == "rlimit" and sandbox.run("print('ran')").stdout == "ran\n"
+    assert any("resource limits only" in r.getMessage() for r in caplog.records)
+    with pytest.raises(SandboxError, match="is not one of auto, bwrap, unshare, rlimit"):
+        Sandbox(LIMITS, "none")
+
+
 def test_auto_uses_the_bwrap_on_the_path_wherever_it_is():
     if not os.path.exists("/usr/bin/bwrap"):
         pytest.skip("needs bubblewrap in /usr/bin (apt-get install bubblewrap)")
