@@ -9,7 +9,8 @@ to install or enable. It never falls back by itself to a mode that does not isol
   (``--disable-userns``, bubblewrap 0.8 and later).
 - ``unshare``: the same namespaces made by the kernel directly (``unshare(2)``, ``mount(2)``,
   ``pivot_root(2)`` from ``isolate.py``; no helper binary, no privilege: it needs only user
-  namespaces, which Linux gives unprivileged processes unless a distribution turned them off),
+  namespaces for unprivileged processes, which Linux gives unless a distribution restricts them,
+  e.g. ``kernel.apparmor_restrict_unprivileged_userns = 1``),
   every capability dropped and ``no_new_privs`` set before the program runs, and no further
   user namespaces inside.
 - ``rlimit``: limits only. It does **not** isolate the network, other processes or the
@@ -25,7 +26,8 @@ files, ``/etc``, ``/home``, ``/root``, run directories, databases and the host's
 (``/`` and ``/dev`` are read-only, and it can neither mount nor make a user namespace).
 
 In every mode: when the caller is root, the program runs as an otherwise unused uid (so it cannot
-read or write files only root may, and its process count is its own); the environment is
+read or write files only root may, and its process count is its own; where root cannot take
+such uids, in a container of its own user namespace, it runs as the caller); the environment is
 replaced by a minimal one (no host variables); stdin is the given input; stdout and stderr go to
 files outside the sandbox of which at most ``output_bytes`` are kept; the whole process tree is
 killed when the wall-clock limit passes. Limits (``setrlimit`` in the child before ``exec``): CPU
