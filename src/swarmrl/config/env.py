@@ -36,10 +36,11 @@ class ReasoningGymTask(Section):
 class SandboxConfig(Section):
     """Where and how completions' code runs (trusted side only: validator and trainer)."""
 
-    mode: Literal["auto", "bwrap", "rlimit"] = Field(
+    mode: Literal["auto", "bwrap", "unshare", "rlimit"] = Field(
         "auto",
-        description="bwrap: bubblewrap namespaces + rlimits; rlimit: rlimits only (no network "
-        "or file isolation); auto: bwrap when it starts here, else rlimit",
+        description="bwrap: bubblewrap's namespaces + rlimits; unshare: the kernel's namespaces "
+        "made directly (no bubblewrap) + rlimits; auto: bwrap, else unshare, else refuse to "
+        "start; rlimit: rlimits only, no isolation (only when named; warns)",
     )
     cpu_s: int = Field(2, ge=1, description="CPU-time limit per run, seconds")
     wall_s: float = Field(5.0, gt=0, description="wall-clock limit per run, seconds")

@@ -1,26 +1,42 @@
 """Running untrusted Python (a completion's code) under limits, on the trusted side only.
 
-Two modes, both with the same resource limits (``setrlimit`` in the child before ``exec``):
+Three modes; ``auto`` (the default) takes the first of ``bwrap`` and ``unshare`` that starts
+here, and where neither does, the sandbox refuses to start, in one line that names why and what
+to install or enable. It never falls back by itself to a mode that does not isolate.
 
-- ``bwrap`` (Debian's ``bubblewrap``): new user, PID, network, IPC, UTS and cgroup namespaces
-  (``--unshare-all``), so no network but a loopback of its own, no view of host processes, and
-  no signal can reach the caller. The filesystem holds only ``/usr`` (and the ``/bin``, ``/lib``
-  links), the Python installation, read-only; the program read-only at ``/task``; a size-capped
-  tmpfs at ``/sandbox`` (its working directory) and at ``/tmp``. Host files, ``/etc``, ``/home``,
-  ``/root`` and the caller's temporary files are not there at all.
-- ``rlimit``: limits only. It does **not** isolate the network or the filesystem. When the
-  caller is root, the program runs as an otherwise unused uid, so it cannot read or write
-  files only root may, cannot signal the caller, and its process count is its own; as an
-  ordinary user it runs as that user and can do what that user can.
+- ``bwrap`` (Debian's ``bubblewrap``, found on the ``PATH``): new user, PID, network, IPC, UTS
+  and cgroup namespaces (``--unshare-all``), and no further user namespaces inside
+  (``--disable-userns``, bubblewrap 0.8 and later).
+- ``unshare``: the same namespaces made by the kernel directly (``unshare(2)``, ``mount(2)``,
+  ``pivot_root(2)`` from ``isolate.py``; no helper binary, no privilege: it needs only user
+  namespaces for unprivileged processes, which Linux gives unless a distribution restricts them,
+  e.g. ``kernel.apparmor_restrict_unprivileged_userns = 1``),
+  every capability dropped and ``no_new_privs`` set before the program runs, and no further
+  user namespaces inside.
+- ``rlimit``: limits only. It does **not** isolate the network, other processes or the
+  filesystem; it runs only when named (``env.sandbox.mode = "rlimit"``), with a warning.
 
-In both: the environment is replaced by a minimal one (no host variables), stdin is the given
-input, stdout and stderr go to files outside the sandbox of which at most ``output_bytes`` are
-kept, and the whole process tree is killed when the wall-clock limit passes. Limits: CPU time
-(``RLIMIT_CPU``), address space (``RLIMIT_AS``), processes (``RLIMIT_NPROC``), file size
+What the program sees under ``bwrap`` and ``unshare``: no network but a loopback of its own; only
+its own processes (a fresh ``/proc``), none of which can signal the caller; ``/usr`` (with the
+``/bin``, ``/lib`` links) and the interpreter's installation read-only; the program read-only at
+``/task``; size-capped tmpfs (``4 × file_mb`` each) as its working directory ``/sandbox``, as
+``/tmp`` and as ``/dev/shm``; ``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``. Host
+files, ``/etc``, ``/home``, ``/root``, run directories, databases and the host's ``/tmp`` and
+``/dev/shm`` are not there at all. Every filesystem it can write is one of those capped tmpfs
+(``/`` and ``/dev`` are read-only, and it can neither mount nor make a user namespace).
+
+In every mode: when the caller is root, the program runs as an otherwise unused uid (so it cannot
+read or write files only root may, and its process count is its own; where root cannot take
+such uids, in a container of its own user namespace, it runs as the caller); the environment is
+replaced by a minimal one (no host variables); stdin is the given input; stdout and stderr go to
+files outside the sandbox of which at most ``output_bytes`` are kept; the whole process tree is
+killed when the wall-clock limit passes. Limits (``setrlimit`` in the child before ``exec``): CPU
+time (``RLIMIT_CPU``), address space (``RLIMIT_AS``), processes (``RLIMIT_NPROC``), file size
 (``RLIMIT_FSIZE``, which also caps output), no core files.
 
 Not isolated in any mode: CPU caches and timing, the kernel itself (a kernel exploit escapes
 any namespace), reading world-readable files under ``/usr`` and the Python installation.
+Not capped: System V shared memory of the run's own IPC namespace (freed when the run ends).
 
 Knows nothing about tasks or rewards: code and input in, a :class:`RunResult` out.
 """
@@ -28,9 +44,9 @@ Knows nothing about tasks or rewards: code and input in, a :class:`RunResult` ou
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,28 +57,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from swarmrl.envs.sandbox.modes import LAUNCHERS, Launcher
 from swarmrl.errors import SandboxError
 
-SandboxMode = Literal["auto", "bwrap", "rlimit"]
+SandboxMode = Literal["auto", "bwrap", "unshare", "rlimit"]
+ISOLATING = ("bwrap", "unshare")  # what auto tries, in this order
 Verdict = Literal["ok", "error", "timeout", "memory", "output", "killed"]
 EXIT_MEMORY = 90  # the runner's exit status for a MemoryError (see RUNNER)
 SYSTEM_PYTHON = "/usr/bin/python3"
 FIRST_UID = 200_000  # sandboxed programs run as FIRST_UID + n when the caller is root
+UID_RANGE = 100_000
 _uids = itertools.count()
 _uid_lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 # Runs the program as __main__ and turns a MemoryError into a distinct exit status, so the
-# verdict never depends on reading the program's own output.
+# verdict never depends on reading the program's own output. (Not runpy, whose imports cost
+# more than a trivial program's run.)
 RUNNER = f"""\
-import os, runpy, sys, traceback
+import os, sys
 sys.argv = ["main.py"]
 try:
-    runpy.run_path("/task/main.py", run_name="__main__")
+    main = type(sys)("__main__")
+    main.__file__ = "/task/main.py"
+    sys.modules["__main__"] = main
+    with open("/task/main.py", "rb") as source:
+        code = compile(source.read(), "/task/main.py", "exec")
+    exec(code, main.__dict__)
 except MemoryError:
     os._exit({EXIT_MEMORY})
 except SystemExit:
     raise
 except BaseException:
+    import traceback
     traceback.print_exc()
     sys.stderr.flush()
     os._exit(1)
@@ -98,28 +125,18 @@ def default_python() -> str:
     return SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
 
 
-def _prefix(exe: str) -> str:
-    """The installation directory of interpreter ``exe`` (``.../bin/python`` → ``...``)."""
-    return str(Path(os.path.realpath(exe)).parent.parent)
-
-
-def _bwrap_args(task_dir: Path, limits: Limits, exe: str) -> list[str]:
-    prefix = _prefix(exe)
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
-    for top in ("bin", "lib", "lib32", "lib64", "sbin"):
-        host = Path("/") / top
-        if host.is_symlink():
-            args += ["--symlink", os.readlink(host), str(host)]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), str(host)]
-    if prefix != "/usr" and not prefix.startswith("/usr/"):
-        args += ["--ro-bind", prefix, prefix]
-    size = str(limits.file_mb * 4 * 2**20)
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox"]
-    args += ["--ro-bind", str(task_dir), "/task", "--chdir", "/sandbox"]
-    return [*args, os.path.realpath(exe), "-I", "/task/runner.py"]
+def _uids_mapped(first: int, count: int) -> bool:
+    """Whether uids ``first`` … ``first + count − 1`` exist in this process's user namespace
+    (all of them on a host; not in a rootless container, where root cannot switch to them)."""
+    try:
+        lines = Path("/proc/self/uid_map").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        inner, _, length = (int(field) for field in line.split())
+        if inner <= first and first + count <= inner + length:
+            return True
+    return False
 
 
 def _user_threads(uid: int) -> int:
@@ -172,35 +189,44 @@ class Sandbox:
         self.limits = limits or Limits()
         self.python = python or default_python()
         self.uids: set[int] = set()  # the uids its programs ran as (when the caller is root)
-        self.root = os.geteuid() == 0
+        self.root = os.geteuid() == 0 and _uids_mapped(FIRST_UID, UID_RANGE)
         if mode == "auto":
-            self.mode = "bwrap" if self._bwrap_works() is None else "rlimit"
-        else:
-            self.mode = mode
-            if mode == "bwrap":
-                cause = self._bwrap_works()
-                if cause is not None:
-                    raise SandboxError(f"env.sandbox.mode = 'bwrap' cannot start: {cause}")
-        probe = self.run("print('ok')")
-        if probe.verdict != "ok" or probe.stdout.strip() != "ok":
-            detail = (probe.stderr.strip().splitlines() or [probe.verdict])[-1]
-            raise SandboxError(f"the {self.mode} sandbox cannot start: {detail}")
+            causes = {}
+            for name in ISOLATING:
+                causes[name] = self._start(name)
+                if causes[name] is None:
+                    return
+            raise SandboxError(_refusal(causes))
+        if mode not in LAUNCHERS:
+            raise SandboxError(
+                f"env.sandbox.mode = {mode!r} is not one of auto, {', '.join(LAUNCHERS)}"
+            )
+        cause = self._start(mode)
+        if cause is not None:
+            raise SandboxError(f"env.sandbox.mode = {mode!r} cannot start: {cause}")
+        if mode == "rlimit":
+            log.warning(
+                "env.sandbox.mode = 'rlimit': completions' code runs with resource limits only, "
+                "and can read the host's files and processes and reach its network"
+            )
 
-    def _bwrap_works(self) -> str | None:
-        """None when bubblewrap runs here, else why not (one line)."""
-        if shutil.which("bwrap") is None:
-            return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-        self.mode = "bwrap"
-        result = self.run("print('ok')")
-        if result.verdict == "ok" and result.stdout.strip() == "ok":
+    def _start(self, mode: str) -> str | None:
+        """Take ``mode`` when it starts here (None), else say why not (one line)."""
+        self.mode = mode
+        self.launcher: Launcher = LAUNCHERS[mode]
+        cause = self.launcher.unavailable()
+        if cause is not None:
+            return cause
+        probe = self.run("print('ok')")
+        if probe.verdict == "ok" and probe.stdout.strip() == "ok":
             return None
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        return lines[-1] if lines else f"bwrap exited with {result.exit_code}"
+        lines = (probe.stderr or probe.stdout).strip().splitlines()
+        return lines[-1] if lines else f"the probe run ended {probe.verdict} ({probe.exit_code})"
 
     def _rlimits(self, uid: int | None) -> list[tuple[int, tuple[int, int]]]:
         """The limits the child sets before ``exec`` (computed here: no work after fork)."""
         lim = self.limits
-        extra = lim.processes + (3 if self.mode == "bwrap" else 1)  # bwrap's own processes
+        extra = lim.processes + 1 + self.launcher.helpers  # the program and the mode's helpers
         nproc = extra if uid is not None else _user_threads(os.getuid()) + extra
         return [
             (resource.RLIMIT_CPU, (lim.cpu_s, lim.cpu_s + 1)),
@@ -214,7 +240,7 @@ class Sandbox:
         if not self.root:
             return None
         with _uid_lock:
-            uid = FIRST_UID + (os.getpid() * 97 + next(_uids)) % 100_000
+            uid = FIRST_UID + (os.getpid() * 97 + next(_uids)) % UID_RANGE
         self.uids.add(uid)
         return uid
 
@@ -227,18 +253,9 @@ class Sandbox:
             (task_dir / "main.py").write_text(source)
             (task_dir / "runner.py").write_text(RUNNER)
             uid = self._uid()
-            if self.mode == "bwrap":
-                argv = _bwrap_args(task_dir, self.limits, self.python)
-                cwd = str(task_dir)
-            else:
-                work = base / "work"
-                work.mkdir()
-                runner = (task_dir / "runner.py").read_text().replace("/task/", f"{task_dir}/")
-                (task_dir / "runner.py").write_text(runner)
-                argv = [self.python, "-I", str(task_dir / "runner.py")]
-                cwd = str(work)
-                if uid is not None:
-                    os.chown(work, uid, uid)
+            argv, cwd = self.launcher.argv(self.python, base, task_dir, self.limits.file_mb)
+            if uid is not None and cwd != str(task_dir):
+                os.chown(cwd, uid, uid)  # the unisolated program's own directory
             for path in (base, task_dir, *task_dir.iterdir()):
                 os.chmod(path, 0o755 if path.is_dir() else 0o644)
             return self._execute(argv, cwd, base, stdin, uid)
@@ -306,7 +323,9 @@ class Sandbox:
         out, err = (
             (base / name).open("rb").read(lim.output_bytes) for name in ("stdout", "stderr")
         )
-        signum = -code if code < 0 else (code - 128 if self.mode == "bwrap" and code > 128 else 0)
+        signum = -code if code < 0 else 0
+        if self.launcher.signal_in_status and code > 128:
+            signum = code - 128
         verdict: Verdict
         if timed_out or signum == signal.SIGXCPU:
             verdict = "timeout"
@@ -325,3 +344,15 @@ class Sandbox:
             stderr=err.decode(errors="replace"),
             wall_s=wall,
         )
+
+
+def _refusal(causes: dict[str, str | None]) -> str:
+    """The one line ``auto`` says when no isolating mode starts here."""
+    why = "; ".join(f"{mode}: {cause}" for mode, cause in causes.items())
+    return (
+        f"no isolating sandbox can start here ({why}): install bubblewrap (Debian/Ubuntu: "
+        "apt-get install bubblewrap) or allow user namespaces (sysctl "
+        "user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1, "
+        "kernel.apparmor_restrict_unprivileged_userns=0); "
+        "env.sandbox.mode = 'rlimit' runs the code unisolated"
+    )
