@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmrl.config.serve import ServeLimits
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import KeyPair
 from swarmrl.shardcast import Publisher
@@ -160,3 +161,9 @@ def test_a_limit_flag_out_of_range_is_one_line_naming_it(tmp_path: Path):
         serve.main("serve", [str(tmp_path), "--max-tokens", "50", "--max-tokens-limit", "10"])
     with pytest.raises(UserError, match="--max-concurrent: "):
         serve.main("serve", [str(tmp_path), "--max-concurrent", "0"])
+
+
+def test_docs_serve_lists_every_limit_with_its_default():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text()
+    for name, spec in ServeLimits.model_fields.items():
+        assert f"| `--{name.replace('_', '-')}` | {spec.default} |" in page, name

@@ -28,26 +28,22 @@ Knows nothing about runs, checkpoints on disk or the command line (``swarmrl.too
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import threading
-import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from swarmrl.config.serve import ServeLimits
 from swarmrl.errors import BadRequest
-from swarmrl.protocol.bounded import check_json
 from swarmrl.tools.openai_policy import (
     Abandoned,
     Choice,
@@ -58,12 +54,20 @@ from swarmrl.tools.openai_policy import (
     message_texts,
     text_prompt,
 )
+from swarmrl.tools.openai_wire import (
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    Shape,
+    error_body,
+    parse_body,
+    sse,
+    validated,
+)
 
 log = logging.getLogger(__name__)
-_M = TypeVar("_M", bound=BaseModel)
-
-MAX_STOPS = 4  # as OpenAI: up to four stop strings
-MAX_STOP_CHARS = 256
 
 
 class Refused(Exception):
@@ -79,87 +83,6 @@ class Refused(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.kind, self.headers = status, code, kind, headers or {}
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    include_usage: bool = False
-
-
-class _Sampling(BaseModel):
-    """Fields both routes share; other OpenAI fields are accepted and have no effect."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
-
-    model: str | None = None
-    max_tokens: int | None = Field(None, gt=0, description="new tokens at most")
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    n: int = Field(1, ge=1)
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    ignore_eos: bool = False  # vLLM's extension: run every choice to max_tokens
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[str] = Field(description="one prompt, or a list of them")
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, gt=0)
-
-
-def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The request's JSON object, refused (400) unless it is a bounded JSON value."""
-    try:
-        data = json.loads(body, parse_constant=_no_constant)
-    except RecursionError:
-        raise BadRequest("the body nests too deeply to be a request") from None
-    except ValueError as exc:  # not JSON, not UTF-8, NaN or Infinity
-        raise BadRequest(f"the body is not valid JSON: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    try:
-        check_json(data)
-    except ValueError as exc:
-        raise BadRequest(f"the body is refused: {exc}") from None
-    return data
-
-
-def _validated(model: type[_M], data: dict[str, Any]) -> _M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise BadRequest(f"{loc or 'body'}: {first['msg']}", loc or None) from None
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
 
 
 async def _watch_disconnect(request: Request, abandoned: threading.Event) -> None:
@@ -226,7 +149,7 @@ class _Api:
         )
 
     # -- what a request asks for ------------------------------------------------------------
-    def sampling(self, req: _Sampling, max_tokens: int | None) -> Sampling:
+    def sampling(self, req: SamplingFields, max_tokens: int | None) -> Sampling:
         limits = self.limits
         if req.model not in (None, self.policy.name):
             raise BadRequest(
@@ -314,24 +237,20 @@ class _Api:
             )
             job.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
             for event in start:
-                yield _sse(event)
+                yield sse(event)
             while (delta := await queue.get()) is not None:
-                yield _sse(chunk(delta))
+                yield sse(chunk(delta))
             if isinstance(job.exception(), Abandoned):
                 self.abandoned += 1
                 log.info("stopped a generation: %s", _client(request))
                 return
             choices = job.result()
             if usage is not None:
-                yield _sse(usage(choices))
+                yield sse(usage(choices))
             yield b"data: [DONE]\n\n"
         finally:
             abandoned.set()
             watcher.cancel()
-
-
-def _sse(event: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
 
 
 def _client(request: Request) -> str:
@@ -451,8 +370,8 @@ def build_app(
         try:
             data = await api.read_json(request)
             if kind == "chat":
-                chat = _validated(ChatRequest, data)
-                req: _Sampling = chat
+                chat = validated(ChatRequest, data)
+                req: SamplingFields = chat
                 sampling = api.sampling(chat, chat.max_completion_tokens or chat.max_tokens)
                 pairs = message_texts([(m.role, m.content) for m in chat.messages])
                 api.check_length([c for _, c in pairs], "messages")
@@ -460,7 +379,7 @@ def build_app(
                     lambda: [chat_prompt(policy.tokenizer, pairs)], sampling.max_new_tokens
                 )
             else:
-                text = _validated(CompletionRequest, data)
+                text = validated(CompletionRequest, data)
                 req = text
                 sampling = api.sampling(text, text.max_tokens)
                 texts = [text.prompt] if isinstance(text.prompt, str) else text.prompt
@@ -471,7 +390,7 @@ def build_app(
                     lambda: [text_prompt(policy.tokenizer, t) for t in texts],
                     sampling.max_new_tokens,
                 )
-            shape = _Shape(kind, policy.name, sum(len(p) for p in prompts) * sampling.n)
+            shape = Shape(kind, policy.name, sum(len(p) for p in prompts) * sampling.n)
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 events = api.stream(
@@ -501,67 +420,3 @@ def build_app(
         return await answer(request, "text")
 
     return app
-
-
-class _Shape:
-    """OpenAI's response bodies and stream chunks for one request."""
-
-    def __init__(self, kind: Literal["chat", "text"], model: str, prompt_tokens: int) -> None:
-        self.kind, self.model, self.prompt_tokens = kind, model, prompt_tokens
-        prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        self.id, self.created = f"{prefix}-{secrets.token_hex(12)}", int(time.time())
-        self.completion_tokens = 0
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def whole(self, choices: list[Choice]) -> dict[str, Any]:
-        used = sum(len(c.tokens) for c in choices)
-        if self.kind == "chat":
-            body = [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None,
-                    "finish_reason": c.finish_reason,
-                }
-                for c in choices
-            ]
-            head = self._head("chat.completion")
-        else:
-            body = [
-                {
-                    "index": c.index,
-                    "text": c.text,
-                    "logprobs": None,
-                    "finish_reason": c.finish_reason,
-                }
-                for c in choices
-            ]
-            head = self._head("text_completion")
-        return head | {"choices": body, "usage": _usage(self.prompt_tokens, used)}
-
-    def start(self, n: int) -> list[dict[str, Any]]:
-        """Chat streams open each choice with the assistant role, as OpenAI's do."""
-        if self.kind != "chat":
-            return []
-        delta = {"role": "assistant", "content": ""}
-        return [self._chunk(i, delta, None) for i in range(n)]
-
-    def chunk(self, delta: Delta) -> dict[str, Any]:
-        index, text, reason = delta
-        return self._chunk(index, {"content": text} if text else {}, reason, text)
-
-    def _chunk(
-        self, index: int, delta: dict[str, Any], reason: str | None, text: str = ""
-    ) -> dict[str, Any]:
-        if self.kind == "chat":
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-            return self._head("chat.completion.chunk") | {"choices": [choice]}
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
-        return self._head("text_completion") | {"choices": [choice]}
-
-    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
-        used = sum(len(c.tokens) for c in choices)
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return self._head(obj) | {"choices": [], "usage": _usage(self.prompt_tokens, used)}
