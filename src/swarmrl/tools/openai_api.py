@@ -240,9 +240,14 @@ class _Api:
                 yield sse(event)
             while (delta := await queue.get()) is not None:
                 yield sse(chunk(delta))
-            if isinstance(job.exception(), Abandoned):
+            failed = job.exception()
+            if isinstance(failed, Abandoned):
                 self.abandoned += 1
                 log.info("stopped a generation: %s", _client(request))
+                return
+            if failed is not None:  # our fault, after the 200 went out: say so in the stream
+                log.error("generation failed", exc_info=failed)
+                yield sse(error_body(f"generation failed: {failed}", "server_error", None, None))
                 return
             choices = job.result()
             if usage is not None:
@@ -344,6 +349,12 @@ def build_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return refusal(request, 400, error_body(str(exc), "invalid_request_error", None, None), {})
+
+    @app.exception_handler(Exception)
+    async def _failed(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        body = error_body(f"the server failed: {type(exc).__name__}", "server_error", None, None)
+        return JSONResponse(body, 500)
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> Response:
