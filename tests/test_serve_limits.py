@@ -251,6 +251,11 @@ def test_a_stream_whose_client_leaves_stops_generating(server: ServeProcess):
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
+        for _ in range(10):  # /health does not wait for the generation
+            started = time.monotonic()
+            assert _health(server)["requests"] == 1
+            assert time.monotonic() - started < 0.5
+            time.sleep(0.05)
     left = time.monotonic()
     health = _idle(server, 5)  # 8 x 3000 tokens take far longer
     assert health["abandoned"] == before + 1

@@ -122,6 +122,7 @@ class Policy:
         self.name = name
         self.context = int(getattr(engine.model.config, "max_position_embeddings", 0) or 1 << 30)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-engine")
+        self._closing = threading.Event()  # set: a running generation stops at its next token
 
     def check_fits(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
         """Refuse a prompt that leaves no room for ``max_new_tokens`` in the model's context."""
@@ -144,7 +145,8 @@ class Policy:
         return self._thread.submit(self._generate, prompts, sampling, abandoned, emit)
 
     def close(self) -> None:
-        """Stop taking generations; those queued are dropped, a running one finishes."""
+        """Stop generating: those queued are dropped, a running one stops at its next token."""
+        self._closing.set()
         self._thread.shutdown(wait=False, cancel_futures=True)
 
     # -- the engine thread ----------------------------------------------------------------
@@ -205,8 +207,8 @@ class _Decoder:
                 self._finish(choice, "length")
 
     def _step(self, t: int, rows: list[int], tokens: list[int]) -> None:
-        if self.abandoned.is_set():
-            raise Abandoned("the client went away before its generation ended")
+        if self.abandoned.is_set() or self.policy._closing.is_set():
+            raise Abandoned("the client went away, or the server is stopping")
         for row, token in zip(rows, tokens, strict=True):
             choice = self.choices[row]
             if choice.finish_reason is None:
