@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
             "--" + name.replace("_", "-"),
             dest=f"limit_{name}",
             type=spec.annotation,  # int or float
+            metavar="SECONDS" if spec.annotation is float else "N",
             default=spec.default,
             help=f"{spec.description} (default: {spec.default})",
         )
