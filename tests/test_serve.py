@@ -27,7 +27,7 @@ KEY = "test-key-0123456789"
 
 @pytest.fixture(scope="module")
 def server(colocated_run: Path) -> Iterator[ServeProcess]:
-    with ServeProcess(colocated_run, "--api-key", KEY) as proc:
+    with ServeProcess(colocated_run, "--api-key", KEY, "--threads", "1") as proc:
         yield proc
 
 
