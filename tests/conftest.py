@@ -16,11 +16,16 @@ Hypothesis keeps its example database and caches in ``.hypothesis/`` of the curr
 unless told otherwise: here they go to the user cache (``run.cache_dir``'s default, under
 ``hypothesis/``), so a test run leaves nothing in the repository. ``HYPOTHESIS_STORAGE_DIRECTORY``
 set beforehand wins.
+
+``colocated_run`` is the directory of a short colocated ``swarmrl run`` made once per session,
+for tools that work on run directories to be tested on what a run really writes.
 """
 
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,3 +97,40 @@ def module_db_url(request: pytest.FixtureRequest) -> Iterator[str]:
         yield ""
     else:
         yield from _fresh_database(request.getfixturevalue("pg_server"))
+
+
+# a tiny model, a few warm-start and RL steps: seconds; the long context lets a served request
+# generate for a while (``swarmrl serve`` tests stop one midway)
+SHORT_RUN = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "model.tiny.max_position_embeddings=4096",
+    "sft.steps=5",
+    "sft.batch_size=16",
+    "sft.train_examples=200",
+    "rl.steps=2",
+    "rl.prompts_per_step=4",
+    "rl.group_size=2",
+    "eval.n=8",
+    "eval.control=false",
+]
+
+
+@pytest.fixture(scope="session")
+def colocated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory ``swarmrl run configs/arith.toml --colocated`` wrote (short run)."""
+    root = tmp_path_factory.mktemp("colocated-run")
+    sets = [*SHORT_RUN, f'run.cache_dir="{root / "cache"}"', f'run.run_dir="{root / "runs"}"']
+    config = Path(__file__).resolve().parents[1] / "configs" / "arith.toml"
+    argv = [sys.executable, "-m", "swarmrl.cli", "run", str(config), "--colocated", "--quiet"]
+    done = subprocess.run(
+        argv + [arg for s in sets for arg in ("--set", s)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (root / "runs").iterdir()
+    return run_dir

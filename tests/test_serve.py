@@ -1,80 +1,61 @@
-"""``swarmrl serve``: a trained policy answers the ``openai`` Python client on loopback."""
+"""``swarmrl serve RUN_DIR`` on the directory a real ``swarmrl run`` wrote: the ``openai``
+Python client lists the model, gets completions and chats, whole and streamed."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
-from swarmrl.config.model import TinyModelConfig
+from swarmrl.config.serve import ServeLimits
 from swarmrl.errors import MissingPathError, UserError
-from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
+from swarmrl.identity import KeyPair
+from swarmrl.shardcast import Publisher
+from swarmrl.testing.serve import ServeProcess
 from swarmrl.tools import serve
 from swarmrl.tools.checkpoint import find_policy
 
 openai = pytest.importorskip("openai", reason="pip install openai (the test extra)")
 
-ALPHABET = "0123456789+-*= abcdefghijklmnopqrstuvwxyz"
+KEY = "test-key-0123456789"
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A colocated run directory holding a tiny trained-shape policy in ``policy/``."""
-    torch.manual_seed(0)
-    tokenizer = build_char_tokenizer(ALPHABET)
-    model = create_tiny_model(TinyModelConfig(num_layers=2), tokenizer)
-    run = tmp_path_factory.mktemp("runs") / "arith-20260101-000000"
-    save_policy(model, tokenizer, run / "policy")
-    return run
+def server(colocated_run: Path) -> Iterator[ServeProcess]:
+    with ServeProcess(colocated_run, "--api-key", KEY, "--threads", "1") as proc:
+        yield proc
 
 
-@pytest.fixture(scope="module")
-def server(run_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    port_file = tmp_path_factory.mktemp("serve") / "port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmrl.cli", "serve", str(run_dir), "--port", "0"]
-        + ["--port-file", str(port_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 90
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"swarmrl serve did not start: {proc.communicate()[0]}")
-        time.sleep(0.2)
-    yield f"http://127.0.0.1:{int(port_file.read_text())}/v1"
-    proc.terminate()
-    proc.wait(timeout=30)
+def _client(proc: ServeProcess, key: str = KEY):
+    return openai.OpenAI(base_url=f"{proc.url}/v1", api_key=key, max_retries=0, timeout=60)
 
 
-def _client(url: str):
-    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
-
-
-def test_the_openai_client_lists_the_model_and_gets_completions(server: str):
+def test_serve_takes_the_run_directory_and_serves_its_policy(
+    server: ServeProcess, colocated_run: Path
+):
     client = _client(server)
-    assert [m.id for m in client.models.list()] == ["arith-20260101-000000"]
+    assert [m.id for m in client.models.list()] == [colocated_run.name]
     first = client.completions.create(
-        model="arith-20260101-000000", prompt="1+2=", max_tokens=5, seed=7, temperature=1.0
+        model=colocated_run.name, prompt="1+2=", max_tokens=5, seed=7, temperature=1.0
     )
     again = client.completions.create(
-        model="arith-20260101-000000", prompt="1+2=", max_tokens=5, seed=7, temperature=1.0
+        model=colocated_run.name, prompt="1+2=", max_tokens=5, seed=7, temperature=1.0
     )
     assert first.choices[0].text == again.choices[0].text  # seeded: repeatable
     assert first.usage.prompt_tokens == 5  # <bos> and four characters
     assert 1 <= first.usage.completion_tokens <= 5
     assert first.choices[0].finish_reason in {"stop", "length"}
+    assert f"from {colocated_run / 'policy'} at" in server.log.read_text()
 
 
-def test_the_openai_client_chats_with_n_choices(server: str):
+def test_the_openai_client_chats_with_n_choices(server: ServeProcess, colocated_run: Path):
     chat = _client(server).chat.completions.create(
-        model="arith-20260101-000000",
+        model=colocated_run.name,
         messages=[{"role": "system", "content": "add"}, {"role": "user", "content": "3+4="}],
         max_completion_tokens=4,
         n=3,
@@ -87,41 +68,84 @@ def test_the_openai_client_chats_with_n_choices(server: str):
     assert chat.usage.prompt_tokens == 3 * (1 + len("add\n\n3+4="))
 
 
-def test_bad_requests_are_400_with_the_openai_error_body(server: str):
+def test_a_streamed_chat_says_what_the_whole_answer_says(server: ServeProcess, colocated_run: Path):
     client = _client(server)
-    with pytest.raises(openai.BadRequestError) as wrong_model:
-        client.completions.create(model="other", prompt="1", max_tokens=2)
-    assert "not served here" in wrong_model.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as too_long:
-        client.completions.create(model="arith-20260101-000000", prompt="1", max_tokens=10**6)
-    assert too_long.value.body["param"] == "max_tokens"
-    with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="arith-20260101-000000", prompt="1", temperature=-1)
-    for prompts in ([], ["1"] * 33):
-        with pytest.raises(openai.BadRequestError) as many:
-            client.completions.create(model="arith-20260101-000000", prompt=prompts)
-        assert many.value.body["param"] == "prompt"
-    with pytest.raises(openai.BadRequestError) as streamed:
-        client.chat.completions.create(
-            model="arith-20260101-000000", messages=[{"role": "user", "content": "1"}], stream=True
-        )
-    assert streamed.value.body["param"] == "stream"
+    ask = {
+        "model": colocated_run.name,
+        "messages": [{"role": "user", "content": "12+34="}],
+        "max_tokens": 40,
+        "n": 2,
+        "seed": 3,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.chat.completions.create(**ask)
+    texts, reasons, roles, usage = ["", ""], [None, None], set(), None
+    for chunk in client.chat.completions.create(
+        **ask, stream=True, stream_options={"include_usage": True}
+    ):
+        assert chunk.object == "chat.completion.chunk" and chunk.model == colocated_run.name
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            roles.add(choice.delta.role)
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [c.message.content for c in whole.choices]
+    assert all(len(t) > 0 for t in texts)
+    assert reasons == ["length", "length"]  # ignore_eos: every choice runs to max_tokens
+    assert "assistant" in roles
+    assert usage is not None and usage.completion_tokens == 80 == whole.usage.completion_tokens
 
 
-def test_find_policy_reads_checkpoints_colocated_and_swarm_runs(run_dir: Path, tmp_path: Path):
-    assert find_policy(run_dir) == run_dir / "policy"
-    assert find_policy(run_dir / "policy") == run_dir / "policy"
-    swarm = tmp_path / "swarm"
-    for v in (1, 12):
-        version = swarm / "trainer" / "origin" / f"v{v:08d}"
-        (version / "_shardcast").mkdir(parents=True)
-        (version / "_shardcast" / "manifest.json").write_text("{}")
-    (swarm / "trainer" / "origin" / ".partial-v00000013-ab").mkdir()
-    assert find_policy(swarm) == swarm / "trainer" / "origin" / "v00000012"
-    with pytest.raises(MissingPathError, match="holds no policy"):
-        find_policy(tmp_path / "swarm" / "trainer")
+def test_a_streamed_completion_stops_at_a_stop_string(server: ServeProcess, colocated_run: Path):
+    client = _client(server)
+    ask = {"model": colocated_run.name, "prompt": "1+2=", "max_tokens": 60, "seed": 5}
+    full = client.completions.create(**ask, extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[10:12]  # two characters the answer holds
+    cut = full[: full.find(stop)]
+    streamed = client.completions.create(
+        **ask, stop=[stop], stream=True, extra_body={"ignore_eos": True}
+    )
+    pieces = list(streamed)
+    assert "".join(p.choices[0].text for p in pieces) == cut
+    assert pieces[-1].choices[0].finish_reason == "stop"
+    whole = client.completions.create(**ask, stop=[stop], extra_body={"ignore_eos": True})
+    assert whole.choices[0].text == cut and whole.choices[0].finish_reason == "stop"
+
+
+def test_find_policy_reads_the_run_directories_swarmrl_run_writes(
+    colocated_run: Path, tmp_path: Path
+):
+    assert find_policy(colocated_run) == colocated_run / "policy"
+    assert find_policy(colocated_run / "policy") == colocated_run / "policy"
+    # a swarm run before its end: no policy/ yet, versions the trainer's origin published
+    running = tmp_path / "running"
+    shutil.copytree(colocated_run, running, ignore=shutil.ignore_patterns("policy"))
+    publisher = Publisher(running / "trainer" / "origin", KeyPair.generate())
+    for version in (0, 1):
+        publisher.publish(colocated_run / "policy", version)
+    assert find_policy(running) == running / "trainer" / "origin" / "v00000001"
+    shutil.rmtree(running / "trainer")
+    with pytest.raises(MissingPathError, match="holds no policy: looked for an HF checkpoint"):
+        find_policy(running)  # config.json (the run's) alone is no checkpoint
     with pytest.raises(MissingPathError, match="no such run directory"):
         find_policy(tmp_path / "nothing")
+
+
+def test_serve_names_what_it_looked_for_in_one_line(colocated_run: Path, tmp_path: Path):
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    shutil.copy(colocated_run / "config.json", empty / "config.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "swarmrl.cli", "serve", str(empty), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "holds no policy: looked for an HF checkpoint" in done.stderr
+    assert json.loads((empty / "config.json").read_text())["env"]["name"] == "arith"
 
 
 @pytest.mark.parametrize("extra", [["--port", "0"], ["--port", "8123", "--port-file", "p"]])
@@ -130,3 +154,16 @@ def test_vllm_serving_refuses_a_port_it_cannot_report(tmp_path: Path, extra: lis
     be a promise nobody keeps, so both are refused before anything loads."""
     with pytest.raises(UserError, match="fixed --port"):
         serve.main("serve", [str(tmp_path / "absent"), "--engine", "vllm", *extra])
+
+
+def test_a_limit_flag_out_of_range_is_one_line_naming_it(tmp_path: Path):
+    with pytest.raises(UserError, match=r"max_tokens \(50\) is over max_tokens_limit \(10\)"):
+        serve.main("serve", [str(tmp_path), "--max-tokens", "50", "--max-tokens-limit", "10"])
+    with pytest.raises(UserError, match="--max-concurrent: "):
+        serve.main("serve", [str(tmp_path), "--max-concurrent", "0"])
+
+
+def test_docs_serve_lists_every_limit_with_its_default():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text()
+    for name, spec in ServeLimits.model_fields.items():
+        assert f"| `--{name.replace('_', '-')}` | {spec.default} |" in page, name

@@ -15,7 +15,7 @@ Knows nothing about rewards, proofs or networking: it turns token ids into token
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +145,16 @@ class TorchEngine:
         seeds: Sequence[int],
         *,
         return_hidden: bool = False,
+        ignore_eos: bool = False,
+        on_step: Callable[[int, list[int], list[int]], None] | None = None,
     ) -> list[Generation]:
-        """Sample one completion per prompt; ``seeds[i]`` drives the noise of prompt i."""
+        """Sample one completion per prompt; ``seeds[i]`` drives the noise of prompt i.
+
+        ``ignore_eos``: only ``params.stop_token_ids`` end a sample (every sample then runs to
+        ``max_new_tokens`` unless those stop it). ``on_step(t, rows, tokens)`` is called after
+        output token ``t`` is sampled, with the prompt indices still generating and the token
+        each drew (a row's stop token included, then that row no more); an exception it raises
+        ends the generation and propagates (a caller whose reader has gone stops it so)."""
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if not prompts:
@@ -180,7 +188,7 @@ class TorchEngine:
             if return_hidden
             else None
         )
-        stop_ids = sorted(self.eos_ids | set(params.stop_token_ids))
+        stop_ids = sorted(set(params.stop_token_ids) | (set() if ignore_eos else self.eos_ids))
         stops = torch.tensor(stop_ids, dtype=torch.long, device=dev)
         out_tokens = torch.zeros(batch, steps, dtype=torch.long, device=dev)
         out_logprobs = torch.zeros(batch, steps, dtype=torch.float32, device=dev)
@@ -202,6 +210,8 @@ class TorchEngine:
             tok, lp = sample_tokens(logits, params, seed_t, t, noise=step_noise)  # [b], [b]
             tok_buf[:, t] = tok
             lp_buf[:, t] = lp
+            if on_step is not None:
+                on_step(t, rows_idx[alive].tolist(), tok[alive].tolist())
             alive &= ~torch.isin(tok, stops)
             n_alive = int(alive.sum())
             if t == steps - 1 or n_alive == 0:

@@ -1,256 +1,433 @@
-"""An OpenAI-compatible HTTP API over one policy on the built-in torch engine.
+"""An OpenAI-compatible HTTP API over one policy (``swarmrl.tools.openai_policy``).
 
 Routes (the subset of the OpenAI API that clients use to try a model)::
 
     GET  /v1/models               the one model served, under its name
     POST /v1/completions          text in, text out: prompt (a string or a list of strings)
-    POST /v1/chat/completions     messages in, one assistant message out
-    GET  /health                  {"ok": true, "model": …}
+    POST /v1/chat/completions     messages in, one assistant message per choice out
+    GET  /health                  {"ok": true, "model", "requests", "abandoned", "refused"}
 
-Prompts are laid out as training laid them out (``swarmrl.model.prompts``): a tokenizer with a
-chat template renders the messages with it; one without gets ``<bos>``, the system text, a
-blank line and the rest. Sampling is the engine's seeded Gumbel-max rule (``seed`` makes an
-answer repeatable; ``temperature = 0`` is greedy). ``stop`` strings cut the text at the first
-match. Bad requests get HTTP 400 with OpenAI's error body
-``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``; ``stream`` is
-refused that way (answers are returned whole). Requests are served one at a time: the engine
-holds one model and is not shared between threads.
+``stream: true`` answers with server-sent events in OpenAI's chunk format
+(``chat.completion.chunk`` / ``text_completion``), ending with ``data: [DONE]``;
+``stream_options.include_usage`` adds a last chunk with the usage. vLLM's ``ignore_eos``
+extension is honoured. Other OpenAI fields are accepted and have no effect.
+
+What a client may cost is bounded (``swarmrl.config.serve.ServeLimits``), each limit checked
+before the work it bounds: the request head (431, ``swarmrl.protocol.http_limits``), an API key
+when one is set (401, before the body is read), the number of requests admitted at once (429),
+the body's size and arrival time (413, 408), its JSON (depth, finite numbers, no NUL or lone
+surrogate: ``swarmrl.protocol.bounded``), the prompt's length in characters before it is
+tokenized, ``max_tokens``, ``n`` and the number of prompts before it waits for the engine (400).
+A request whose client disconnects stops generating at the next token. Every refusal is an
+OpenAI error body ``{"error": {"message", "type", "param", "code"}}``, logged and counted in
+``/health``; ``/health`` never waits for the engine and needs no key.
 
 Knows nothing about runs, checkpoints on disk or the command line (``swarmrl.tools.serve``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 import threading
-import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from transformers import PreTrainedTokenizerBase
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
+from swarmrl.config.serve import ServeLimits
 from swarmrl.errors import BadRequest
-from swarmrl.inference.engine import TorchEngine
-from swarmrl.model.prompts import decode_completion, encode_prompt, has_chat_template
-from swarmrl.protocol import SamplingParams
+from swarmrl.tools.openai_policy import (
+    Abandoned,
+    Choice,
+    Delta,
+    Policy,
+    Sampling,
+    chat_prompt,
+    message_texts,
+    text_prompt,
+)
+from swarmrl.tools.openai_wire import (
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    Shape,
+    error_body,
+    parse_body,
+    sse,
+    validated,
+)
 
-MAX_CHOICES = 8
-MAX_PROMPTS = 32  # one request may not queue unbounded work on the single engine
-
-
-class _Sampling(BaseModel):
-    """Fields both routes share; other OpenAI fields are accepted and have no effect."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    model: str | None = None
-    max_tokens: int | None = Field(None, gt=0, description="new tokens at most")
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    n: int = Field(1, ge=1, le=MAX_CHOICES)
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: str | list[str] | None = None
-    stream: bool = False
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[str] = Field(description="one prompt, or up to MAX_PROMPTS of them")
-
-    @field_validator("prompt")
-    @classmethod
-    def _few_prompts(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and not 1 <= len(value) <= MAX_PROMPTS:
-            raise ValueError(f"give 1 to {MAX_PROMPTS} prompts")
-        return value
+log = logging.getLogger(__name__)
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, gt=0)
-
-
-def _text(content: str | list[dict[str, Any]]) -> str:
-    """A message's text: the string, or its ``{"type": "text"}`` parts joined."""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise BadRequest("only text content parts are supported", "messages")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
-def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> list[int]:
-    """Prompt ids of a conversation, in the layout the policy was trained on."""
-    pairs = [("system" if m.role == "developer" else m.role, _text(m.content)) for m in messages]
-    if has_chat_template(tokenizer):
-        rendered = tokenizer.apply_chat_template(
-            [{"role": r, "content": c} for r, c in pairs],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        return list(tokenizer.encode(str(rendered), add_special_tokens=False))
-    system = "\n\n".join(c for r, c in pairs if r == "system") or None
-    text = "\n\n".join(c for r, c in pairs if r != "system")
-    return encode_prompt(tokenizer, text, system)
-
-
-def text_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Prompt ids of raw text: ``<bos>`` (when the tokenizer has one) and the text's pieces."""
-    ids = list(tokenizer.encode(prompt, add_special_tokens=False))
-    if tokenizer.bos_token_id is not None:
-        ids.insert(0, int(tokenizer.bos_token_id))
-    return ids
-
-
-def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` up to the first stop string, and whether one was found."""
-    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return (text[: min(cuts)], True) if cuts else (text, False)
-
-
-class Policy:
-    """One engine and tokenizer answering requests one at a time."""
+class Refused(Exception):
+    """A request answered with an HTTP error other than 400 (401, 408, 413, 429)."""
 
     def __init__(
         self,
-        engine: TorchEngine,
-        tokenizer: PreTrainedTokenizerBase,
-        name: str,
-        default_max_tokens: int = 64,
+        status: int,
+        message: str,
+        code: str,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.name = name
-        self.default_max_tokens = default_max_tokens
-        self.context = int(getattr(engine.model.config, "max_position_embeddings", 0) or 1 << 30)
-        self.lock = threading.Lock()
+        super().__init__(message)
+        self.status, self.code, self.kind, self.headers = status, code, kind, headers or {}
 
-    def complete(
-        self, prompt_ids: list[int], req: _Sampling, max_tokens: int | None
-    ) -> tuple[list[tuple[str, str]], int]:
-        """``n`` answers ``(text, finish_reason)`` and the number of completion tokens."""
-        if req.stream:
-            raise BadRequest("streaming is not supported; send stream=false", "stream")
-        new = max_tokens or self.default_max_tokens
-        if len(prompt_ids) + new > self.context:
+
+async def _watch_disconnect(request: Request, abandoned: threading.Event) -> None:
+    """Set ``abandoned`` when the client goes away (the body is read: the next message is
+    ``http.disconnect``, which uvicorn sends when the connection closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    abandoned.set()
+
+
+class _Api:
+    """The routes' state: the policy, the limits, requests admitted and what was refused."""
+
+    def __init__(self, policy: Policy, limits: ServeLimits) -> None:
+        self.policy, self.limits = policy, limits
+        self.admitted = 0  # requests between admission and their answer's end
+        self.abandoned = 0  # generations stopped (or never started) because the client left
+        self.refused: Counter[int] = Counter()  # by HTTP status
+
+    # -- admission and the body -----------------------------------------------------------
+    def admit(self) -> None:
+        if self.admitted >= self.limits.max_concurrent:
+            raise Refused(
+                429,
+                f"this server is answering {self.admitted} requests, its limit; try again",
+                "rate_limit_exceeded",
+                "requests",
+                {"Retry-After": "1"},
+            )
+        self.admitted += 1
+
+    def leave(self) -> None:
+        self.admitted -= 1
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise self._too_large(limit)
+        chunks, size = [], 0
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise self._too_large(limit)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise Refused(
+                408,
+                f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
+                "request_timeout",
+                headers={"Connection": "close"},
+            ) from None
+        return parse_body(b"".join(chunks))
+
+    @staticmethod
+    def _too_large(limit: int) -> Refused:
+        return Refused(
+            413,
+            f"the request body is over this server's limit of {limit} bytes",
+            "request_too_large",
+            headers={"Connection": "close"},
+        )
+
+    # -- what a request asks for ------------------------------------------------------------
+    def sampling(self, req: SamplingFields, max_tokens: int | None) -> Sampling:
+        limits = self.limits
+        if req.model not in (None, self.policy.name):
             raise BadRequest(
-                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({new}) exceeds the model's "
-                f"context of {self.context} tokens",
+                f"model {req.model!r} is not served here (try {self.policy.name!r})", "model"
+            )
+        if req.n > limits.max_n:
+            raise BadRequest(f"n = {req.n} is over this server's limit of {limits.max_n}", "n")
+        new = max_tokens or limits.max_tokens
+        if new > limits.max_tokens_limit:
+            raise BadRequest(
+                f"max_tokens = {new} is over this server's limit of {limits.max_tokens_limit}",
                 "max_tokens",
             )
-        params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=new)
-        base = req.seed if req.seed is not None else secrets.randbits(62)
-        seeds = [(base + i) % 2**63 for i in range(req.n)]
-        with self.lock:
-            generations = self.engine.generate([prompt_ids] * req.n, params, seeds)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        answers, used = [], 0
-        for gen in generations:
-            used += len(gen.output_tokens)
-            text, stopped = _cut_at_stop(
-                decode_completion(self.tokenizer, gen.output_tokens), stops
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise BadRequest(
+                f"give at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters",
+                "stop",
             )
-            reason = "stop" if stopped or gen.finish_reason != "length" else "length"
-            answers.append((text, reason))
-        return answers, used
+        return Sampling(
+            req.temperature,
+            req.top_p,
+            new,
+            req.n,
+            req.seed,
+            tuple(s for s in stops if s),
+            req.ignore_eos,
+        )
+
+    def check_length(self, texts: list[str], param: str) -> None:
+        chars = sum(len(t) for t in texts)
+        if chars > self.limits.max_prompt_chars:
+            raise BadRequest(
+                f"the prompt is {chars} characters, over this server's limit of "
+                f"{self.limits.max_prompt_chars}",
+                param,
+            )
+
+    async def tokenized(
+        self, encode: Callable[[], list[list[int]]], max_new: int
+    ) -> list[list[int]]:
+        prompts = await anyio.to_thread.run_sync(encode)
+        for ids in prompts:
+            self.policy.check_fits(ids, max_new)
+        return prompts
+
+    # -- answers --------------------------------------------------------------------------
+    async def whole(
+        self, request: Request, prompts: list[list[int]], sampling: Sampling
+    ) -> list[Choice] | None:
+        """All choices, or None when the client went away first."""
+        abandoned = threading.Event()
+        watcher = asyncio.create_task(_watch_disconnect(request, abandoned))
+        job = self.policy.submit(prompts, sampling, abandoned)
+        try:
+            return await asyncio.wrap_future(job)
+        except Abandoned:
+            self.abandoned += 1
+            log.info("stopped a generation: %s", _client(request))
+            return None
+        finally:
+            abandoned.set()  # a task cancelled meanwhile leaves nothing running
+            watcher.cancel()
+
+    async def stream(
+        self,
+        request: Request,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        chunk: Callable[[Delta], dict[str, Any]],
+        start: list[dict[str, Any]],
+        usage: Callable[[list[Choice]], dict[str, Any]] | None,
+    ) -> AsyncGenerator[bytes, None]:
+        """Server-sent events: ``start``, a chunk per piece of text, the usage, ``[DONE]``."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Delta | None] = asyncio.Queue()
+        abandoned = threading.Event()
+        watcher = asyncio.create_task(_watch_disconnect(request, abandoned))
+        try:
+            job = self.policy.submit(
+                prompts,
+                sampling,
+                abandoned,
+                lambda d: loop.call_soon_threadsafe(queue.put_nowait, d),
+            )
+            job.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+            for event in start:
+                yield sse(event)
+            while (delta := await queue.get()) is not None:
+                yield sse(chunk(delta))
+            failed = job.exception()
+            if isinstance(failed, Abandoned):
+                self.abandoned += 1
+                log.info("stopped a generation: %s", _client(request))
+                return
+            if failed is not None:  # our fault, after the 200 went out: say so in the stream
+                log.error("generation failed", exc_info=failed)
+                yield sse(error_body(f"generation failed: {failed}", "server_error", None, None))
+                return
+            choices = job.result()
+            if usage is not None:
+                yield sse(usage(choices))
+            yield b"data: [DONE]\n\n"
+        finally:
+            abandoned.set()
+            watcher.cancel()
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+def _client(request: Request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client else "unknown client"
 
 
-def _error(status: int, message: str, param: str | None) -> JSONResponse:
-    body = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
-    return JSONResponse({"error": body}, status_code=status)
+class _Streamed(Response):
+    """A stream of server-sent events; ``on_end`` runs when it ends, however it ends (the
+    client gone before the first byte included)."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None], on_end: Callable[[], None]) -> None:
+        self.events, self.on_end = events, on_end
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self.on_end()
+            await self.events.aclose()
 
 
-def build_app(policy: Policy) -> FastAPI:
-    """The OpenAI-compatible app over ``policy``."""
-    app = FastAPI(title="swarmrl serve", docs_url=None, redoc_url=None)
+class BearerAuth:
+    """ASGI middleware: ``/v1/…`` needs ``Authorization: Bearer <key>`` (401 before the body
+    is read); ``/health`` is open."""
+
+    def __init__(self, app: Any, key: str, refused: Counter[int]) -> None:
+        self.app, self.key, self.refused = app, key.encode(), refused
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.key):
+                self.refused[401] += 1
+                log.info("refused %s: no valid API key", scope.get("client"))
+                body = error_body(
+                    "a valid API key is required: send Authorization: Bearer <key>",
+                    "invalid_request_error",
+                    None,
+                    "invalid_api_key",
+                )
+                answer = JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(
+    policy: Policy, limits: ServeLimits | None = None, api_key: str | None = None
+) -> FastAPI:
+    """The OpenAI-compatible app over ``policy``; ``api_key``: required of ``/v1`` clients."""
+    api = _Api(policy, limits or ServeLimits())
+    app = FastAPI(title="swarmrl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.api = api
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key, refused=api.refused)
+
+    def refusal(
+        request: Request, status: int, body: dict[str, Any], headers: dict[str, str]
+    ) -> JSONResponse:
+        api.refused[status] += 1
+        log.info("refused %s (%d): %s", _client(request), status, body["error"]["message"])
+        return JSONResponse(body, status, headers=headers)
 
     @app.exception_handler(BadRequest)
-    async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
-        return _error(400, str(exc), exc.param)
+    async def _bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+        body = error_body(str(exc), "invalid_request_error", exc.param, None)
+        return refusal(request, 400, body, {})
+
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, exc: Refused) -> JSONResponse:
+        return refusal(
+            request, exc.status, error_body(str(exc), exc.kind, None, exc.code), exc.headers
+        )
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        body = error_body(str(exc.detail), "invalid_request_error", None, None)
+        return refusal(request, exc.status_code, body, dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        return _error(400, f"{'.'.join(loc) or 'body'}: {first['msg']}", ".".join(loc) or None)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return refusal(request, 400, error_body(str(exc), "invalid_request_error", None, None), {})
 
-    def _check_model(req: _Sampling) -> None:
-        if req.model not in (None, policy.name):
-            raise BadRequest(f"model {req.model!r} is not served here (try {policy.name!r})")
+    @app.exception_handler(Exception)
+    async def _failed(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        body = error_body(f"the server failed: {type(exc).__name__}", "server_error", None, None)
+        return JSONResponse(body, 500)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=400)  # nobody reads it: the client left while sending
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"ok": True, "model": policy.name}
+    async def health() -> dict[str, Any]:
+        return {
+            "ok": True,
+            "model": policy.name,
+            "requests": api.admitted,
+            "abandoned": api.abandoned,
+            "refused": {str(k): v for k, v in sorted(api.refused.items())},
+        }
 
     @app.get("/v1/models")
-    def models() -> dict[str, Any]:
+    async def models() -> dict[str, Any]:
         card = {"id": policy.name, "object": "model", "created": 0, "owned_by": "swarmrl"}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
-    def completions(req: CompletionRequest) -> dict[str, Any]:
-        _check_model(req)
-        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        choices, prompt_tokens, completion_tokens = [], 0, 0
-        for prompt in prompts:
-            ids = text_prompt(policy.tokenizer, prompt)
-            answers, used = policy.complete(ids, req, req.max_tokens)
-            prompt_tokens += len(ids) * req.n
-            completion_tokens += used
-            for text, reason in answers:
-                choice = {"index": len(choices), "text": text, "logprobs": None}
-                choices.append(choice | {"finish_reason": reason})
-        return {
-            "id": f"cmpl-{secrets.token_hex(12)}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": policy.name,
-            "choices": choices,
-            "usage": _usage(prompt_tokens, completion_tokens),
-        }
+    async def answer(request: Request, kind: Literal["chat", "text"]) -> Response:
+        api.admit()
+        streaming = False
+        try:
+            data = await api.read_json(request)
+            if kind == "chat":
+                chat = validated(ChatRequest, data)
+                req: SamplingFields = chat
+                sampling = api.sampling(chat, chat.max_completion_tokens or chat.max_tokens)
+                pairs = message_texts([(m.role, m.content) for m in chat.messages])
+                api.check_length([c for _, c in pairs], "messages")
+                prompts = await api.tokenized(
+                    lambda: [chat_prompt(policy.tokenizer, pairs)], sampling.max_new_tokens
+                )
+            else:
+                text = validated(CompletionRequest, data)
+                req = text
+                sampling = api.sampling(text, text.max_tokens)
+                texts = [text.prompt] if isinstance(text.prompt, str) else text.prompt
+                if not 1 <= len(texts) <= api.limits.max_prompts:
+                    raise BadRequest(f"give 1 to {api.limits.max_prompts} prompts", "prompt")
+                api.check_length(texts, "prompt")
+                prompts = await api.tokenized(
+                    lambda: [text_prompt(policy.tokenizer, t) for t in texts],
+                    sampling.max_new_tokens,
+                )
+            shape = Shape(kind, policy.name, sum(len(p) for p in prompts) * sampling.n)
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                events = api.stream(
+                    request,
+                    prompts,
+                    sampling,
+                    shape.chunk,
+                    shape.start(len(prompts) * sampling.n),
+                    shape.usage_chunk if include_usage else None,
+                )
+                streaming = True  # the stream leaves admission when it ends
+                return _Streamed(events, api.leave)
+            choices = await api.whole(request, prompts, sampling)
+            if choices is None:
+                return Response(status_code=400)  # nobody reads it: the client left
+            return JSONResponse(shape.whole(choices))
+        finally:
+            if not streaming:
+                api.leave()
 
     @app.post("/v1/chat/completions")
-    def chat(req: ChatRequest) -> dict[str, Any]:
-        _check_model(req)
-        ids = chat_prompt(policy.tokenizer, req.messages)
-        answers, used = policy.complete(ids, req, req.max_completion_tokens or req.max_tokens)
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": reason,
-            }
-            for i, (text, reason) in enumerate(answers)
-        ]
-        return {
-            "id": f"chatcmpl-{secrets.token_hex(12)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": policy.name,
-            "choices": choices,
-            "usage": _usage(len(ids) * req.n, used),
-        }
+    async def chat(request: Request) -> Response:
+        return await answer(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await answer(request, "text")
 
     return app
