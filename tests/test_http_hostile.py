@@ -316,3 +316,27 @@ def test_an_unrecognised_uvicorn_gets_plain_uvicorn_and_one_log_line(monkeypatch
     app = Starlette(routes=[Route("/", lambda _: PlainTextResponse("ok"))])
     with ThreadServer(app, **options) as running:
         assert httpx.get(f"http://{running.host}:{running.port}/").text == "ok"
+
+
+# -- both parsers uvicorn may use ------------------------------------------------------------
+async def _echo(request):
+    return PlainTextResponse(str(len(await request.body())))
+
+
+@pytest.fixture(params=["h11", "httptools"])
+def plain(request):
+    limits = HttpLimits(max_body_bytes=100_000, body_timeout_s=1.0)
+    app = Starlette(routes=[Route("/", _echo, methods=["POST"])])
+    with ThreadServer(app, **uvicorn_options(limits, request.param)) as running:
+        yield (running.host, running.port)
+
+
+def test_either_parser_bounds_a_body_in_bytes_and_time(plain):
+    answer, closed = _exchange(plain, _unfinished("/"), CLOSED_WITHIN_S)
+    assert closed and _status_and_body(answer) == (408, b"request body not complete within 1s")
+    answer, closed = _exchange(plain, _trickle("/", 150_000), CLOSED_WITHIN_S)
+    assert closed
+    assert _status_and_body(answer) == (413, b"request body exceeds the limit of 100000 bytes")
+    whole = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    answer, closed = _exchange(plain, whole, CLOSED_WITHIN_S)
+    assert closed and _status_and_body(answer) == (200, b"5")
