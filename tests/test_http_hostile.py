@@ -304,13 +304,14 @@ def test_shardcast_refuses_a_huge_head_in_one_read(shardcast):
 # -- an unrecognised uvicorn -----------------------------------------------------------------
 def test_an_unrecognised_uvicorn_gets_plain_uvicorn_and_one_log_line(monkeypatch, caplog):
     assert http_limits.recognised(uvicorn.__version__)  # the installed one is tested
-    assert not http_limits.recognised("0.27.1") and not http_limits.recognised("1.0")
+    assert http_limits.recognised("0.47.0") and http_limits.recognised("0.55.9")
+    assert not http_limits.recognised("0.46.0") and not http_limits.recognised("0.56.0")
     monkeypatch.setattr(uvicorn, "__version__", "9.1.0")
     with caplog.at_level(logging.WARNING, logger=http_limits.__name__):
         options = uvicorn_options(LIMITS)
     assert options["http"] == "auto"  # uvicorn's own protocol, no private hooks
     assert [r.getMessage() for r in caplog.records] == [
-        "uvicorn 9.1.0 is not a version the HTTP limits were tested on (0.55 to 0.55): serving "
+        "uvicorn 9.1.0 is not a version the HTTP limits were tested on (0.47 to 0.55): serving "
         "with plain uvicorn, without the head and body limits or the direct lane"
     ]
     app = Starlette(routes=[Route("/", lambda _: PlainTextResponse("ok"))])

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # the (major, minor) versions of uvicorn, lowest and newest, whose private protocol classes the
 # hooks here are tested on (pyproject.toml bounds the dependency to the same range)
-TESTED_UVICORN = ((0, 55), (0, 55))
+TESTED_UVICORN = ((0, 47), (0, 55))
 
 Refusal = Callable[[int, str], tuple[bytes, bytes]]  # (status, message) -> (content type, body)
 
