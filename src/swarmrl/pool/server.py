@@ -19,6 +19,7 @@ from swarmrl.pool.state.db import make_engine, sqlite_url
 from swarmrl.pool.state.store import RolloutStore
 from swarmrl.pool.trust.audit import audit
 from swarmrl.pool.trust.service import Context
+from swarmrl.pool.web.answers import pool_limits
 from swarmrl.pool.web.app import build_app
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.serving import FullCollections, ThreadServer
@@ -78,7 +79,9 @@ class OrchestratorServer(ThreadServer):
             reuse_port=reuse_port,
             backlog=4096,
             # heartbeats, leases and submissions straight from the parser (pool.hotroutes)
-            **uvicorn_options(limits, lane=app.state.hot_lane),
+            **uvicorn_options(
+                pool_limits(limits, ctx.config.max_body_bytes), lane=app.state.hot_lane
+            ),
         )
 
     def stop(self, timeout_s: float = 20.0) -> None:

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Protocol
+from urllib.parse import unquote
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,28 @@ _PLAIN = [(b"content-type", b"text/plain; charset=utf-8")]
 SERVER_ERROR = Answer(500, _PLAIN, b"Internal Server Error")  # a fault of ours answering
 
 
+def decoded_path(raw_path: bytes) -> str:
+    """A request's ``scope["path"]``: its raw path percent-decoded, as uvicorn decodes it (so
+    ``/pools/%6fpen`` routes as ``/pools/open`` whichever server or front received it)."""
+    path = raw_path.decode("latin-1")
+    return unquote(path) if "%" in path else path
+
+
+def status_line(status: int) -> bytes:
+    """``HTTP/1.1 <status> <reason>`` and its line end."""
+    try:
+        reason = HTTPStatus(status).phrase.encode()
+    except ValueError:
+        reason = b""
+    return b"HTTP/1.1 %d %s\r\n" % (status, reason)
+
+
 def with_lane(base: type, lane: Lane) -> type:
     """A subclass of ``base`` (a uvicorn ``HttpToolsProtocol``, possibly guarded by
     ``http_limits``) that answers ``lane``'s requests directly."""
 
     class LaneProtocol(base):  # type: ignore[misc, valid-type]
-        _lane_body: list[bytes] | None = None  # the lane's request under way: body so far
-        _lane_size = 0
+        _lane_body: bytearray | None = None  # the lane's request under way: body so far
         _lane_path = b""
 
         def on_headers_complete(self) -> None:
@@ -77,7 +93,7 @@ def with_lane(base: type, lane: Lane) -> type:
             if self._lane_free() and self.parser.get_method() == b"POST":
                 url = httptools.parse_url(self.url)
                 if not url.query and lane.wants(url.path):
-                    self._lane_body, self._lane_size, self._lane_path = [], 0, url.path
+                    self._lane_body, self._lane_path = bytearray(), url.path
                     self._lane_head_done()
                     return
             super().on_headers_complete()
@@ -89,10 +105,8 @@ def with_lane(base: type, lane: Lane) -> type:
 
         def _lane_head_done(self) -> None:
             """What the head guard does when a head completes (no-op without the guard)."""
-            if hasattr(self, "_unanswered"):
-                self._heads += 1
-                self._unanswered += 1
-                self._head_done()
+            if hasattr(self, "_head_complete"):
+                self._head_complete()
 
         def on_body(self, body: bytes) -> None:
             if self._lane_body is None:
@@ -100,21 +114,25 @@ def with_lane(base: type, lane: Lane) -> type:
                 return
             if self.transport.is_closing():
                 return
-            self._lane_size += len(body)
-            if self._lane_size > lane.max_body_bytes:
+            if hasattr(self, "_body_arrived") and not self._body_arrived(len(body)):
+                self._lane_body = bytearray()  # refused by the head guard; let go of it
+                return
+            if len(self._lane_body) + len(body) > lane.max_body_bytes:
                 self._lane_write(lane.too_large(), keep_alive=False)
                 return
-            self._lane_body.append(body)
+            self._lane_body += body  # one buffer: a body of tiny chunks costs its bytes only
 
         def on_message_complete(self) -> None:
-            chunks = self._lane_body
-            if chunks is None:
+            buffered = self._lane_body
+            if buffered is None:
                 super().on_message_complete()
                 return
             self._lane_body = None
+            if hasattr(self, "_body_done"):
+                self._body_done()  # the head guard's body timer (no-op without the guard)
             if self.transport.is_closing():
                 return
-            body = b"".join(chunks)
+            body = bytes(buffered)
             try:
                 answer = lane.answer(self._lane_path, self.headers, body)
             except Exception:  # a fault of ours: the peer gets a 500, the log the traceback
@@ -136,7 +154,7 @@ def with_lane(base: type, lane: Lane) -> type:
             super().on_message_complete()
 
         def _lane_write(self, answer: Answer, keep_alive: bool) -> None:
-            out = [STATUS_LINE[answer.status]]
+            out = [status_line(answer.status)]
             for name, value in (*self.server_state.default_headers, *answer.headers):
                 out += [name, b": ", value, b"\r\n"]
             out += [b"content-length: ", b"%d" % len(answer.body), b"\r\n"]

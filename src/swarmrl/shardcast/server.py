@@ -355,7 +355,14 @@ def build_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.catalog = catalog
-    app.state.limits = HttpLimits(cfg.max_header_bytes, cfg.header_timeout_s, cfg.keep_alive_s)
+    # no route reads a request body: one is bounded as tightly as a head, in size and in time
+    app.state.limits = HttpLimits(
+        max_head_bytes=cfg.max_header_bytes,
+        head_timeout_s=cfg.header_timeout_s,
+        keep_alive_s=cfg.keep_alive_s,
+        max_body_bytes=cfg.max_header_bytes,
+        body_timeout_s=cfg.header_timeout_s,
+    )
     return app
 
 

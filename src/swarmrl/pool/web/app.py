@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from swarmrl import __version__
 from swarmrl.errors import InfraError, Malformed, PeerError
@@ -44,7 +45,13 @@ from swarmrl.pool.state.db import WalCheckpointer, is_retryable
 from swarmrl.pool.state.nonces import DatabaseNonceStore
 from swarmrl.pool.trust import joins, penalties, service
 from swarmrl.pool.trust.service import Context
-from swarmrl.pool.web.answers import BodyLimit, error_response, json_reply, unavailable
+from swarmrl.pool.web.answers import (
+    BodyLimit,
+    error_response,
+    json_reply,
+    refusal_body,
+    unavailable,
+)
 from swarmrl.pool.web.bridge import Bridge
 from swarmrl.pool.web.hotroutes import HotLane, HotRoute, HotRoutes, error_summary
 from swarmrl.pool.web.metrics import OrchestratorMetrics, RequestTimer
@@ -258,6 +265,15 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     @app.exception_handler(InfraError)
     async def _infra_error(_: Request, exc: InfraError) -> JSONResponse:
         return unavailable(exc)
+
+    @app.exception_handler(HTTPException)
+    async def _refused(_: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI's own refusals in the pool's error form, not FastAPI's {"detail"}: its only
+        # 400 is a body it could not parse (nested too deep), malformed as any unparsable body
+        if exc.status_code == 400:
+            return error_response(Malformed(str(exc.detail)))
+        body = refusal_body(exc.status_code, str(exc.detail))
+        return JSONResponse(body, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

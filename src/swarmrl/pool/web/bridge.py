@@ -33,7 +33,7 @@ import os
 import struct
 from typing import Any
 
-from swarmrl.protocol.fastlane import SERVER_ERROR, Answer, Lane
+from swarmrl.protocol.fastlane import SERVER_ERROR, Answer, Lane, decoded_path
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Bridge:
             "http_version": "1.1",
             "method": head["m"],
             "scheme": "http",
-            "path": raw_path.decode("utf-8", "replace"),
+            "path": decoded_path(raw_path),  # as uvicorn gives it to the app directly
             "raw_path": raw_path,
             "query_string": head["q"].encode("latin-1"),
             "root_path": "",

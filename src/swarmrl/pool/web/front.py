@@ -27,7 +27,7 @@ from typing import Any
 
 from swarmrl.errors import InfraError, OversizedRequest, PeerError
 from swarmrl.identity.requests import HEADER_SIGNATURE, MemoryNonceStore, RequestVerifier
-from swarmrl.pool.web.answers import error_response, unavailable
+from swarmrl.pool.web.answers import error_response, pool_limits, unavailable
 from swarmrl.pool.web.bridge import frame, read_frame
 from swarmrl.pool.web.hotroutes import headers_of
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
@@ -130,18 +130,17 @@ class FrontApp:
 
     async def _body(self, receive: Any) -> bytes | None:
         """The whole body, or None once it passes the cap (the rest is not read)."""
-        chunks, size, more = [], 0, True
+        buffered, more = bytearray(), True  # one buffer: tiny messages cost their bytes only
         while more:
             message = await receive()
             if message["type"] != "http.request":
                 return b""
             chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
+            if len(buffered) + len(chunk) > self.max_body_bytes:
                 return None
-            chunks.append(chunk)
+            buffered += chunk
             more = message.get("more_body", False)
-        return b"".join(chunks)
+        return bytes(buffered)
 
     def _checked(
         self, method: str, raw_path: bytes, query: bytes, headers: list[Any], body: bytes
@@ -192,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         nodelay=True,
         reuse_port=True,
         backlog=4096,
-        **uvicorn_options(HttpLimits(keep_alive_s=args.keep_alive_s)),
+        **uvicorn_options(
+            pool_limits(HttpLimits(keep_alive_s=args.keep_alive_s), args.max_body_bytes)
+        ),
     )
     # thousands of kept-alive connections: the orchestrator's reason to collect fully on a
     # schedule (swarmrl.serving.FullCollections) holds here too
