@@ -126,6 +126,8 @@ def _describe(error: ValidationError) -> str:
     key = ".".join(str(p) for p in first["loc"])
     if first["type"] == "extra_forbidden":
         return f"unknown config key {key!r}"
+    if first["type"] == "value_error" and isinstance(first.get("input"), dict):
+        return f"bad values in {key!r}: {first['ctx']['error']}"  # a section's own check
     allowed = first.get("ctx", {}).get("expected")
     detail = f" (allowed: {allowed})" if allowed else ""
     return f"bad value for {key!r}: {first['msg']}{detail}; got {first.get('input')!r}"

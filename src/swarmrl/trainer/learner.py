@@ -1,7 +1,7 @@
 """The policy being trained and everything that touches its weights, the same in every mode.
 
 A :class:`Learner` holds the policy (started from the cached warm start or ``model.path``), its
-optimizer, the frozen reference policy when ``rl.kl_coef > 0``, and the policy version (the
+optimizer, the frozen reference policy when the loss has a KL term, and the policy version (the
 number of optimizer steps taken). It takes one RL step on scored groups (begun, where the
 batch arrives in parts, with the gradients of its first groups: :class:`EarlyStep`),
 evaluates the current policy on held-out tasks, and runs the control arm (the warm start's SFT
@@ -111,7 +111,7 @@ class Learner:
             self.tokenizer, [*env.first("train", PROMPT_CHECKS), *env.first("heldout", 8)]
         )
         self.reference = (
-            copy.deepcopy(self.policy).eval() if config.rl.kl_coef > 0 else None
+            copy.deepcopy(self.policy).eval() if config.rl.wants_reference else None
         )  # frozen π_ref of the KL term
         lora = config.model.lora if config.model.lora.enabled else None
         self.lora = lora
@@ -166,7 +166,7 @@ class Learner:
 
     def _rows(self, groups: list[Group]) -> TrainBatch:
         """This rank's rows of ``groups``, on the device."""
-        batch = collate(groups, self.pad_id, self.config.rl.advantage)
+        batch = collate(groups, self.pad_id, self.config.rl.advantage_mode)
         return self.parallel.rows(batch).to(self.device)
 
     def save_checkpoint(self, checkpointer: Checkpointer, step: int, source_state: Any) -> None:

@@ -47,12 +47,22 @@ ROW_KEYS = (
     "grad_norm",
     "entropy",
     "kl",
+    "mismatch_kl",  # mean k3 estimate of KL(behaviour ‖ trainer) over loss tokens
+    "corrected_fraction",  # share of loss tokens the off-policy correction truncated or masked
     "rollout_s",  # s spent getting the batch: generating it, or waiting for the pool
     "update_s",  # s of the optimizer step plus handing the new version to the source
     "tokens_per_s",  # tokens / (rollout_s + update_s)
     "wall_time",  # s since the first step began
 )
-_STEP_STATS = ("loss", "clip_fraction", "grad_norm", "entropy", "kl")
+_STEP_STATS = (
+    "loss",
+    "clip_fraction",
+    "grad_norm",
+    "entropy",
+    "kl",
+    "mismatch_kl",
+    "corrected_fraction",
+)
 
 
 @dataclass

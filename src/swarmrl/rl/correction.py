@@ -1,0 +1,64 @@
+"""Off-policy correction: a per-token weight for the mismatch between the policy that sampled a
+token (behaviour, π_b: an inference engine, maybe an older version, other kernels) and the
+trainer's own log-probs of it before the update (π_old, no gradient).
+
+Per loss token t of sequence i, with r_t = π_old/π_b = exp(clamp(old_logp − behaviour_logp,
+−M, M)) and the sequence ratio R_i = exp(clamp(Σ_t m·(old_logp − behaviour_logp), −M, M))::
+
+    none           w = 1                                      (the loss's ratio is π_θ/π_b)
+    tis_token      w_t = min(r_t, cap)                        (truncated importance sampling)
+    tis_sequence   w_t = min(R_i, cap)
+    mask_token     w_t = 1[a ≤ r_t ≤ b]
+    mask_sequence  w_t = 1[a ≤ R_i ≤ b]
+
+Under any correction but ``none`` the loss takes its ratio against π_old instead of π_b (ρ =
+π_θ/π_old: the trust region is around the trainer's policy), and the step's token loss becomes
+w·ℓ. The mismatch itself is logged whatever the correction:
+
+    mismatch_kl = mean over loss tokens of r − 1 − log r      (k3 estimate of KL(π_b ‖ π_old),
+                                                               unbiased on tokens drawn from π_b)
+
+Knows nothing about models or configs: it takes per-token tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+CorrectionName = Literal["none", "tis_token", "tis_sequence", "mask_token", "mask_sequence"]
+
+
+def correction_weights(
+    kind: CorrectionName,
+    old_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float = 2.0,
+    band: tuple[float, float] = (0.5, 2.0),
+    max_log_ratio: float = 10.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w, corrected)``, both ``[B, T]`` like the inputs: the weights of the module docstring
+    (no gradient) and a bool marking the tokens truncated (w < r) or masked out (w = 0)."""
+    log_r = (old_logp - behaviour_logp).detach()  # [B, T]
+    if kind == "none":
+        return torch.ones_like(log_r), torch.zeros_like(log_r, dtype=torch.bool)
+    if kind.endswith("_sequence"):
+        log_r = (log_r * mask).sum(dim=1, keepdim=True).expand_as(log_r)  # R_i on every token
+    ratio = torch.exp(torch.clamp(log_r, -max_log_ratio, max_log_ratio))
+    if kind.startswith("tis_"):
+        return torch.clamp(ratio, max=cap), ratio > cap
+    if kind.startswith("mask_"):
+        low, high = band
+        outside = (ratio < low) | (ratio > high)
+        return (~outside).to(ratio.dtype), outside
+    raise ValueError(f"unknown correction {kind!r}")
+
+
+def mismatch_kl(
+    old_logp: torch.Tensor, behaviour_logp: torch.Tensor, max_log_ratio: float = 10.0
+) -> torch.Tensor:
+    """Per-token k3 estimate r − 1 − log r of KL(π_b ‖ π_old), r = π_old/π_b; no gradient."""
+    log_r = torch.clamp((old_logp - behaviour_logp).detach(), -max_log_ratio, max_log_ratio)
+    return torch.exp(log_r) - 1.0 - log_r
