@@ -55,7 +55,10 @@ def tiny():
     torch.manual_seed(0)
     tok = build_char_tokenizer("0123456789+=")
     model = create_tiny_model(
-        TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok
+        TinyModelConfig(
+            hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, initializer_range=0.02
+        ),
+        tok,
     )
     return model
 
