@@ -56,6 +56,7 @@ from swarmrl.protocol.pool import (
     SubmissionReceipt,
     WorkUnit,
 )
+from swarmrl.protocol.proofs import proof_from_wire
 
 MAX_TOKEN_ID = 2**31 - 1
 MAX_PROMPT_TOKENS = 1 << 17
@@ -298,10 +299,11 @@ def check_samples(
                 f"{where}: policy version {s.policy_version} is stale "
                 f"(need ≥ {max(oldest, work.min_version)}: {why})"
             )
+        document = proof_from_wire(s.proof)  # hex counts the bytes it spells, as validators read it
         proof_bytes = (
             0
-            if s.proof is None
-            else len(s.proof if isinstance(s.proof, str) else canonical_json(s.proof))
+            if document is None
+            else len(document if isinstance(document, bytes) else canonical_json(document))
         )
         if proof_bytes > max_proof_bytes:
             raise Invalid(f"{where}: proof of {proof_bytes} bytes > {max_proof_bytes}")

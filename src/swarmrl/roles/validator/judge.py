@@ -29,7 +29,7 @@ from swarmrl.envs import Environment, Task
 from swarmrl.errors import VersionGone
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.pool import PendingSubmission, Severity, Verdict
-from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim
+from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, proof_from_wire
 from swarmrl.protocol.seeds import sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.verify import Verifier
@@ -124,7 +124,7 @@ def judge(
                 logprobs=sample.logprobs,
                 finish_reason=sample.finish_reason,
             )
-            items.append((sample.proof, claim, assignment))
+            items.append((proof_from_wire(sample.proof), claim, assignment))  # either wire form
         # the verifier scores (prompt, output) token pairs; prompts identify tasks here
         by_prompt = {
             tuple(a.prompt_tokens): tasks[i] for i, (_, _, a) in zip(indices, items, strict=True)
