@@ -13,6 +13,7 @@ from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.flow.admission import (
     Admission,
+    StarvingAsks,
     Supply,
     admit,
     demand,
@@ -356,9 +357,7 @@ def test_a_starving_trainer_looks_past_leases_once_every_one_is_overdue():
     assert admit(checking, starving=True, leases_overdue=True, **args).tasks == 0
 
 
-def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdue(
-    db_url, tmp_path
-):
+def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdue(db_url, tmp_path):
     """A node that took a unit and stalls must not hold the run until its lease times out."""
     orch, owner, node = (KeyPair.generate() for _ in range(3))
     cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
@@ -480,3 +479,80 @@ def test_the_trainers_progress_is_its_own_to_tell(pool, tmp_path):
         worker.set_progress(POOL, 3)  # a node is not the pool's owner
     with pytest.raises(ValueError):
         TrainerProgress(batched_through=-1)
+
+
+def test_a_pack_of_fresh_identities_cannot_take_every_grant_a_starving_trainer_forces(
+    db_url, tmp_path
+):
+    """While the trainer starves and every lease is overdue, the pool grants one unit at a time;
+    a pack of fresh identities asking just before the established honest node each time must
+    not take them all: the honest node, with accepted work behind it, is served within its
+    budget."""
+    orch, owner, validator, honest = (KeyPair.generate() for _ in range(4))
+    cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        spec = PoolSpec(
+            pool_id=POOL,
+            owner_key=owner.public_key_hex,
+            task_count=50,
+            open=True,
+            samples_per_task=2,
+            sampling=SamplingParams(max_new_tokens=2),
+            async_level=1,
+            validators=[validator.public_key_hex],
+            min_tasks_per_lease=1,
+            max_tasks_per_lease=1,
+            max_leases_in_flight=64,
+            lease_target_s=0.5,  # a granted lease closes the gate until overdue, 2 × 0.5 s
+            lease_timeout_s=600,
+        )
+        PoolClient(server.url, orch).create_pool(spec)
+        trainer, checker = PoolClient(server.url, owner), PoolClient(server.url, validator)
+        node = PoolClient(server.url, honest)
+        node.join(POOL, CPU_NODE)
+        trainer.set_version(POOL, 0, steps=40, tasks_per_step=1)
+        work = node.lease(POOL).work
+        _submit(node, [work])
+        (pending,) = checker.claim(POOL)
+        logprobs = [s.logprobs for s in pending.samples]
+        checker.verdict(
+            POOL,
+            Verdict(submission_id=pending.submission_id, accept=True, measured_tokens=4,
+                    behaviour_logprobs=logprobs),
+        )  # fmt: skip
+        # the honest unit is now stale, and one leased task covers the last step's demand: the
+        # trainer starves, and only its override grants units
+        trainer.set_version(POOL, 5, steps=6, tasks_per_step=1)
+        pack = [PoolClient(server.url, KeyPair.generate()) for _ in range(4)]
+        for member in pack:
+            member.join(POOL, CPU_NODE)
+        grants: list[str] = []
+        served_at = None
+        started = time.monotonic()
+        while time.monotonic() - started < 10.0:  # the honest node's budget
+            assert trainer.batch(POOL, step=5).submissions == []  # the trainer starves
+            for member in pack:  # the pack asks just before the honest node, every time
+                if member.lease(POOL).outcome == "work":
+                    grants.append(f"pack {time.monotonic() - started:.2f}")
+            if node.lease(POOL).outcome == "work":
+                served_at = time.monotonic() - started
+                break
+            time.sleep(0.2)
+        assert served_at is not None, f"the honest node waited its whole budget; grants {grants}"
+        assert len(grants) <= 1, grants  # at most the grant made before it had asked
+
+
+def test_starving_grants_go_to_the_best_record_then_round_robin_among_equals():
+    asks = StarvingAsks()
+    for t, (node, record) in enumerate([("fresh1", 0), ("old1", 3), ("old2", 3), ("fresh2", 0)]):
+        asks.ask(node, record, now=float(t), within_s=10.0)
+    assert asks.starving_turn() == "old1"  # a record beats asking first; then the longest wait
+    asks.granted("old1", now=4.0)
+    asks.ask("old1", 3, now=5.0, within_s=10.0)
+    assert asks.starving_turn() == "old2"  # old1 was served last: its equal goes first
+    asks.granted("old2", now=6.0)
+    assert asks.starving_turn() == "old1"  # round-robin among equals; fresh identities last
+    asks.granted("old1", now=7.0)
+    assert asks.starving_turn() == "fresh1"
+    asks.ask("fresh2", 0, now=11.5, within_s=10.0)  # fresh1 (asked at 0) no longer waits
+    assert asks.starving_turn() == "fresh2"

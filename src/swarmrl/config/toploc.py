@@ -86,6 +86,20 @@ class ToplocConfig(Section):
     reward_tolerance: float = Field(
         1e-6, ge=0, description="largest accepted |reported - recomputed| reward"
     )
+    evidence_drift: float = Field(
+        0.5,
+        ge=0,
+        description="k of the per-node CUSUM (swarmrl.toploc.evidence): the share of a "
+        "threshold an accepted unit's mean measurement may sit at without adding to the node's "
+        "evidence; calibrated thresholds are twice the worst honest value, so honest units "
+        "average below 0.5",
+    )
+    evidence_limit: float = Field(
+        5.0,
+        ge=0,
+        description="h of the per-node CUSUM: a node whose evidence exceeds it is rejected "
+        "(about h / (mean - k) units consistently off); 0 = keep no verdict on it",
+    )
     max_prompt_tokens: int = Field(4096, gt=0, description="longest accepted prompt, tokens")
     max_bundle_bytes: int = Field(
         8 * 2**20, gt=0, description="largest accepted serialised proof bundle, bytes"

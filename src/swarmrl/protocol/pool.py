@@ -255,8 +255,8 @@ class Sample(Message):
     policy_version: int = Field(ge=0, lt=2**31, description="version that generated the tokens")
     proof: PeerProof = Field(
         None,
-        description="opaque proof bundle: a bounded JSON object (swarmrl.protocol.bounded) or "
-        "hex bytes; None = no proof",
+        description="proof bundle (swarmrl.protocol.proofs.ProofBundle) as a bounded JSON "
+        "object, or as its JSON text's UTF-8 bytes in hex (proofs.proof_to_wire); None = no proof",
     )
 
 

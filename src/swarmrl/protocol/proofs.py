@@ -15,12 +15,20 @@ Binding digest (hex SHA-256) of a bundle, over canonical JSON (sorted keys, no s
         "worker_key"}))
 
 and ``signature`` is the worker's ed25519 signature over the 32 raw digest bytes.
+
+On the pool's wire (``pool.Sample.proof``) a bundle travels in one of two forms, and
+:func:`proof_to_wire` / :func:`proof_from_wire` are the one coding of both, used by workers,
+the pool (which bounds a proof by its decoded size) and validators alike:
+
+- ``"json"``: the bundle as a JSON object;
+- ``"hex"``: the bundle's JSON text, UTF-8, as lowercase hex digits (two per byte).
+
 Knows nothing about tensors or how proofs are computed.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +53,9 @@ RejectionCode = Literal[
     "reward",  # the reported reward differs from the recomputed one
     "replay",  # the validator's own replay failed or produced non-finite values
 ]
+
+
+ProofForm = Literal["json", "hex"]  # how a bundle travels in ``pool.Sample.proof``
 
 
 class ProofMessage(BaseModel):
@@ -161,3 +172,27 @@ class ProofVerdict(ProofMessage):
     def codes(self) -> set[str]:
         """The distinct rejection codes."""
         return {r.code for r in self.reasons}
+
+
+def proof_to_wire(bundle: ProofBundle, form: ProofForm = "json") -> dict[str, Any] | str:
+    """``bundle`` as ``pool.Sample.proof`` carries it in ``form`` (module docstring)."""
+    if form == "hex":
+        return bundle.model_dump_json().encode().hex()
+    return bundle.model_dump(mode="json")
+
+
+def proof_from_wire(proof: dict[str, Any] | str | None) -> dict[str, Any] | bytes | None:
+    """The bundle document a wire proof carries: a JSON object as is, a hex string as the JSON
+    bytes it spells, None as None. Parsing and bounding those is the verifier's (one path for
+    both forms, so neither form is judged by the other's rules).
+
+    ValueError for a string that is not hex bytes (``pool.Sample`` refuses those at the edge).
+    """
+    if isinstance(proof, str):
+        try:
+            return bytes.fromhex(proof)
+        except ValueError:
+            raise ValueError(
+                "a proof string must be hex bytes (its bundle's JSON, UTF-8)"
+            ) from None
+    return proof

@@ -64,6 +64,19 @@ gets what a node asks for, so an estimate can never stall the run. While work is
 awaits a validator, that work is the answer to a starving trainer; leasing more would only
 make it stale.
 
+Fair grants under starvation. The override above hands out one unit, then the lease it made
+holds the gate shut until it is overdue; whoever asks first when it opens would take the next
+unit, so a pack of fresh identities polling faster than an honest node could take every grant
+and starve it. So a grant the override makes goes by a turn no identity wins by asking first
+or by being new (:meth:`StarvingAsks.starving_turn`): among the nodes that asked while the trainer starved
+and asked again within :data:`ASKING_WITHIN_RETRIES` admission retries (so still wait), first
+the best record, ``min(accepted verdicts, probation length)`` (a node past probation outranks
+every fresh identity, and nodes past it are equals), then round-robin among equals (least
+recently granted such a unit first, never granted first), then the longest waiting. A node
+whose turn it is not is told to wait; a winner that stops asking drops out after that window,
+so a gone node delays the grant by that much at most. The askers are kept per server process,
+as the starvation signal is: with several processes a node competes where its requests land.
+
 Pure arithmetic; the counts come from ``swarmrl.pool.flow.progress``. Knows nothing about the
 database or HTTP.
 """
@@ -71,10 +84,12 @@ database or HTTP.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 STARVING_WITHIN_S = 2.0  # an empty batch reply this recent means the trainer waits for work
 OVERDUE_LEASE_TARGETS = 2.0  # a lease older than this many lease_target_s is overdue
+# a node that asked within this many admission retries still waits for a starving grant
+ASKING_WITHIN_RETRIES = 4
 
 
 @dataclass(frozen=True)
@@ -96,11 +111,13 @@ class Supply:
 class Admission:
     """A lease decision: ``tasks`` > 0 grants at most that many tasks; 0 says wait (``reason``).
     ``covered``: refused only because the supply covers the demand (no backlog bound, not the
-    run's end), the one refusal :func:`unblock` may lift."""
+    run's end), the one refusal :func:`unblock` may lift. ``starving``: granted only because
+    the trainer starves (the override), so it goes by :meth:`StarvingAsks.starving_turn`."""
 
     tasks: int
     reason: str = ""
     covered: bool = False
+    starving: bool = False
 
 
 def steps_left(version: int, steps: int | None, async_level: int) -> int:
@@ -169,7 +186,7 @@ def admit(
     assert tasks_per_step is not None  # without_supply decides every case without it
     need = demand(version, steps, async_level, tasks_per_step)
     if starving and supply.pending == 0 and (supply.leased == 0 or leases_overdue):
-        return Admission(max(smallest, wanted))
+        return Admission(max(smallest, wanted), starving=True)
     if supply.pending >= validation_backlog_steps * tasks_per_step:
         return Admission(
             0,
@@ -216,3 +233,51 @@ def unblock(decision: Admission, node: Supply, smallest: int, check_rate: float)
     if decision.covered and idle and worth:
         return Admission(smallest)
     return decision
+
+
+@dataclass
+class Asker:
+    """A node waiting for a starving trainer's grant (module docstring, "Fair grants")."""
+
+    record: int  # its accepted verdicts, capped at the probation length
+    first_asked: float  # s: when its current run of asks began
+    last_asked: float  # s
+
+
+@dataclass
+class StarvingAsks:
+    """One pool's askers while its trainer starves, and when each node last had such a grant."""
+
+    askers: dict[str, Asker] = field(default_factory=dict)
+    granted_at: dict[str, float] = field(default_factory=dict)
+
+    def ask(self, node_id: str, record: int, now: float, within_s: float) -> None:
+        """Note that ``node_id`` (with ``record``) asks at ``now``; forget askers silent for
+        ``within_s`` or longer (they no longer wait)."""
+        gone = [n for n, a in self.askers.items() if now - a.last_asked >= within_s]
+        for n in gone:
+            del self.askers[n]
+        asker = self.askers.get(node_id)
+        if asker is None:
+            self.askers[node_id] = Asker(record, now, now)
+        else:
+            asker.record, asker.last_asked = record, now
+
+    def starving_turn(self) -> str | None:
+        """The node whose turn the next starving grant is: best record, then least recently
+        granted one, then longest waiting (module docstring); None when nobody waits."""
+        if not self.askers:
+            return None
+
+        def rank(node_id: str) -> tuple[int, float, float, str]:
+            asker = self.askers[node_id]
+            last = self.granted_at.get(node_id, -math.inf)
+            return (-asker.record, last, asker.first_asked, node_id)
+
+        return min(self.askers, key=rank)
+
+    def granted(self, node_id: str, now: float) -> None:
+        """``node_id`` took a starving grant at ``now``: it waits no more, and goes to the back
+        of its equals."""
+        self.askers.pop(node_id, None)
+        self.granted_at[node_id] = now

@@ -56,6 +56,7 @@ from swarmrl.protocol.pool import (
     SubmissionReceipt,
     WorkUnit,
 )
+from swarmrl.protocol.proofs import proof_from_wire
 
 MAX_TOKEN_ID = 2**31 - 1
 MAX_PROMPT_TOKENS = 1 << 17
@@ -137,7 +138,21 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
                     f"{run.batched_through}; only work of version ≥ {ahead} can still train",
                 )
             useful = max(useful, ahead)
+        if waiting_for is not None:  # a grant the starving trainer forces goes by turns
+            asks = ctx.starving_asks.setdefault(pool_id, admission.StarvingAsks())
+            record = min(row.accepted, max(1, ctx.config.probation_submissions))
+            asks.ask(node_id, record, now, _asking_within_s(ctx))
         admitted = _admission(ctx, conn, spec, run, version, row.measured_tps, now, waiting_for)
+        if admitted.starving:
+            asks = ctx.starving_asks[pool_id]
+            turn = asks.starving_turn()
+            if turn != node_id:
+                return _wait(
+                    ctx.config.admission_retry_s,
+                    "admission: the starving trainer's next unit goes to another waiting node "
+                    "first (accepted work first, then the least recently served)",
+                )
+            asks.granted(node_id, now)
         if admitted.covered:  # its own unchecked work may need this node's next submission
             own = progress.node_supply(conn, spec, version, node_id)
             rate = spotcheck.node_rate(conn, spec, node_id)
@@ -186,6 +201,13 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             ),
         )
     return LeaseReply(outcome="work", work=work, retry_after_s=0.0)
+
+
+def _asking_within_s(ctx: Context) -> float:
+    """How recent a node's last ask must be for it to still wait for a starving grant."""
+    return max(
+        admission.STARVING_WITHIN_S, admission.ASKING_WITHIN_RETRIES * ctx.config.admission_retry_s
+    )
 
 
 def _wait(retry_after_s: float, reason: str) -> LeaseReply:
@@ -298,10 +320,11 @@ def check_samples(
                 f"{where}: policy version {s.policy_version} is stale "
                 f"(need ≥ {max(oldest, work.min_version)}: {why})"
             )
+        document = proof_from_wire(s.proof)  # hex counts the bytes it spells, as validators read it
         proof_bytes = (
             0
-            if s.proof is None
-            else len(s.proof if isinstance(s.proof, str) else canonical_json(s.proof))
+            if document is None
+            else len(document if isinstance(document, bytes) else canonical_json(document))
         )
         if proof_bytes > max_proof_bytes:
             raise Invalid(f"{where}: proof of {proof_bytes} bytes > {max_proof_bytes}")

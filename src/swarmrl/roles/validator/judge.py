@@ -29,9 +29,10 @@ from swarmrl.envs import Environment, Task
 from swarmrl.errors import VersionGone
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.pool import PendingSubmission, Severity, Verdict
-from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim
+from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, proof_from_wire
 from swarmrl.protocol.seeds import sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
+from swarmrl.toploc.evidence import NodeEvidence, unit_measures
 from swarmrl.toploc.verify import Verifier
 
 MAX_REASONS = 8
@@ -77,8 +78,13 @@ def judge(
     env: Environment,
     version_of: Callable[[int], LoadedVersion],
     toploc: ToplocConfig,
+    evidence: NodeEvidence | None = None,
 ) -> Judgement:
-    """The verdict on ``pending``; ``version_of(v)`` returns version ``v`` loaded."""
+    """The verdict on ``pending``; ``version_of(v)`` returns version ``v`` loaded.
+
+    ``evidence``: the node records this validator keeps (``swarmrl.toploc.evidence``); an
+    accepted unit adds its measurements to its node's, and the unit that makes the record
+    exceed its limit is rejected hard with the evidence as its reason."""
     work = pending.work
     g = work.samples_per_task
     tasks: list[Task] = []
@@ -97,6 +103,7 @@ def judge(
     for i, sample in enumerate(pending.samples):
         by_version.setdefault(sample.policy_version, []).append(i)
     verdicts: dict[int, ProofVerdict] = {}
+    thresholds = toploc  # as the verifier applies them (a calibration file's, where set)
     for version, indices in by_version.items():
         try:
             loaded = version_of(version)
@@ -124,7 +131,7 @@ def judge(
                 logprobs=sample.logprobs,
                 finish_reason=sample.finish_reason,
             )
-            items.append((sample.proof, claim, assignment))
+            items.append((proof_from_wire(sample.proof), claim, assignment))  # either wire form
         # the verifier scores (prompt, output) token pairs; prompts identify tasks here
         by_prompt = {
             tuple(a.prompt_tokens): tasks[i] for i, (_, _, a) in zip(indices, items, strict=True)
@@ -137,6 +144,7 @@ def judge(
             vocab_size=len(tokenizer),
             scorer=_scorer(env, tokenizer, by_prompt),
         )
+        thresholds = verifier.config
         for i, verdict in zip(indices, verifier.check_many(items), strict=True):
             verdicts[i] = verdict
     ordered = [verdicts[i] for i in range(len(pending.samples))]
@@ -148,6 +156,11 @@ def judge(
     ]
     if reasons:
         return _reject(pending, reasons)
+    if evidence is not None:
+        reported = [s.logprobs for s in pending.samples]
+        flagged = evidence.add(pending.node_id, unit_measures(ordered, reported, thresholds))
+        if flagged is not None:
+            return _reject(pending, [flagged])
     behaviour = [list(v.behaviour_logprobs or []) for v in ordered]
     verdict = Verdict(
         submission_id=pending.submission_id,

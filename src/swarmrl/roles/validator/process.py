@@ -36,6 +36,7 @@ from swarmrl.rolekit.toolkit import (
 )
 from swarmrl.roles.validator.judge import judge
 from swarmrl.shardcast import WeightClient
+from swarmrl.toploc.evidence import NodeEvidence
 
 # Engines kept loaded, by backend. A version beyond that is swapped into the least recently used
 # engine in place: a vLLM engine takes tens of seconds (minutes on a busy CPU) to start and holds
@@ -151,6 +152,7 @@ def run(
     versions = Versions(weights, config, log, stop)
     threading.Thread(target=versions.follow, name="weights", daemon=True).start()
     banned: set[str] = set()
+    evidence = NodeEvidence.from_config(config.toploc)  # per node, across its checked units
     try:
         with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
             status.set(state="waiting for submissions")
@@ -178,7 +180,7 @@ def run(
                 for sub in pending:
                     status.set(state=f"replaying {sub.submission_id[:8]}")
                     started = time.perf_counter()
-                    result = judge(sub, env, versions, config.toploc)
+                    result = judge(sub, env, versions, config.toploc, evidence)
                     status.add(replay_seconds=time.perf_counter() - started, replays=1)
                     if result.verdict is None:
                         log.warning("could not judge %s now: %s", sub.submission_id, result.failure)

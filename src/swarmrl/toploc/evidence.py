@@ -1,0 +1,106 @@
+"""Evidence that accumulates per node: a one-sided CUSUM over each accepted unit's measurements.
+
+Each unit is judged alone against thresholds an honest unit must always meet, so a node whose
+units are all slightly off passes every one. Here each accepted unit adds its measurements,
+normalised by the threshold each is judged against (1 = at the threshold), to its node's
+record (docs/toploc.md, "Evidence that accumulates per node")::
+
+    logprobs   x = mean over tokens of min(2, |reported - replayed| / logprob_tolerance)
+    mantissa   x = mean over chunks of mant_err_mean / max_mantissa_mean
+    exponents  x = mean over chunks of exp_mismatches / allowed mismatches of the chunk
+                   (its compared entries × (1 − min_exponent_matches / topk))
+
+each averaged over the unit's samples, and per measure::
+
+    S_0 = 0,   S_n = max(0, S_{n-1} + x_n − k),   flagged when S_n > h
+
+(k = ``evidence_drift``, h = ``evidence_limit``). A node whose units average x̄ > k is flagged
+after about h / (x̄ − k) units.
+
+Knows nothing about HTTP, pools or where the record is kept beyond this process's memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.protocol.proofs import ProofVerdict
+
+TOKEN_CAP = 2.0  # a token's log-prob term counts at most this many tolerances
+MEASURES = ("logprobs", "mantissa", "exponents")
+
+
+def unit_measures(
+    verdicts: Sequence[ProofVerdict], reported: Sequence[Sequence[float]], config: ToplocConfig
+) -> dict[str, float]:
+    """The normalised measurements of one accepted unit (module docstring); ``reported``: each
+    sample's log-probs as the worker reported them ([n] per sample). A measure no sample of the
+    unit has (no chunk compared, no token) is left out."""
+    per_sample: dict[str, list[float]] = {m: [] for m in MEASURES}
+    allowed_share = 1.0 - config.min_exponent_matches / config.topk
+    for verdict, claimed in zip(verdicts, reported, strict=True):
+        replayed = verdict.behaviour_logprobs or []
+        if replayed and config.logprob_tolerance > 0:
+            terms = [
+                min(TOKEN_CAP, abs(c - r) / config.logprob_tolerance)
+                for c, r in zip(claimed, replayed, strict=True)
+            ]
+            per_sample["logprobs"].append(sum(terms) / len(terms))
+        chunks = [c for c in verdict.chunks if c.compared > 0]
+        if chunks and config.max_mantissa_mean > 0:
+            errors = [c.mant_err_mean if c.mant_err_mean is not None else math.inf for c in chunks]
+            mean = sum(min(TOKEN_CAP, e / config.max_mantissa_mean) for e in errors)
+            per_sample["mantissa"].append(mean / len(chunks))
+        if chunks and allowed_share > 0:
+            shares = [
+                min(TOKEN_CAP, c.exp_mismatches / (c.compared * allowed_share)) for c in chunks
+            ]
+            per_sample["exponents"].append(sum(shares) / len(shares))
+    return {m: sum(xs) / len(xs) for m, xs in per_sample.items() if xs}
+
+
+@dataclass
+class Cusum:
+    """One measure's running record of a node: S, the units added and their sum of x."""
+
+    value: float = 0.0
+    units: int = 0
+    total: float = 0.0
+
+    def add(self, x: float, drift: float) -> float:
+        self.value = max(0.0, self.value + x - drift)
+        self.units += 1
+        self.total += x
+        return self.value
+
+
+@dataclass
+class NodeEvidence:
+    """The records of every node this validator has judged, by node id."""
+
+    drift: float
+    limit: float
+    records: dict[str, dict[str, Cusum]] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: ToplocConfig) -> NodeEvidence:
+        return cls(config.evidence_drift, config.evidence_limit)
+
+    def add(self, node_id: str, measures: dict[str, float]) -> str | None:
+        """Add one accepted unit of ``node_id``; the reason it is flagged (one line), or None.
+        A limit of 0 keeps records and flags nobody."""
+        record = self.records.setdefault(node_id, {})
+        flagged = None
+        for name, x in measures.items():
+            cusum = record.setdefault(name, Cusum())
+            value = cusum.add(x, self.drift)
+            if self.limit > 0 and value > self.limit and flagged is None:
+                flagged = (
+                    f"evidence: {name} consistently off over {cusum.units} accepted units "
+                    f"(mean {cusum.total / cusum.units:.2f} of the threshold; CUSUM "
+                    f"{value:.2f} > {self.limit:g} at drift {self.drift:g})"
+                )
+        return flagged

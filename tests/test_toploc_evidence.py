@@ -1,0 +1,127 @@
+"""Evidence that accumulates per node: a node whose every unit is slightly off passes each unit
+alone and is still rejected once its record says so; an honest node never is."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarmrl.config import EMBEDDED_DEFAULT, load_config
+from swarmrl.envs import build_env
+from swarmrl.identity import KeyPair
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.model import build_char_tokenizer, create_tiny_model
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import PendingSubmission, WorkUnit
+from swarmrl.protocol.proofs import ChunkReport, ProofVerdict
+from swarmrl.rolekit.policy import LoadedVersion
+from swarmrl.roles.validator.judge import judge
+from swarmrl.roles.worker.rollouts import generate_unit
+from swarmrl.toploc.bundle import build_bundles
+from swarmrl.toploc.evidence import NodeEvidence, unit_measures
+
+DIGEST = "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    config = load_config(
+        [EMBEDDED_DEFAULT],
+        ["env.digits=2", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+         "model.tiny.intermediate_size=64"],
+    )  # fmt: skip
+    env = build_env(config.env)
+    tokenizer = build_char_tokenizer(env.alphabet)
+    model = create_tiny_model(config.model.tiny, tokenizer).eval()
+    return config, env, tokenizer, model
+
+
+class ShiftedEngine:
+    """A worker's engine whose reported log-probs are all ``shift`` nats off the model's, as a
+    cheaper engine's would be, by less than the per-unit tolerance."""
+
+    def __init__(self, engine: TorchEngine, shift: float) -> None:
+        self.engine, self.shift = engine, shift
+
+    def generate(self, prompts, params, seeds, *, return_hidden=False):
+        gens = self.engine.generate(prompts, params, seeds, return_hidden=return_hidden)
+        return [
+            dataclasses.replace(g, logprobs=[lp - self.shift for lp in g.logprobs]) for g in gens
+        ]
+
+
+def _units_until_rejected(setup, shift: float, units: int) -> tuple[int | None, list[str]]:
+    """Judge up to ``units`` units of one node with a validator keeping evidence; the number
+    of the first rejected unit (1-based; None if none) and its reasons."""
+    config, env, tokenizer, model = setup
+    worker = KeyPair.generate()
+    engine = TorchEngine(model, tokenizer)
+    versions = {0: LoadedVersion(0, DIGEST, engine, tokenizer, Path("."))}
+    evidence = NodeEvidence.from_config(config.toploc)
+
+    def prove(generations, params):
+        bundles = build_bundles(
+            generations, keypair=worker, policy_version=0, model_digest=DIGEST, params=params
+        )
+        return [b.model_dump(mode="json") for b in bundles]
+
+    for n in range(units):
+        work = WorkUnit(
+            lease_id=f"l{n}", pool_id="swarm", node_id=worker.node_id,
+            task_indices=[n % 40, (n + 7) % 40], samples_per_task=2,
+            sampling=SamplingParams(max_new_tokens=6), seed=1000 + n, min_version=0,
+            deadline=1e12, origin_node_id=worker.node_id, origin_counter=n,
+        )  # fmt: skip
+        samples = generate_unit(ShiftedEngine(engine, shift), env, tokenizer, work, 0, prove)
+        pending = PendingSubmission(
+            submission_id=f"s{n}", node_id=worker.node_id, node_key=worker.public_key_hex,
+            request_signature="0" * 128, body_digest="0" * 64, request_timestamp_ms=0,
+            request_nonce="0" * 32, work=work, samples=samples,
+        )  # fmt: skip
+        alone = judge(pending, env, versions.__getitem__, config.toploc).verdict
+        assert alone is not None and alone.accept, alone  # each unit passes on its own
+        verdict = judge(pending, env, versions.__getitem__, config.toploc, evidence).verdict
+        if not verdict.accept:
+            return n + 1, verdict.reasons
+    return None, []
+
+
+def test_a_node_whose_every_unit_is_slightly_off_is_rejected_within_20_units(setup):
+    config = setup[0]
+    shift = 0.8 * config.toploc.logprob_tolerance  # every unit passes alone
+    rejected_at, reasons = _units_until_rejected(setup, shift, units=20)
+    assert rejected_at is not None, "a node consistently off was accepted 20 units running"
+    assert rejected_at > 5  # no single unit decides it
+    assert reasons[0].startswith("evidence: logprobs consistently off")
+
+
+def test_an_honest_node_gathers_no_evidence(setup):
+    rejected_at, reasons = _units_until_rejected(setup, 0.0, units=30)
+    assert rejected_at is None, reasons
+
+
+def test_unit_measures_are_each_sample_normalised_by_its_threshold(setup):
+    toploc = setup[0].toploc.model_copy(
+        update={
+            "logprob_tolerance": 0.01,
+            "max_mantissa_mean": 10.0,
+            "min_exponent_matches": 88,
+            "topk": 128,
+        }
+    )  # fmt: skip  (40 exponent mismatches allowed per 128 compared)
+    chunk = ChunkReport(index=0, compared=128, exp_mismatches=10, mant_err_mean=5.0,
+                        mant_err_median=4.0, passed=True)  # fmt: skip
+    verdict = ProofVerdict(accepted=True, behaviour_logprobs=[-1.0, -2.0], chunks=[chunk])
+    # log-prob terms: 0.005 / 0.01 = 0.5 and 0.5 / 0.01 = 50, capped at 2 -> mean 1.25
+    measures = unit_measures([verdict], [[-1.005, -2.5]], toploc)
+    assert measures == pytest.approx({"logprobs": 1.25, "mantissa": 0.5, "exponents": 0.25})
+    evidence = NodeEvidence(drift=0.5, limit=1.0)
+    assert evidence.add("n", {"logprobs": 1.25}) is None  # S = 0.75
+    assert evidence.add("n", {"logprobs": 0.2}) is None  # S = 0.45
+    flagged = evidence.add("n", {"logprobs": 1.25})  # S = 1.2 > 1
+    assert flagged is not None and "over 3 accepted units" in flagged
+    assert evidence.add("m", {"logprobs": 1.25}) is None  # another node starts at 0
