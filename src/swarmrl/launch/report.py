@@ -150,12 +150,21 @@ def record_training(
     status: RunStatus = "completed",
 ) -> dict[str, Any]:
     """Write any step rows not yet logged, then report.json (plus ``extra``) and, unless the
-    run is still going, the plot."""
+    run is still going, the plot. A history that no longer begins with the rows logged (a swarm
+    trainer started again without a checkpoint trains from step 0 anew) replaces them."""
+    if _marks(result.history[: len(recorder.rows)]) != _marks(recorder.rows):
+        recorder.rows = []
+        recorder.metrics_path.write_text("")
     for row in result.history[len(recorder.rows) :]:
         recorder.log_step(row)
     report = training_report(recorder.config, mode, result, wall_seconds, status) | (extra or {})
     recorder.write_report(report, plot=status != "running")
     return report
+
+
+def _marks(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """What tells rows apart: step, version and time."""
+    return [(r["step"], r["policy_version"], r["wall_time"]) for r in rows]
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

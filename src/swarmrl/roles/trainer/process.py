@@ -8,7 +8,8 @@ Under ``torchrun --nproc-per-node N -m swarmrl.cli trainer …`` (or ``[trainer]
 :mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin,
 publishes, and writes the status file and summary. Checkpoints (:mod:`swarmrl.trainer.
 checkpoint`) are saved by every rank after each due step; a restarted trainer resumes from the
-newest.
+newest (from the warm start when there is none) under a new version number
+(:func:`continue_versions`).
 """
 
 from __future__ import annotations
@@ -263,11 +264,8 @@ def run(
                 pool, args.pool, env, learner.tokenizer, config, log, status, announce
             )
             closing.extend([source.close, announce.close])
-            if latest is None:
-                announce(0)
-                announce.wait()
-            else:
-                continue_versions(learner, origin, source, announce, log)
+            continue_versions(learner, origin, source, announce, log, latest is not None)
+            if latest is not None:
                 source.restore(saved["source"])
             history: list[dict[str, Any]] = list(saved["history"])
             summary.source, summary.history = source, history
@@ -317,41 +315,49 @@ def continue_versions(
     source: PoolSource,
     announce: Announcer,
     log: logging.Logger,
+    resumed: bool,
 ) -> None:
-    """After a resume: versions published or announced after the checkpoint are skipped, never
-    reused; the orchestrator is told the current one again (idempotent).
+    """Publish the version the loop starts from: version 0 for a run's first trainer; for a
+    trainer started again after it died at any moment (``resumed``: from a checkpoint, else
+    from the warm start), a version number nobody has seen yet.
 
-    The orchestrator learns a version before its weights are out (``Announcer``), so a trainer
-    killed in between leaves the orchestrator one version ahead of the origin. Nobody could
-    fetch that version's weights, so the checkpoint's weights are published under its number
-    and the run goes on from there. Either skip puts versions ahead of steps: the announcer
-    tells the orchestrator the run's last version accordingly (``Announcer.version_offset``)."""
+    A version names one set of weights, and relays and workers refuse to go back to an older
+    one. The killed trainer may have published versions past its checkpoint (the steps after
+    it, lost with the process; without a checkpoint, every step), and told the orchestrator a
+    version whose weights never went out. The weights the trainer resumes with are therefore
+    published as one past the newest version the origin or the orchestrator holds, and the run
+    goes on from there: its versions then run ahead of its steps by ``version_offset``, which
+    the announcer adds to the run's last version it tells the orchestrator and the source to
+    the step it asks batches for, so that both keep counting staleness in versions. Only a
+    checkpoint of the newest version, both published and told, goes on under its own number
+    (told again: idempotent)."""
     published = origin.publisher.latest()
-    if published is not None and published > learner.version:
-        log.info(
-            "versions %d..%d were published after the checkpoint; next is %d",
-            learner.version + 1,
-            published,
-            published + 1,
-        )
-        learner.version = published
     told = announce.told()
-    if told > learner.version:
+    newest = told if published is None else max(told, published)
+    if resumed and published == told == learner.version:
+        version = learner.version
+    elif not resumed and published is None and told == 0:
+        version = 0  # the run's first trainer (or one killed before version 0 went out)
+    else:
+        version = newest + 1
         log.info(
-            "the orchestrator was told v%d, whose weights never went out; the checkpoint's "
-            "weights are published as v%d",
+            "started again from %s; the origin holds up to %s and the orchestrator was told "
+            "v%d: the weights go out as v%d, and the run goes on from there",
+            f"the checkpoint after step {learner.first_step} (v{learner.version})"
+            if resumed
+            else "the warm start (no checkpoint yet)",
+            "nothing" if published is None else f"v{published}",
             told,
-            told,
+            version,
         )
-        learner.version = told
-        announce.version_offset = learner.version - learner.first_step
-        source.announced = told
-        announce(told)
-        announce.wait()
+    learner.version = version
+    announce.version_offset = source.version_offset = version - learner.first_step
+    source.announced = version
+    if version == told and version == published:
+        announce.tell(version)
         return
-    announce.version_offset = learner.version - learner.first_step
-    source.announced = learner.version
-    announce.tell(learner.version)
+    announce(version)
+    announce.wait()
 
 
 def role_hooks(
