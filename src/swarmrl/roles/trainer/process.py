@@ -31,7 +31,7 @@ import torch
 from swarmrl.config import SwarmConfig
 from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.envs import build_env
-from swarmrl.errors import MissingPathError
+from swarmrl.errors import DiskWriteError, MissingPathError
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.model.io import save_policy
 from swarmrl.pool.client import PoolClient
@@ -45,8 +45,9 @@ from swarmrl.rolekit.toolkit import (
 )
 from swarmrl.roles.trainer.announce import Announcer
 from swarmrl.roles.trainer.source import PoolSource
-from swarmrl.shardcast import Publisher
+from swarmrl.shardcast import Publisher, store
 from swarmrl.shardcast.catalog import Catalog
+from swarmrl.shardcast.publisher import WRITE_FAULTS
 from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.trainer.checkpoint import Checkpointer
@@ -69,6 +70,7 @@ class Origin:
         self, store_dir: Path, keypair: KeyPair, config: SwarmConfig, host: str, port: int
     ) -> None:
         self.store_dir = store_dir
+        store.discard_stale_partials(store_dir)  # a killed trainer's unfinished version
         self.publisher = Publisher(store_dir, keypair, config.shardcast)
         catalog = Catalog(store_dir, config.shardcast.keep_versions)
         catalog.refresh()
@@ -230,6 +232,8 @@ def run(
     run_dir = Path(args.run_dir)
     work = run_dir / "trainer"
     work.mkdir(parents=True, exist_ok=True)
+    for leftover in work.glob("v[0-9]*"):  # snapshots a killed trainer had not published
+        shutil.rmtree(leftover, ignore_errors=True)
     env = build_env(config.env)
     status.set(state="warm start", sft_steps=config.sft.steps)
     learner = Learner(
@@ -460,5 +464,11 @@ class Summary:
             | ({"stale_groups": self.source.stale_groups} if self.source else {}),
         }
         scratch = self.path.with_suffix(".json.partial")
-        scratch.write_text(json.dumps(summary, indent=2) + "\n")
-        scratch.replace(self.path)
+        try:
+            scratch.write_text(json.dumps(summary, indent=2) + "\n")
+            scratch.replace(self.path)
+        except OSError as exc:
+            scratch.unlink(missing_ok=True)  # a full disk leaves no empty file behind
+            if exc.errno in WRITE_FAULTS:
+                raise DiskWriteError(f"writing {self.path} failed: {exc}") from exc
+            raise
