@@ -143,3 +143,19 @@ def test_the_last_steps_still_get_work_after_a_resume_skipped_a_version(trainer_
         worker.join(POOL, CPU_NODE)
         reply = worker.lease(POOL)
     assert reply.outcome == "work", reply.reason
+
+
+def test_a_trainer_resumed_from_the_last_steps_checkpoint_tells_the_run_is_over(trainer_side):
+    """The orchestrator hears that the run is over only after the last step's checkpoint is
+    saved; a trainer killed in between resumes with no step left to commit, so it says so."""
+    pool, origin, learner, announce, source, log, _ = trainer_side
+    announce.config.rl.steps = 2
+    for version in range(3):
+        learner.version = version
+        announce(version)
+        announce.wait()
+    assert not pool.pool(POOL).run_finished
+    learner.version, learner.first_step = 2, 2  # the last step's checkpoint
+    continue_versions(learner, origin, source, announce, log, resumed=True)
+    assert learner.version == 2 and origin.versions == [0, 1, 2]
+    assert pool.pool(POOL).run_finished

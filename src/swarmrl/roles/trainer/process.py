@@ -148,14 +148,18 @@ def checkpointing(
     learner: Learner,
     last_step: int,
     extra: Callable[[], Any],
+    on_last: Callable[[], None] = lambda: None,
 ) -> Hooks:
-    """``hooks`` plus a checkpoint after each step that is due (every rank saves its part)."""
+    """``hooks`` plus a checkpoint after each step that is due (every rank saves its part);
+    ``on_last`` runs once the last step's checkpoint is saved."""
 
     def on_step(row: dict[str, Any]) -> None:
         hooks.on_step(row)
         done = row["step"] + 1
         if checkpoints.due(done, last_step):
             learner.save_checkpoint(checkpoints, done, extra())
+        if done == last_step:
+            on_last()
 
     return replace(hooks, on_step=on_step)
 
@@ -264,8 +268,18 @@ def run(
             PoolClient(args.orchestrator, keypair, timeout) as publishing,
         ):
             announce = Announcer(origin, publishing, args.pool, learner, work, config, log, status)
+            # the orchestrator hears that the run is over only once the last step's checkpoint
+            # is saved (``on_last`` below): a trainer killed before it trains that step again,
+            # which needs rollouts, and a finished run has no workers left
             source = PoolSource(
-                pool, args.pool, env, learner.tokenizer, config, log, status, announce
+                pool,
+                args.pool,
+                env,
+                learner.tokenizer,
+                config,
+                log,
+                status,
+                lambda version, final: announce(version),
             )
             closing.extend([source.close, announce.close])
             continue_versions(learner, origin, source, announce, log, latest is not None)
@@ -287,6 +301,7 @@ def run(
                 learner,
                 config.rl.steps,
                 lambda: {"source": source.state(), "history": list(history)},
+                lambda: announce(learner.version, final=True),
             )
             with Trackers(config, run_dir) as trackers:
                 leading = LeaderSource(source, parallel)
@@ -357,11 +372,12 @@ def continue_versions(
     learner.version = version
     announce.version_offset = source.version_offset = version - learner.first_step
     source.announced = version
-    if version == told and version == published:
-        announce.tell(version)
-        return
-    announce(version)
-    announce.wait()
+    if version != told or version != published:
+        announce(version)
+        announce.wait()
+    # resumed from the last step's checkpoint: the loop has no step left whose commit would
+    # tell the orchestrator that the run is over
+    announce.tell(version, finished=learner.first_step >= announce.config.rl.steps)
 
 
 def role_hooks(

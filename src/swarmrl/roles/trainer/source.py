@@ -13,7 +13,8 @@ informative groups carry over to the next step while still fresh enough. Once st
 prefetch thread leases step n + 1's rollouts while step n trains, so a step finds its batch
 ready whenever the pool has the work. ``commit(n, v')`` hands the new version to the role's
 ``announce`` (which publishes through the origin and tells the orchestrator in the background;
-after the last step it also tells the orchestrator the run is finished) and then acknowledges
+it is told when the step is the run's last: the trainer role then tells the orchestrator the
+run is finished, once that step is checkpointed) and then acknowledges
 (``/batches/ack``) every submission the committed step used up: all its groups trained,
 filtered out, or dropped as too stale to carry. A submission none of whose groups is trained
 (all filtered out or stale) is acknowledged as soon as it is used up, so the orchestrator's
@@ -177,8 +178,8 @@ class PoolSource:
 
     def commit(self, step: int, policy_version: int) -> None:
         """Step ``step`` is trained: hand the new version to ``announce`` (which publishes it
-        in the background; after the run's last step it also tells the orchestrator the run
-        is over), then acknowledge the submissions the step used up."""
+        in the background; ``final`` tells it the step is the run's last), then acknowledge the
+        submissions the step used up."""
         final = step + 1 >= self.config.rl.steps
         if policy_version != self.announced or final:
             self.announce(policy_version, final)
