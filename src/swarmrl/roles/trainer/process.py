@@ -269,8 +269,8 @@ def run(
         ):
             announce = Announcer(origin, publishing, args.pool, learner, work, config, log, status)
             # the orchestrator hears that the run is over only once the last step's checkpoint
-            # is saved (``on_last`` below): a trainer killed before it trains that step again,
-            # which needs rollouts, and a finished run has no workers left
+            # is saved (``on_last`` below): a trainer killed before then trains that step
+            # again, which needs rollouts, and the pool of a finished run leases no more work
             source = PoolSource(
                 pool,
                 args.pool,
