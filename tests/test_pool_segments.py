@@ -101,6 +101,25 @@ def test_a_failed_write_leaves_no_part_of_its_record(tmp_path, monkeypatch):
     assert reader.find("p/failed") is None
 
 
+def test_writes_on_a_full_disk_leave_no_empty_segments(tmp_path, monkeypatch):
+    folder = tmp_path / "seg"
+    log = SegmentLog(str(folder))
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(segments.os, "write", full)
+    for i in range(6):  # each failed write used to leave a new empty segment behind
+        with pytest.raises(OSError, match="No space left"):
+            log.append(f"p/{i}", b"x" * 30)
+    assert seg_files(folder) == []
+    monkeypatch.setattr(segments.os, "write", real_write)
+    kept = log.append("p/kept", b"y" * 30)  # room again: writing goes on
+    assert seg_files(folder) == [kept.segment]
+    assert SegmentLog(str(folder)).find("p/kept") == kept
+
+
 def test_a_key_or_data_out_of_range_is_refused(tmp_path):
     log = SegmentLog(str(tmp_path / "seg"))
     with pytest.raises(ValueError, match="key"):

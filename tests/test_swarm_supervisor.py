@@ -84,7 +84,10 @@ def test_check_reports_a_dead_role_with_its_log_tail(tmp_path):
         role.popen.wait(timeout=60)
         with pytest.raises(RoleExited, match="crasher exited with status 3") as info:
             sup.check()
-        assert "boom: no weights" in str(info.value)
+        # the first line says why, in the role's last words; the log's tail follows
+        lines = str(info.value).splitlines()
+        assert lines[0] == "role crasher exited with status 3: boom: no weights"
+        assert lines[1] == f"last lines of {role.log_path}:"
 
 
 def test_check_allows_expected_clean_exit(tmp_path):

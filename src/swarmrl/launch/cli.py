@@ -53,7 +53,7 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
     """A colocated run recorded as it goes; Ctrl-C (or an error) still leaves report.json with
     status ``interrupted`` (``failed``), every finished step and evaluation, and policy/ once
     RL is over."""
-    from swarmrl.launch.report import ProgressView, RunRecorder
+    from swarmrl.launch.report import ProgressView, RunRecorder, failure_reason, full_disk
     from swarmrl.model.io import save_policy
     from swarmrl.rolekit.supervisor import terminate_as_interrupt
     from swarmrl.trainer.colocated import run_colocated
@@ -94,8 +94,11 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
         recorder.finish("interrupted")
         print(f"interrupted; what had finished is in {recorder.dir}", file=sys.stderr)
         raise
-    except BaseException:
-        recorder.finish("failed")
+    except BaseException as exc:
+        full = full_disk(recorder.dir, exc)
+        recorder.finish("failed", reason=failure_reason(full or exc))
+        if full is not None:
+            raise full from exc
         raise
     report = recorder.finish("completed")
     ev = report["eval"]

@@ -16,7 +16,11 @@ Every run writes ``runs/<name>-<UTC timestamp>/``::
 
 ``metrics.jsonl`` and ``report.json`` are written as the run goes: report.json's ``status`` is
 ``running`` until the run ends ``completed``, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``;
-an interrupted or failed report still holds every step and evaluation already finished.
+an interrupted or failed report still holds every step and evaluation already finished, and a
+failed one its ``reason``: one line, the one the console printed (:func:`failure_reason`).
+While the run goes, ``.reserve`` holds :data:`RESERVE_BYTES` of the disk, given back just
+before the final report is written, so that a run stopped by a full disk still says so; a
+write the disk refuses is a :class:`~swarmrl.errors.DiskWriteError` and leaves no partial file.
 
 The colocated and the swarm modes both turn the loop's ``TrainingResult`` into these files
 with :func:`record_training`; knows nothing about how steps are computed.
@@ -24,8 +28,13 @@ with :func:`record_training`; knows nothing about how steps are computed.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,8 +43,16 @@ from rich.live import Live
 from rich.table import Table
 
 from swarmrl.config import SwarmConfig, save_config
+from swarmrl.errors import DiskWriteError, UserError
 from swarmrl.launch.flow import plot_flow
+from swarmrl.shardcast.publisher import WRITE_FAULTS
 from swarmrl.trainer.loop import TrainingResult
+
+log = logging.getLogger(__name__)
+
+RESERVE_NAME = ".reserve"
+# room kept for what a run writes at its end (report.json, report.png, metrics): a few hundred kB
+RESERVE_BYTES = 4 << 20
 
 
 def new_run_dir(config: SwarmConfig) -> Path:
@@ -63,9 +80,13 @@ class RunRecorder:
         self.config, self.mode = config, mode
         self.dir = run_dir if run_dir is not None else new_run_dir(config)
         self.dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, self.dir)
+        self.reserve = self.dir / RESERVE_NAME
         self.metrics_path = self.dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
+        with self._writing(f"keeping {RESERVE_BYTES >> 20} MiB free for the run's report"):
+            _hold(self.reserve, RESERVE_BYTES)
+        with self._writing("writing config.json and metrics.jsonl"):
+            save_config(config, self.dir)
+            self.metrics_path.write_text("")
         self.rows: list[dict[str, Any]] = []
         self.started = time.monotonic()
         self.result = TrainingResult()  # the loop's, once it is handed over (``follow``)
@@ -78,16 +99,25 @@ class RunRecorder:
 
     def log_step(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        with self.metrics_path.open("a") as f:
+        with self._writing("appending to metrics.jsonl"), self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
     def progress(self, extra: dict[str, Any] | None = None) -> None:
         """report.json with status ``running`` from what the loop has finished so far."""
         self.finish("running", extra)
 
-    def finish(self, status: RunStatus, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def finish(
+        self,
+        status: RunStatus,
+        extra: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
         """Write the rows not yet logged and report.json with ``status`` (the plot too, once
-        the run has ended); returns the report."""
+        the run has ended; before that, the room kept for them is given back); a failed run's
+        report says why (``reason``, one line). Returns the report."""
+        if status != "running":
+            self.reserve.unlink(missing_ok=True)
+        extra = (extra or {}) | ({"reason": reason} if reason is not None else {})
         return record_training(
             self, self.mode, self.result, time.monotonic() - self.started, extra, status
         )
@@ -95,12 +125,87 @@ class RunRecorder:
     def write_report(self, report: dict[str, Any], plot: bool = True) -> Path:
         path = self.dir / "report.json"
         scratch = path.with_suffix(".json.partial")  # a reader never sees half a report
-        scratch.write_text(json.dumps(report, indent=2) + "\n")
-        scratch.replace(path)
+        with self._writing("writing report.json", scratch):
+            scratch.write_text(json.dumps(report, indent=2) + "\n")
+            scratch.replace(path)
         if plot:
             flow = report.get("swarm", {}).get("flow") or None
-            plot_report(self.rows, report.get("eval", {}), self.dir / "report.png", flow)
+            image = self.dir / "report.png"
+            try:
+                with self._writing("writing report.png", image):
+                    plot_report(self.rows, report.get("eval", {}), image, flow)
+            except DiskWriteError as exc:  # report.json, written, holds what the plot shows
+                log.warning("%s", exc)
         return path
+
+    def _writing(
+        self, what: str, partial: Path | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        return disk_writes(f"{what} in {self.dir}", partial)
+
+
+@contextlib.contextmanager
+def disk_writes(what: str, partial: Path | None = None) -> Iterator[None]:
+    """A block of writes: an error of a disk that cannot keep what is written (full, read-only,
+    failing) becomes one :class:`DiskWriteError` saying ``what`` was being written; ``partial``
+    (a file the block writes) is removed after any error."""
+    try:
+        yield
+    except BaseException as exc:
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
+            raise DiskWriteError(f"{what} failed: {exc}") from exc
+        raise
+
+
+def _hold(path: Path, size: int) -> None:
+    """Make ``path`` a file of ``size`` bytes that holds its disk blocks (not a sparse one)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.write(fd, bytes(size))  # a filesystem without fallocate
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a run failed, in one line: the first line of what ``swarmrl VERB`` prints after
+    its name (``swarmrl.cli``: ``error: …`` for a :class:`UserError`, ``Type: …`` otherwise).
+    A role that died gives its own last words there (``swarmrl.rolekit.supervisor``)."""
+    lines = str(exc).strip().splitlines()
+    said = lines[0] if lines else ""
+    if isinstance(exc, UserError):
+        return f"error: {said}"
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the disk holding ``path``; None where it cannot be told."""
+    try:
+        disk = os.statvfs(path)
+    except OSError:
+        return None
+    return disk.f_bavail * disk.f_frsize
+
+
+def full_disk(run_dir: Path, exc: BaseException) -> DiskWriteError | None:
+    """When the disk holding ``run_dir`` has no room left (less than :data:`RESERVE_BYTES`
+    free), the error that says so, quoting ``exc``, whatever role or write met the full disk
+    first; None when there is room."""
+    free = free_bytes(run_dir)
+    if free is None or free >= RESERVE_BYTES:
+        return None
+    return DiskWriteError(
+        f"the disk holding {run_dir} is full ({free / 1e6:.1f} MB free): {failure_reason(exc)}"
+    )
 
 
 def training_report(
@@ -150,12 +255,21 @@ def record_training(
     status: RunStatus = "completed",
 ) -> dict[str, Any]:
     """Write any step rows not yet logged, then report.json (plus ``extra``) and, unless the
-    run is still going, the plot."""
+    run is still going, the plot. A history that no longer begins with the rows logged (a swarm
+    trainer started again without a checkpoint trains from step 0 anew) replaces them."""
+    if _marks(result.history[: len(recorder.rows)]) != _marks(recorder.rows):
+        recorder.rows = []
+        recorder.metrics_path.write_text("")
     for row in result.history[len(recorder.rows) :]:
         recorder.log_step(row)
     report = training_report(recorder.config, mode, result, wall_seconds, status) | (extra or {})
     recorder.write_report(report, plot=status != "running")
     return report
+
+
+def _marks(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """What tells rows apart: step, version and time."""
+    return [(r["step"], r["policy_version"], r["wall_time"]) for r in rows]
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -40,11 +40,18 @@ import tomli_w
 
 from swarmrl.config import SwarmConfig, save_config
 from swarmrl.config.toploc import THRESHOLDS_FILE
-from swarmrl.errors import SwarmError, WaitTimeout
+from swarmrl.errors import RoleExited, SwarmError, WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay
 from swarmrl.launch.facts import POOL_ID, swarm_facts, trainer_summary
-from swarmrl.launch.report import RunRecorder, RunStatus
+from swarmrl.launch.report import (
+    RESERVE_BYTES,
+    RunRecorder,
+    RunStatus,
+    failure_reason,
+    free_bytes,
+    full_disk,
+)
 from swarmrl.protocol.swarm import RoleStatus
 from swarmrl.rolekit.supervisor import (
     Supervisor,
@@ -308,7 +315,9 @@ def watch(
     on_tick: Callable[[dict[str, RoleStatus]], None] | None = None,
 ) -> None:
     """Redraw the display until the trainer exits 0; a crashed role is started again (bounded,
-    see :meth:`Supervisor.tend`); raise if one stays down or time runs out."""
+    see :meth:`Supervisor.tend`); raise if one stays down or time runs out. A role that dies
+    while the run directory's disk is full is not started again (it could only die again): the
+    run fails with a :class:`DiskWriteError` that says so."""
     deadline = time.monotonic() + timeout_s
     while True:
         trainer = sup.roles["trainer"]  # looked up each time: the trainer may be restarted
@@ -324,7 +333,14 @@ def watch(
         if trainer.popen.poll() == 0:
             return
         # workers and validators exit 0 by themselves once the trainer says the run is over
-        sup.tend(expected_done=["trainer", *plan.workers, *plan.validators])
+        done = ["trainer", *plan.workers, *plan.validators]
+        try:
+            sup.check(expected_done=done)
+        except RoleExited:  # a role died: started again, unless the disk is full
+            free = free_bytes(plan.run_dir)
+            if free is not None and free < RESERVE_BYTES:
+                raise
+        sup.tend(expected_done=done)
         if time.monotonic() > deadline:
             raise WaitTimeout(
                 f"gave up after {timeout_s:.0f} s waiting for the trainer to finish "
@@ -373,9 +389,15 @@ def run_swarm(
 
     report.json and metrics.jsonl follow the trainer's summary while the run goes (status
     ``running``). Ctrl-C (or SIGTERM) stops the trainer first, so it records what it finished,
-    then the report is written with status ``interrupted`` (``failed`` when a role died or time
-    ran out) and the interrupt goes on up."""
-    plan = prepare(config, run_dir)
+    then the report is written with status ``interrupted`` (``failed`` when a role died, time
+    ran out or the run could not start, with the reason) and the error goes on up. When the
+    run directory's disk is full, the run fails as a :class:`DiskWriteError` that says so,
+    whichever role or write met the full disk first."""
+    try:
+        plan = prepare(config, run_dir)
+    except Exception as exc:
+        RunRecorder(config, run_dir, mode="swarm").finish("failed", reason=failure_reason(exc))
+        raise
     recorder = RunRecorder(plan.config, plan.run_dir, mode="swarm")
     seen = [0.0]  # mtime of the trainer summary last taken in
 
@@ -387,6 +409,7 @@ def run_swarm(
             recorder.progress()
 
     status: RunStatus = "completed"
+    reason: str | None = None
     facts: dict = {}
     try:
         with (
@@ -405,8 +428,12 @@ def run_swarm(
             except KeyboardInterrupt:
                 status = "interrupted"
                 raise
-            except BaseException:
+            except BaseException as exc:
                 status = "failed"
+                full = full_disk(plan.run_dir, exc)
+                reason = failure_reason(full or exc)
+                if full is not None:
+                    raise full from exc
                 raise
             finally:
                 if status != "completed" and "trainer" in sup.roles:
@@ -414,7 +441,7 @@ def run_swarm(
                 facts = _facts_if_reachable(plan, status)
     finally:
         follow_trainer(recorder, plan)
-        report = recorder.finish(status, facts)
+        report = recorder.finish(status, facts, reason)
     return report
 
 

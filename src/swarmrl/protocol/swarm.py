@@ -60,8 +60,12 @@ class RoleStatus(BaseModel):
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{self.name}.json"
         tmp = directory / f".{self.name}.json.tmp"
-        tmp.write_text(self.model_dump_json())
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(self.model_dump_json())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no empty file behind
+            raise
         return path
 
     @classmethod

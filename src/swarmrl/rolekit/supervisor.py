@@ -258,9 +258,15 @@ class Supervisor:
 
     # -- watching -------------------------------------------------------------------------
     def _exited(self, role: RoleProcess) -> RoleExited:
+        """The error of a role that died: its first line says why, in the role's own last words
+        (its one-line error, or the last line of its traceback); its log's tail follows."""
         tail = role.log_tail()
+        said = [  # not the supervisor's own notes, nor a traceback's ^^^ markers
+            x for x in tail.splitlines() if x.strip(" ^~") and not x.startswith("--- ")
+        ]
+        why = f": {said[-1].strip()}" if said else ""
         return RoleExited(
-            f"role {role.name} exited with status {role.popen.returncode}; "
+            f"role {role.name} exited with status {role.popen.returncode}{why}\n"
             f"last lines of {role.log_path}:\n{tail}"
         )
 

@@ -170,5 +170,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def _replace(pointer: Path, text: str) -> None:
     scratch = pointer.with_name(pointer.name + ".tmp")
-    scratch.write_text(text + "\n")
-    os.replace(scratch, pointer)
+    try:
+        scratch.write_text(text + "\n")
+        os.replace(scratch, pointer)
+    except OSError:
+        scratch.unlink(missing_ok=True)  # a full disk leaves no empty file behind
+        raise

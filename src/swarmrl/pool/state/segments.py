@@ -128,7 +128,8 @@ class SegmentLog:
         return self._fd
 
     def _abandon(self, size: int) -> None:
-        """Cut a failed write off the segment and start the next write in a new one."""
+        """Cut a failed write off the segment and start the next write in a new one; a segment
+        left with nothing in it is removed (on a full disk every write would leave one)."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
@@ -138,6 +139,11 @@ class SegmentLog:
             pass  # a torn tail, which a scan stops at; the records before it stay readable
         finally:
             os.close(fd)
+        if size == 0:
+            try:
+                os.unlink(os.path.join(self.folder, self._name))
+            except OSError:
+                pass  # an empty segment is read as one without records
 
     def read(self, location: Location, key: str) -> bytes:
         """The data of ``key``'s record at ``location``; :class:`ValueError` if the bytes
@@ -174,7 +180,10 @@ class SegmentLog:
             return
         for name in names:
             path = os.path.join(self.folder, name)
-            size = os.stat(path).st_size  # what is appended later: the next scan's
+            try:
+                size = os.stat(path).st_size  # what is appended later: the next scan's
+            except FileNotFoundError:
+                continue  # an empty segment its writer removed (``_abandon``)
             if size <= self._scanned.get(name, 0):
                 continue
             with open(path, "rb") as handle:

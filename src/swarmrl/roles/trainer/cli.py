@@ -23,8 +23,9 @@ orchestrator and publishes.
 
 Checkpoints (``[trainer] checkpoint_every``; default directory ``RUN_DIR/trainer/checkpoints``)
 hold the model, optimizer, RNG, step, version and where the trainer is in the rollout stream; a
-restarted trainer continues from the newest one, skipping (never reusing) version numbers
-published after it.
+restarted trainer continues from the newest one (from the warm start when there is none), and
+publishes the weights it continues with under a version number past any published or told
+before, never reusing one.
 
 Version 0 is published before the loop starts. At the end the process writes
 ``RUN_DIR/trainer/summary.json``: the loop's result (``training``: the same record a colocated

@@ -8,7 +8,8 @@ Under ``torchrun --nproc-per-node N -m swarmrl.cli trainer …`` (or ``[trainer]
 :mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin,
 publishes, and writes the status file and summary. Checkpoints (:mod:`swarmrl.trainer.
 checkpoint`) are saved by every rank after each due step; a restarted trainer resumes from the
-newest.
+newest (from the warm start when there is none) under a new version number
+(:func:`continue_versions`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from swarmrl.config import SwarmConfig
 from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.envs import build_env
-from swarmrl.errors import MissingPathError
+from swarmrl.errors import DiskWriteError, MissingPathError
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.model.io import save_policy
 from swarmrl.pool.client import PoolClient
@@ -44,8 +45,9 @@ from swarmrl.rolekit.toolkit import (
 )
 from swarmrl.roles.trainer.announce import Announcer
 from swarmrl.roles.trainer.source import PoolSource
-from swarmrl.shardcast import Publisher
+from swarmrl.shardcast import Publisher, store
 from swarmrl.shardcast.catalog import Catalog
+from swarmrl.shardcast.publisher import WRITE_FAULTS
 from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.trainer.checkpoint import Checkpointer
@@ -68,6 +70,7 @@ class Origin:
         self, store_dir: Path, keypair: KeyPair, config: SwarmConfig, host: str, port: int
     ) -> None:
         self.store_dir = store_dir
+        store.discard_stale_partials(store_dir)  # a killed trainer's unfinished version
         self.publisher = Publisher(store_dir, keypair, config.shardcast)
         catalog = Catalog(store_dir, config.shardcast.keep_versions)
         catalog.refresh()
@@ -145,14 +148,18 @@ def checkpointing(
     learner: Learner,
     last_step: int,
     extra: Callable[[], Any],
+    on_last: Callable[[], None] = lambda: None,
 ) -> Hooks:
-    """``hooks`` plus a checkpoint after each step that is due (every rank saves its part)."""
+    """``hooks`` plus a checkpoint after each step that is due (every rank saves its part);
+    ``on_last`` runs once the last step's checkpoint is saved."""
 
     def on_step(row: dict[str, Any]) -> None:
         hooks.on_step(row)
         done = row["step"] + 1
         if checkpoints.due(done, last_step):
             learner.save_checkpoint(checkpoints, done, extra())
+        if done == last_step:
+            on_last()
 
     return replace(hooks, on_step=on_step)
 
@@ -229,6 +236,8 @@ def run(
     run_dir = Path(args.run_dir)
     work = run_dir / "trainer"
     work.mkdir(parents=True, exist_ok=True)
+    for leftover in work.glob("v[0-9]*"):  # snapshots a killed trainer had not published
+        shutil.rmtree(leftover, ignore_errors=True)
     env = build_env(config.env)
     status.set(state="warm start", sft_steps=config.sft.steps)
     learner = Learner(
@@ -259,15 +268,22 @@ def run(
             PoolClient(args.orchestrator, keypair, timeout) as publishing,
         ):
             announce = Announcer(origin, publishing, args.pool, learner, work, config, log, status)
+            # the orchestrator hears that the run is over only once the last step's checkpoint
+            # is saved (``on_last`` below): a trainer killed before then trains that step
+            # again, which needs rollouts, and the pool of a finished run leases no more work
             source = PoolSource(
-                pool, args.pool, env, learner.tokenizer, config, log, status, announce
+                pool,
+                args.pool,
+                env,
+                learner.tokenizer,
+                config,
+                log,
+                status,
+                lambda version, final: announce(version),
             )
             closing.extend([source.close, announce.close])
-            if latest is None:
-                announce(0)
-                announce.wait()
-            else:
-                continue_versions(learner, origin, source, announce, log)
+            continue_versions(learner, origin, source, announce, log, latest is not None)
+            if latest is not None:
                 source.restore(saved["source"])
             history: list[dict[str, Any]] = list(saved["history"])
             summary.source, summary.history = source, history
@@ -285,6 +301,7 @@ def run(
                 learner,
                 config.rl.steps,
                 lambda: {"source": source.state(), "history": list(history)},
+                lambda: announce(learner.version, final=True),
             )
             with Trackers(config, run_dir) as trackers:
                 leading = LeaderSource(source, parallel)
@@ -317,41 +334,50 @@ def continue_versions(
     source: PoolSource,
     announce: Announcer,
     log: logging.Logger,
+    resumed: bool,
 ) -> None:
-    """After a resume: versions published or announced after the checkpoint are skipped, never
-    reused; the orchestrator is told the current one again (idempotent).
+    """Publish the version the loop starts from: version 0 for a run's first trainer; for a
+    trainer started again after it died at any moment (``resumed``: from a checkpoint, else
+    from the warm start), a version number nobody has seen yet.
 
-    The orchestrator learns a version before its weights are out (``Announcer``), so a trainer
-    killed in between leaves the orchestrator one version ahead of the origin. Nobody could
-    fetch that version's weights, so the checkpoint's weights are published under its number
-    and the run goes on from there. Either skip puts versions ahead of steps: the announcer
-    tells the orchestrator the run's last version accordingly (``Announcer.version_offset``)."""
+    A version names one set of weights, and relays and workers refuse to go back to an older
+    one. The killed trainer may have published versions past its checkpoint (the steps after
+    it, lost with the process; without a checkpoint, every step), and told the orchestrator a
+    version whose weights never went out. The weights the trainer resumes with are therefore
+    published as one past the newest version the origin or the orchestrator holds, and the run
+    goes on from there: its versions then run ahead of its steps by ``version_offset``, which
+    the announcer adds to the run's last version it tells the orchestrator and the source to
+    the step it asks batches for, so that both keep counting staleness in versions. Only a
+    checkpoint of the newest version, both published and told, goes on under its own number
+    (told again: idempotent)."""
     published = origin.publisher.latest()
-    if published is not None and published > learner.version:
-        log.info(
-            "versions %d..%d were published after the checkpoint; next is %d",
-            learner.version + 1,
-            published,
-            published + 1,
-        )
-        learner.version = published
     told = announce.told()
-    if told > learner.version:
+    newest = told if published is None else max(told, published)
+    if resumed and published == told == learner.version:
+        version = learner.version
+    elif not resumed and published is None and told == 0:
+        version = 0  # the run's first trainer (or one killed before version 0 went out)
+    else:
+        version = newest + 1
         log.info(
-            "the orchestrator was told v%d, whose weights never went out; the checkpoint's "
-            "weights are published as v%d",
+            "started again from %s; the origin holds up to %s and the orchestrator was told "
+            "v%d: the weights go out as v%d, and the run goes on from there",
+            f"the checkpoint after step {learner.first_step} (v{learner.version})"
+            if resumed
+            else "the warm start (no checkpoint yet)",
+            "nothing" if published is None else f"v{published}",
             told,
-            told,
+            version,
         )
-        learner.version = told
-        announce.version_offset = learner.version - learner.first_step
-        source.announced = told
-        announce(told)
+    learner.version = version
+    announce.version_offset = source.version_offset = version - learner.first_step
+    source.announced = version
+    if version != told or version != published:
+        announce(version)
         announce.wait()
-        return
-    announce.version_offset = learner.version - learner.first_step
-    source.announced = learner.version
-    announce.tell(learner.version)
+    # resumed from the last step's checkpoint: the loop has no step left whose commit would
+    # tell the orchestrator that the run is over
+    announce.tell(version, finished=learner.first_step >= announce.config.rl.steps)
 
 
 def role_hooks(
@@ -454,5 +480,11 @@ class Summary:
             | ({"stale_groups": self.source.stale_groups} if self.source else {}),
         }
         scratch = self.path.with_suffix(".json.partial")
-        scratch.write_text(json.dumps(summary, indent=2) + "\n")
-        scratch.replace(self.path)
+        try:
+            scratch.write_text(json.dumps(summary, indent=2) + "\n")
+            scratch.replace(self.path)
+        except OSError as exc:
+            scratch.unlink(missing_ok=True)  # a full disk leaves no empty file behind
+            if exc.errno in WRITE_FAULTS:
+                raise DiskWriteError(f"writing {self.path} failed: {exc}") from exc
+            raise

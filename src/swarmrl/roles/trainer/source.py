@@ -13,7 +13,8 @@ informative groups carry over to the next step while still fresh enough. Once st
 prefetch thread leases step n + 1's rollouts while step n trains, so a step finds its batch
 ready whenever the pool has the work. ``commit(n, v')`` hands the new version to the role's
 ``announce`` (which publishes through the origin and tells the orchestrator in the background;
-after the last step it also tells the orchestrator the run is finished) and then acknowledges
+it is told when the step is the run's last: the trainer role then tells the orchestrator the
+run is finished, once that step is checkpointed) and then acknowledges
 (``/batches/ack``) every submission the committed step used up: all its groups trained,
 filtered out, or dropped as too stale to carry. A submission none of whose groups is trained
 (all filtered out or stale) is acknowledged as soon as it is used up, so the orchestrator's
@@ -111,6 +112,11 @@ class PoolSource:
         self._informative: deque[bool] = deque(maxlen=FILTER_MEMORY)
         self._prefetch: tuple[threading.Thread, threading.Event] | None = None
         self.told_through = -1  # the last step told to the pool as held ahead (set_progress)
+        # policy version minus step: 0 unless a restarted trainer published its weights under a
+        # new number (``swarmrl.roles.trainer.process.continue_versions``). The pool counts a
+        # batch's step in versions (step n trains version n and takes versions ≥ n −
+        # async_level), so every step this source names to the pool is ``step + version_offset``
+        self.version_offset = 0
 
     def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
         """Step ``step``'s groups; raises WaitTimeout when the pool stays starved. What the
@@ -118,7 +124,7 @@ class PoolSource:
         its groups, the prefetch for the next one starts. Whenever the step must wait for
         more, ``early`` gets the groups it holds that it was not handed yet."""
         rl, swarm = self.config.rl, self.config.swarm
-        need, oldest = rl.prompts_per_step, step - rl.async_level
+        need, oldest = rl.prompts_per_step, self._at(step) - rl.async_level
         self._stop_prefetch()
         self.status.set(state=f"waiting for step {step} rollouts")
         with self._lock:
@@ -138,7 +144,7 @@ class PoolSource:
                 early([g for _, g in kept[fed:]])
                 fed = len(kept)
             asked = time.monotonic()
-            served = self._take(step, need - len(kept), wait_s=HOLD_S)
+            served = self._take(self._at(step), need - len(kept), wait_s=HOLD_S)
             with self._lock:
                 for sub in served:
                     self._split(sub, kept, seen)
@@ -164,16 +170,16 @@ class PoolSource:
             for sid, _ in kept[:need]:
                 self._used(sid)
         if step + 1 < rl.steps:
-            self._start_prefetch(step + 1)
+            self._start_prefetch(self._at(step + 1))
         else:  # the last step: the pool leases nothing more (the prefetch may have told it)
-            self._tell_held(step, [group_version(g) for _, g in kept])
+            self._tell_held(self._at(step), [group_version(g) for _, g in kept])
         self.status.set(state=f"training step {step}")
         return StepRollouts(groups=[g for _, g in kept[:need]], seen=seen)
 
     def commit(self, step: int, policy_version: int) -> None:
         """Step ``step`` is trained: hand the new version to ``announce`` (which publishes it
-        in the background; after the run's last step it also tells the orchestrator the run
-        is over), then acknowledge the submissions the step used up."""
+        in the background; ``final`` tells it the step is the run's last), then acknowledge the
+        submissions the step used up."""
         final = step + 1 >= self.config.rl.steps
         if policy_version != self.announced or final:
             self.announce(policy_version, final)
@@ -227,10 +233,15 @@ class PoolSource:
         thread.join(self.config.swarm.peer_timeout_s + 5.0)
         self._prefetch = None
 
+    def _at(self, step: int) -> int:
+        """The loop's ``step`` as the pool counts it: the version it trains (``version_offset``)."""
+        return step + self.version_offset
+
     def _prefetch_loop(self, step: int, stop: threading.Event) -> None:
         """While step ``step − 1`` trains: lease ``step``'s rollouts until enough informative
-        groups are held (into ``carry``). A failure is logged; ``next_batch`` then fetches
-        again itself and raises if the pool stays unreachable."""
+        groups are held (into ``carry``). ``step`` as the pool counts it (:meth:`_at`). A
+        failure is logged; ``next_batch`` then fetches again itself and raises if the pool
+        stays unreachable."""
         rl = self.config.rl
         oldest = step - rl.async_level
         try:
@@ -255,10 +266,11 @@ class PoolSource:
         """Step ``step``'s batch is held: when the groups held also fill later steps' batches,
         or ``step`` is the run's last, tell the pool the last step held (never past the run's
         last), so that it leases no work only those steps could train, or none at all
-        (``swarmrl.pool.flow.admission``, "Batches held ahead"). One try: the pool leasing a little
-        more without it is the worst a lost message costs."""
+        (``swarmrl.pool.flow.admission``, "Batches held ahead"). Steps as the pool counts them
+        (:meth:`_at`). One try: the pool leasing a little more without it is the worst a lost
+        message costs."""
         rl = self.config.rl
-        last = rl.steps - 1
+        last = self._at(rl.steps - 1)
         through = min(held_through(step, versions, rl.prompts_per_step, rl.async_level), last)
         if through <= self.told_through or (through <= step and through != last):
             return
