@@ -167,7 +167,7 @@ class _Planner:
         return None
 
     def constant(self, node: ast.expr) -> tuple[bool, Any]:
-        """(True, value) for test data: a literal or a math constant."""
+        """(True, value) for test data: a literal, a math constant or a trusted function."""
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
@@ -175,6 +175,9 @@ class _Planner:
             and node.attr in MATH_CONSTANTS
         ):
             return True, MATH_CONSTANTS[node.attr]
+        function = self.function(node)
+        if function is not None:  # a trusted function as a value: `sorted(..., key=len)`
+            return True, function
         if isinstance(node, ast.Name):
             return False, None  # literal_eval would not read it either; skip the exception
         try:
@@ -468,7 +471,7 @@ def _evaluate(node: ast.expr, records: dict[int, tuple[str, Any]]) -> Any:
         ](operand)
     if isinstance(node, ast.BinOp):
         left, right = _evaluate(node.left, records), _evaluate(node.right, records)
-        _bounded(node.op, left, right)
+        _bounded(node, left, right)
         return ARITHMETIC[type(node.op)](left, right)
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
         items = [_evaluate(e, records) for e in node.elts]
@@ -482,8 +485,9 @@ def _evaluate(node: ast.expr, records: dict[int, tuple[str, Any]]) -> Any:
     return node.func.value(*args, **kwargs)
 
 
-def _bounded(op: ast.operator, left: Any, right: Any) -> None:
+def _bounded(node: ast.BinOp, left: Any, right: Any) -> None:
     """Refuse arithmetic whose result could be huge: operands may come from the sandbox."""
+    op = node.op
     if isinstance(op, ast.Pow) and isinstance(left, int) and isinstance(right, int):
         if abs(right) > 64 and max(left.bit_length(), 1) * abs(right) > 2**20:
             raise ValueError("a power too large to evaluate here")
@@ -492,3 +496,6 @@ def _bounded(op: ast.operator, left: Any, right: Any) -> None:
             if isinstance(seq, str | bytes | list | tuple) and isinstance(times, int):
                 if len(seq) * times > 2**20:
                     raise ValueError("a repetition too long to evaluate here")
+    if isinstance(op, ast.Mod) and isinstance(left, str | bytes):
+        if not isinstance(node.left, ast.Constant):  # `"%0999999999d" % 1` from the sandbox
+            raise ValueError("only the tests' own format strings are applied here")
