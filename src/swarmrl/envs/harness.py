@@ -258,7 +258,8 @@ class _Planner:
 
 
 # The sandboxed side. Runs the program, then each step, and writes one record a step:
-#   ["setup", null | "<exception name>"]   after the program itself
+#   ["setup", null | "<exception name>"]   after the program itself (a SystemExit is not an
+#                                          error: the steps then run on what it defined)
 #   [step, "ok", <encoded value or null>] or [step, "error", "<exception name>"]
 #   ["end"]
 # then leaves with os._exit, so that no atexit handler or finaliser runs after the records.
@@ -302,9 +303,11 @@ def main(program, steps):
         while data:
             data = data[os.write(channel, data):]
 
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": __builtins__}
     try:
         exec(compile(program, "main.py", "exec"), namespace)
+    except SystemExit:
+        pass  # a program that ends itself (`unittest.main()`) is scored on what it defined
     except BaseException as exc:
         send(json.dumps(["setup", failure(exc)]))
         os._exit(0)
