@@ -5,6 +5,8 @@ records, in order, holding plain values)."""
 import json
 import time
 
+import pytest
+
 from swarmrl.envs.harness import judge, plan, program
 
 NONCE = "n0nce"
@@ -102,3 +104,22 @@ def test_values_from_the_sandbox_cannot_make_the_scorer_build_huge_objects():
     outcome = judge(split, _channel(*([i, "ok", v] for i, v in enumerate(values))), NONCE)
     assert (outcome.correct, outcome.passed, outcome.channel) == (False, 0, "complete")
     assert time.monotonic() - start < 5
+
+
+def test_plain_values_round_trip_exactly_and_nothing_else_is_encoded():
+    from swarmrl.envs.harness import _decode
+    from swarmrl.envs.harness_runner import encode
+
+    values = [None, True, 0, -(2**70), 7**6000, 0.1, float("inf"), 1 + 2j, "s", b"\x00"]
+    values += [[1, (2, 3)], (), {1: {"a": [b"x"]}}, {1.5, "b"}, frozenset({(1, 2)})]
+    for value in values:
+        back = _decode(json.loads(json.dumps(encode(value))), 0)
+        assert back == value and type(back) is type(value), value
+
+    class Eq(int):
+        def __eq__(self, other):
+            return True
+
+    for strange in (Eq(1), [Eq(1)], {"k": object()}, iter([1]), len):
+        with pytest.raises(TypeError):
+            encode(strange)

@@ -7,7 +7,7 @@ split into *probes*, the parts that need the program (``add(1, 2)``, ``set(f(x))
 rest, evaluated here: literals (the expected values), comparisons, ``not``, ``and``/``or``,
 arithmetic, and a few pure functions (``math.isclose``, ``abs``, ``round``, ``sorted``,
 ``set``, ...). Only the probes enter the sandbox; expected values never do. There, a small
-runner (:data:`CHILD`) executes the program, then each *step* in order — evaluate a probe, or
+runner (``swarmrl.envs.harness_runner``) executes the program, then each *step* in order — evaluate a probe, or
 execute a test statement that is not an assert (a setup assignment, ``check(candidate)``) —
 and writes one *record* per step on a channel of its own: a duplicate of the original stdout,
 whose fd 1 then points at stderr, so the program's own prints never reach it. Each record line
@@ -40,7 +40,11 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
+
+from swarmrl.envs import harness_runner
+from swarmrl.envs.harness_runner import MAX_DEPTH
 
 # Functions the parent evaluates itself, whatever the program binds to these names.
 TRUSTED_BUILTINS: dict[str, Callable[..., Any]] = {
@@ -74,7 +78,7 @@ ARITHMETIC: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Pow: operator.pow,
 }
 PROBE = "probe "  # a probe's placeholder name; the space keeps it apart from real names
-MAX_DEPTH = 64  # nesting of an encoded value
+RUNNER_SOURCE = Path(harness_runner.__file__).read_text()
 
 
 class Forged(Exception):
@@ -257,86 +261,11 @@ class _Planner:
         return call
 
 
-# The sandboxed side. Runs the program, then each step, and writes one record a step:
-#   ["setup", null | "<exception name>"]   after the program itself (a SystemExit is not an
-#                                          error: the steps then run on what it defined)
-#   [step, "ok", <encoded value or null>] or [step, "error", "<exception name>"]
-#   ["end"]
-# then leaves with os._exit, so that no atexit handler or finaliser runs after the records.
-CHILD = r"""
-import json, os, sys
-
-TAGS = {list: "l", tuple: "t", set: "S", frozenset: "F"}
-
-
-def encode(value, depth=0):
-    kind = type(value)
-    if depth > MAX_DEPTH:
-        raise ValueError("nested more than MAX_DEPTH deep")
-    if value is None or kind is bool or kind is int or kind is str:
-        return value
-    if kind is float:
-        return {"f": value.hex()}
-    if kind is complex:
-        return {"c": [value.real.hex(), value.imag.hex()]}
-    if kind is bytes:
-        return {"b": value.hex()}
-    if kind in TAGS:
-        return {TAGS[kind]: [encode(item, depth + 1) for item in value]}
-    if kind is dict:
-        return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    raise TypeError(f"a {kind.__name__} is not a plain value")
-
-
-def failure(exc):
-    return type(exc).__name__[:80]
-
-
-def main(program, steps):
-    nonce = sys.stdin.readline().strip()
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    channel = os.dup(1)  # not inherited by the program's subprocesses
-    os.dup2(2, 1)  # the program's own stdout goes to stderr
-
-    def send(record):
-        data = (nonce + " " + record + "\n").encode()
-        while data:
-            data = data[os.write(channel, data):]
-
-    namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": __builtins__}
-    try:
-        exec(compile(program, "main.py", "exec"), namespace)
-    except SystemExit:
-        pass  # a program that ends itself (`unittest.main()`) is scored on what it defined
-    except BaseException as exc:
-        send(json.dumps(["setup", failure(exc)]))
-        os._exit(0)
-    send('["setup", null]')
-    for index, (kind, source) in enumerate(steps):
-        try:
-            code = compile(source, "<test>", "eval" if kind == "probe" else "exec")
-            if kind == "probe":
-                record = json.dumps([index, "ok", encode(eval(code, namespace))])
-            else:
-                exec(code, namespace)
-                record = json.dumps([index, "ok", None])
-        except BaseException as exc:
-            record = json.dumps([index, "error", failure(exc)])
-        send(record)
-    send('["end"]')
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    os._exit(0)
-""".replace("MAX_DEPTH", str(MAX_DEPTH))
-
-
 def program(code: str, test_plan: Plan) -> str:
-    """The source the sandbox runs: :data:`CHILD` with the program and the steps."""
+    """The source the sandbox runs: the runner (``harness_runner``) with the program and the
+    steps."""
     steps = [(step.kind, step.source) for step in test_plan.steps]
-    return f"{CHILD}\nmain({code!r}, {steps!r})\n"
+    return f"{RUNNER_SOURCE}\nmain({code!r}, {steps!r})\n"
 
 
 def read_records(stdout: str, nonce: str, steps: int) -> tuple[dict[int, tuple[str, Any]], bool]:
@@ -398,6 +327,8 @@ def _decode(value: Any, depth: int) -> Any:
     try:
         if tag == "f" and type(body) is str:
             return float.fromhex(body)
+        if tag == "i" and type(body) is str and len(body) <= 2**18:
+            return int(body, 16)
         if tag == "c" and type(body) is list and len(body) == 2:
             return complex(float.fromhex(body[0]), float.fromhex(body[1]))
         if tag == "b" and type(body) is str:
