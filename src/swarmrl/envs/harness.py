@@ -7,17 +7,18 @@ split into *probes*, the parts that need the program (``add(1, 2)``, ``set(f(x))
 rest, evaluated here: literals (the expected values), comparisons, ``not``, ``and``/``or``,
 arithmetic, and a few pure functions (``math.isclose``, ``abs``, ``round``, ``sorted``,
 ``set``, ...). Only the probes enter the sandbox; expected values never do. There, a small
-runner (``swarmrl.envs.harness_runner``) executes the program, then each *step* in order — evaluate a probe, or
-execute a test statement that is not an assert (a setup assignment, ``check(candidate)``) —
-and writes one *record* per step on a channel of its own: a duplicate of the original stdout,
-whose fd 1 then points at stderr, so the program's own prints never reach it. Each record line
-starts with a nonce drawn per run and given on stdin. Values travel in a strict encoding that
+runner (``swarmrl.envs.harness_runner``) executes the program, then each *step* in order —
+evaluate a probe, or execute a test statement that is not an assert (a setup assignment,
+``check(candidate)``) — and writes one *record* per step on a channel of its own: a duplicate
+of the original stdout, whose fd 1 then points at stderr, so the program's own prints never
+reach it. Each record line starts with a nonce drawn per run and given on stdin. Values travel in a strict encoding that
 admits exact builtin types only (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
 ``bytes``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``); they are decoded here into
 fresh builtin objects and each assert is evaluated here with this process's own functions.
 
 A run's outcome is only what its records say; the exit status is ignored. A step without its
-record (the program exited, was killed, timed out) fails; a channel line that is not the next
+record (the program exited, was killed, timed out, or the value outgrew the sandbox's
+``output_bytes``) fails; a channel line that is not the next
 expected record (forged, duplicated, reordered, undecodable) fails the whole run. A forged
 record can at most claim a value the program could have returned honestly, since the program
 never sees what the value is compared with.
