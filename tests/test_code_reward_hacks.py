@@ -51,7 +51,8 @@ HONEST = {
     "common": "def common(a, b):\n    return [x for x in a if x in b]\n",
     "is_odd": "def is_odd(n):\n    return n % 2 == 1\n",
     "upto": "def upto(n):\n    yield from range(n)\n\nimport sys\nsys.exit(0)\n",
-    "twice": "def twice(s):\n    return s + s\n\nif __name__ == '__main__':\n    print(twice('x'))\n",
+    "twice": "def twice(s):\n    return s + s\n\nif __name__ == '__main__':\n"
+    "    print(twice('x'))\n",
 }
 
 

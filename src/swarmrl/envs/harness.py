@@ -11,10 +11,11 @@ runner (``swarmrl.envs.harness_runner``) executes the program, then each *step* 
 evaluate a probe, or execute a test statement that is not an assert (a setup assignment,
 ``check(candidate)``) — and writes one *record* per step on a channel of its own: a duplicate
 of the original stdout, whose fd 1 then points at stderr, so the program's own prints never
-reach it. Each record line starts with a nonce drawn per run and given on stdin. Values travel in a strict encoding that
-admits exact builtin types only (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
-``bytes``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``); they are decoded here into
-fresh builtin objects and each assert is evaluated here with this process's own functions.
+reach it. Each record line starts with a nonce drawn per run and given on stdin. Values
+travel in a strict encoding that admits exact builtin types only (``None``, ``bool``, ``int``,
+``float``, ``complex``, ``str``, ``bytes``, ``list``, ``tuple``, ``dict``, ``set``,
+``frozenset``); they are decoded here into fresh builtin objects and each assert is
+evaluated here with this process's own functions.
 
 A run's outcome is only what its records say; the exit status is ignored. A step without its
 record (the program exited, was killed, timed out, or the value outgrew the sandbox's
@@ -210,7 +211,9 @@ class _Planner:
             elts = node.elts
             return None if any(isinstance(e, ast.Starred) for e in elts) else list(elts)
         if isinstance(node, ast.Dict):
-            return None if None in node.keys else [*node.keys, *node.values]  # type: ignore[list-item]
+            if any(key is None for key in node.keys):  # `{**other}`
+                return None
+            return [*(k for k in node.keys if k is not None), *node.values]
         if isinstance(node, ast.Call) and self.function(node.func) is not None:
             if any(isinstance(a, ast.Starred) for a in node.args) or any(
                 k.arg is None for k in node.keywords
