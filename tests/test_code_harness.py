@@ -123,3 +123,17 @@ def test_plain_values_round_trip_exactly_and_nothing_else_is_encoded():
     for strange in (Eq(1), [Eq(1)], {"k": object()}, iter([1]), len):
         with pytest.raises(TypeError):
             encode(strange)
+
+
+def test_test_code_the_harness_cannot_use_is_a_one_line_dataset_error(tmp_path):
+    from swarmrl.envs.code import parse_tests
+    from swarmrl.errors import DatasetError
+
+    assert parse_tests(["assert f(1) == 2"], "row 1").asserts == "assert f(1) == 2"
+    for bad, message in (
+        (["assert f(1) = 2"], "row 3: the test code is not valid Python 3"),
+        ("import math\nx = 1\n", "row 3: the test code has no assert and no test call"),
+    ):
+        with pytest.raises(DatasetError, match=message) as info:
+            parse_tests(bad, "row 3")
+        assert "\n" not in str(info.value)

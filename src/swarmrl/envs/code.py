@@ -30,7 +30,6 @@ Knows nothing about tokens or models.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import secrets
@@ -107,11 +106,14 @@ def parse_tests(value: Any, where: str) -> Tests:
 
 
 def _test_code(code: str, where: str) -> str:
-    """``code`` when it parses as Python (the harness splits it), else a :class:`DatasetError`."""
+    """``code`` when the harness can split it (it parses as Python and holds at least one
+    assert or test call), else a :class:`DatasetError`."""
     try:
-        ast.parse(code)
+        tests = harness.plan(code).tests
     except (SyntaxError, ValueError) as exc:
         raise DatasetError(f"{where}: the test code is not valid Python 3: {exc}") from None
+    if tests == 0:
+        raise DatasetError(f"{where}: the test code has no assert and no test call")
     return code
 
 
@@ -144,10 +146,14 @@ def run_asserts(sandbox: Sandbox, code: str, test_code: str) -> Score:
     nonce = secrets.token_hex(16)
     result = sandbox.run(harness.program(code, plan), nonce + "\n")
     outcome = harness.judge(plan, result.stdout, nonce)
-    score = _score(outcome.passed, outcome.tests, result)
-    score.details["correct"] = outcome.correct
-    score.details["channel"] = outcome.channel
-    return Score(reward=float(outcome.correct), details=score.details)
+    details = {
+        "correct": outcome.correct,
+        "passed": outcome.passed,
+        "tests": outcome.tests,
+        "verdict": result.verdict,
+        "channel": outcome.channel,
+    }
+    return Score(reward=float(outcome.correct), details=details)
 
 
 def _score(passed: int, total: int, last: RunResult) -> Score:
