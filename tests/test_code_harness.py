@@ -21,6 +21,11 @@ TESTS = (
 )
 
 
+def _s(text):
+    """A string as the runner encodes it."""
+    return {"s": text.encode().hex()}
+
+
 def _channel(*records, nonce=NONCE, end=True):
     lines = [["setup", None], *records] + ([["end"]] if end else [])
     return "".join(f"{nonce} {json.dumps(r)}\n" for r in lines)
@@ -51,7 +56,7 @@ def test_records_with_the_right_values_pass_and_wrong_types_fail():
         {"f": (4 * 3.14159265).hex()},
         {"S": [4, 5]},
         False,
-        {"l": ["de", "abc"]},
+        {"l": [_s("de"), _s("abc")]},
         {"f": (3.14159).hex()},
     ]
     good = _channel(*([i, "ok", v] for i, v in enumerate(values)))
@@ -62,9 +67,13 @@ def test_records_with_the_right_values_pass_and_wrong_types_fail():
         6,
         "complete",
     )
-    as_tuple = [*values[:5], {"t": ["de", "abc"]}, values[6]]  # sorted() of a tuple is a list
+    as_tuple = [
+        *values[:5],
+        {"t": [_s("de"), _s("abc")]},
+        values[6],
+    ]  # sorted() of a tuple is a list
     assert judge(split, _channel(*([i, "ok", v] for i, v in enumerate(as_tuple))), NONCE).correct
-    as_string = [values[0], "3", *values[2:]]  # "3" is not 3
+    as_string = [values[0], _s("3"), *values[2:]]  # "3" is not 3
     wrong = judge(split, _channel(*([i, "ok", v] for i, v in enumerate(as_string))), NONCE)
     assert (wrong.correct, wrong.passed) == (False, 5)
 
@@ -86,6 +95,7 @@ def test_a_channel_that_is_cut_short_or_forged_fails():
         "out of order": _channel(ok[1], ok[0]),
         "after the end": _channel(*ok) + f"{NONCE} {json.dumps([0, 'ok', 3])}\n",
         "an untagged float": _channel([0, "ok", 3.0], ok[1]),
+        "an untagged string": _channel([0, "ok", "3"], ok[1]),
         "an unknown tag": _channel([0, "ok", {"obj": "Eq"}], ok[1]),
         "an unknown status": _channel([0, "pass", None], ok[1]),
         "not JSON": f"{NONCE} [\"setup\", null]\n{NONCE} [0, 'ok', 3]\n",
@@ -99,7 +109,7 @@ def test_values_from_the_sandbox_cannot_make_the_scorer_build_huge_objects():
     """Unbounded, these take a 2 TB string (MemoryError), minutes of big-int arithmetic and
     a 1 GB string; bounded, each check fails at once."""
     split = plan("assert 'ab' * n(1) == 'x'\nassert 3 ** h(1) == 4\nassert g(1) % 1 == ''\n")
-    values = [10**12, 10**8, "%0999999999d"]
+    values = [10**12, 10**8, _s("%0999999999d")]
     start = time.monotonic()
     outcome = judge(split, _channel(*([i, "ok", v] for i, v in enumerate(values))), NONCE)
     assert (outcome.correct, outcome.passed, outcome.channel) == (False, 0, "complete")
@@ -110,10 +120,11 @@ def test_plain_values_round_trip_exactly_and_nothing_else_is_encoded():
     from swarmrl.envs.harness import _decode
     from swarmrl.envs.harness_runner import encode
 
-    values = [None, True, 0, -(2**70), 7**6000, 0.1, float("inf"), 1 + 2j, "s", b"\x00"]
+    values = [None, True, 0, -(2**70), 7**6000, 0.1, float("inf"), 1 + 2j, 's"\\\n\ud800é']
+    values += [b"\x00"]
     values += [[1, (2, 3)], (), {1: {"a": [b"x"]}}, {1.5, "b"}, frozenset({(1, 2)})]
     for value in values:
-        back = _decode(json.loads(json.dumps(encode(value))), 0)
+        back = _decode(json.loads(encode(value)), 0)
         assert back == value and type(back) is type(value), value
 
     class Eq(int):

@@ -323,7 +323,7 @@ def _reject(text: str) -> Any:
 def _decode(value: Any, depth: int) -> Any:
     """A fresh builtin object from an encoded value; :class:`Forged` if it is not one."""
     kind = type(value)
-    if value is None or kind is bool or kind is int or kind is str:
+    if value is None or kind is bool or kind is int:
         return value
     if depth > MAX_DEPTH or kind is not dict or len(value) != 1:
         raise Forged(f"not an encoded value: {str(value)[:40]!r}")
@@ -337,13 +337,15 @@ def _decode(value: Any, depth: int) -> Any:
             return complex(float.fromhex(body[0]), float.fromhex(body[1]))
         if tag == "b" and type(body) is str:
             return bytes.fromhex(body)
+        if tag == "s" and type(body) is str:
+            return bytes.fromhex(body).decode("utf-8", "surrogatepass")
         if tag in ("l", "t", "S", "F") and type(body) is list:
             items = [_decode(item, depth + 1) for item in body]
             return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
         if tag == "d" and type(body) is list:
             pairs = [(_decode(k, depth + 1), _decode(v, depth + 1)) for k, v in body]
             return dict(pairs)
-    except (ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:  # UnicodeError is a ValueError
         raise Forged(f"not an encoded value: {exc}") from None
     raise Forged(f"not an encoded value: tag {str(tag)[:10]!r}")
 
