@@ -18,6 +18,7 @@ TESTS = (
     "assert not is_odd(2)\n"
     "assert sorted(words(7), key=len, reverse=True) == ['abc', 'de']\n"
     "assert abs(pi_ish(1) - 3.1416) < 0.001\n"
+    "assert Point(1, 2) == Point(1, 2)\n"
 )
 
 
@@ -41,8 +42,9 @@ def test_only_the_parts_that_need_the_program_enter_the_sandbox():
         ("probe", "is_odd(2)"),
         ("probe", "words(7)"),
         ("probe", "pi_ish(1)"),
+        ("probe", "Point(1, 2) == Point(1, 2)"),  # the program's own __eq__ is under test
     ]
-    assert split.tests == 6  # the import is setup, not a test
+    assert split.tests == 7  # the import is setup, not a test
     source = program("def add(a, b):\n    return a + b\n", split)
     for expected in ("== 3", "12.566", "(4, 5)", "'abc'", "3.1416", "0.001"):
         assert expected not in source
@@ -58,24 +60,25 @@ def test_records_with_the_right_values_pass_and_wrong_types_fail():
         False,
         {"l": [_s("de"), _s("abc")]},
         {"f": (3.14159).hex()},
+        True,
     ]
     good = _channel(*([i, "ok", v] for i, v in enumerate(values)))
     outcome = judge(split, good, NONCE)
     assert (outcome.correct, outcome.passed, outcome.tests, outcome.channel) == (
         True,
-        6,
-        6,
+        7,
+        7,
         "complete",
     )
     as_tuple = [
         *values[:5],
         {"t": [_s("de"), _s("abc")]},
-        values[6],
+        *values[6:],
     ]  # sorted() of a tuple is a list
     assert judge(split, _channel(*([i, "ok", v] for i, v in enumerate(as_tuple))), NONCE).correct
     as_string = [values[0], _s("3"), *values[2:]]  # "3" is not 3
     wrong = judge(split, _channel(*([i, "ok", v] for i, v in enumerate(as_string))), NONCE)
-    assert (wrong.correct, wrong.passed) == (False, 5)
+    assert (wrong.correct, wrong.passed) == (False, 6)
 
 
 def test_a_channel_that_is_cut_short_or_forged_fails():

@@ -224,11 +224,14 @@ class _Planner:
 
     def here(self, node: ast.expr) -> bool:
         """Whether ``node`` is evaluated here rather than sent whole to the sandbox: it is
-        test data, a comparison, or an evaluable node with some operand evaluated here."""
-        if isinstance(node, ast.Compare | ast.BoolOp) or (
+        test data, ``not``/``and``/``or`` (truth is taken of decoded values), or an evaluable
+        node with some operand evaluated here. A comparison between values of the program
+        alone (``Point(1, 2) == Point(1, 2)``) involves no expected value and judges the
+        program's own ``__eq__``: the sandbox makes it."""
+        if isinstance(node, ast.BoolOp) or (
             isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
         ):
-            return self.parts(node) is not None
+            return True
         if self.constant(node)[0]:
             return True
         operands = self.parts(node)
