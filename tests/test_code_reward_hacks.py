@@ -1,14 +1,16 @@
 """The code environment's reward cannot be won without solving the problem: each known reward
 hack (docs/tasks.md, "Reward hacks") scores 0 and honest programs still score, in every sandbox
-mode that starts here (``bwrap`` when bubblewrap works, ``rlimit`` when the tests run as root)."""
+mode that starts here (``bwrap`` when bubblewrap works, ``unshare`` where the sandbox has it and
+the kernel lets it start, ``rlimit`` when the tests run as root)."""
 
 import json
 import os
+import typing
 
 import pytest
 
 from swarmrl.envs.code import CodeEnv
-from swarmrl.envs.sandbox import Limits, Sandbox
+from swarmrl.envs.sandbox import Limits, Sandbox, SandboxMode
 from swarmrl.errors import SandboxError
 
 LIMITS = Limits(cpu_s=1, wall_s=3.0)
@@ -72,8 +74,10 @@ HONEST = {
 }
 
 
-@pytest.fixture(scope="module", params=["bwrap", "rlimit"])
+@pytest.fixture(scope="module", params=["bwrap", "unshare", "rlimit"])
 def sandbox(request):
+    if request.param not in typing.get_args(SandboxMode):
+        pytest.skip(f"this sandbox has no {request.param} mode")
     if request.param == "rlimit" and os.geteuid() != 0:
         pytest.skip("rlimit mode isolates processes and files only when run as root")
     try:
