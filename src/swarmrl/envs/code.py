@@ -110,7 +110,7 @@ def _test_code(code: str, where: str) -> str:
     assert or test call), else a :class:`DatasetError`."""
     try:
         tests = harness.plan(code).tests
-    except (SyntaxError, ValueError) as exc:
+    except (SyntaxError, ValueError, RecursionError) as exc:
         raise DatasetError(f"{where}: the test code is not valid Python 3: {exc}") from None
     if tests == 0:
         raise DatasetError(f"{where}: the test code has no assert and no test call")

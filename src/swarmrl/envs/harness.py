@@ -84,7 +84,8 @@ RUNNER_SOURCE = Path(harness_runner.__file__).read_text()
 
 
 class Forged(Exception):
-    """The channel held something other than the harness's next record."""
+    """The channel held something other than the harness's next record (raised by
+    :func:`read_records`; :func:`judge` turns it into a ``forged`` outcome, never lets it out)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,8 @@ class Check:
 
 @dataclass(frozen=True)
 class Plan:
+    """The steps the sandbox runs, in order, and one check per top-level test statement."""
+
     steps: tuple[Step, ...]
     checks: tuple[Check, ...]
 
