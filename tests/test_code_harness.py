@@ -50,6 +50,35 @@ def test_only_the_parts_that_need_the_program_enter_the_sandbox():
         assert expected not in source
 
 
+def test_a_humaneval_style_checker_is_split_like_top_level_asserts():
+    block = (
+        "METADATA = {'author': 'x'}\n\n"
+        "def check(candidate):\n"
+        "    import math\n"
+        "    assert candidate('a') == 'aaa'\n"
+        "    assert math.isclose(candidate(0.5), 1.5)\n\n"
+        "check(thrice)\n"
+    )
+    split = plan(block)
+    assert [(s.kind, s.source) for s in split.steps] == [
+        ("exec", "METADATA = {'author': 'x'}"),
+        ("exec", "import math"),
+        ("probe", "thrice('a')"),
+        ("probe", "thrice(0.5)"),
+    ]
+    assert split.tests == 2
+    assert "'aaa'" not in program("", split) and "1.5" not in program("", split)
+    values = [None, None, _s("aaa"), {"f": (1.5).hex()}]
+    assert judge(split, _channel(*([i, "ok", v] for i, v in enumerate(values))), NONCE).correct
+    # a checker something else uses is still defined there (and its calls still inlined)
+    used = plan(block + "also = check\n")
+    assert any(s.source.startswith("def check(candidate)") for s in used.steps)
+    assert ("probe", "thrice('a')") in [(s.kind, s.source) for s in used.steps]
+    # a checker with a loop cannot be split: it runs in the sandbox as one step
+    loop = plan("def check(c):\n    for i in range(3):\n        assert c(i) == i\ncheck(f)\n")
+    assert [s.kind for s in loop.steps] == ["exec", "exec"] and loop.tests == 1
+
+
 def test_records_with_the_right_values_pass_and_wrong_types_fail():
     split = plan(TESTS)
     values = [

@@ -179,6 +179,11 @@ ASSERT_HACKS = {
         "import atexit, os\natexit.register(os._exit, 0)\n\n"
         "def thrice(s):\n    raise SystemExit(1)\n",
     ),
+    "always-equal object in a check() block": (
+        "thrice",
+        "class Eq:\n    def __eq__(self, other):\n        return True\n\n"
+        "def thrice(s):\n    return Eq()\n",
+    ),
     "always-equal object": (
         "add",
         "class Eq:\n    def __eq__(self, other):\n        return True\n\n"

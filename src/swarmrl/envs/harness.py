@@ -37,6 +37,7 @@ program to run; that run's stdout in, an :class:`Outcome`.
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import math
 import operator
@@ -139,22 +140,106 @@ def plan(tests: str) -> Plan:
     even where the program defines one of that name: a program's own ``abs`` or ``isclose``
     must not judge its answers. (A task whose function under test is named like one of them
     gets the builtin in its asserts; such a row needs its function renamed.)
+
+    A HumanEval-style checker — ``def check(candidate):`` whose body is only asserts (and
+    imports, docstrings, ``pass``) — is inlined: a top-level ``check(f)`` is replaced by its
+    asserts with ``candidate`` bound to ``f``, each split like a top-level assert; and when
+    nothing else uses the checker, its definition (with the expected values in it) is not
+    sent to the sandbox at all.
     """
     planner = _Planner()
-    for node in ast.parse(tests).body:
+    body = ast.parse(tests).body
+    hidden = _checkers_used_only_inlined(body)
+    checkers: dict[str, ast.FunctionDef] = {}
+    for node in body:
         if isinstance(node, ast.ImportFrom) and node.module == "math" and node.level == 0:
             for alias in node.names:  # `from math import isclose` then `isclose(...)`
                 if alias.name in TRUSTED_MATH:
                     planner.math_names[alias.asname or alias.name] = TRUSTED_MATH[alias.name]
-        if isinstance(node, ast.Assert):
-            first = len(planner.steps)
-            expr = planner.split(node.test)
-            planner.checks.append(Check(expr, tuple(range(first, len(planner.steps))), True))
-        else:
-            planner.steps.append(Step("exec", ast.unparse(node)))
-            counted = isinstance(node, ast.Expr)
-            planner.checks.append(Check(None, (len(planner.steps) - 1,), counted))
+        inlined = _inline(node, checkers)
+        if inlined is None:  # a checker only ever inlined never enters the sandbox
+            inlined = [] if node in hidden else [node]
+        for statement in inlined:
+            planner.statement(statement)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            checkers.pop(node.name, None)
+            if isinstance(node, ast.FunctionDef) and _asserts_only(node):
+                checkers[node.name] = node
     return Plan(tuple(planner.steps), tuple(planner.checks))
+
+
+def _checkers_used_only_inlined(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The checker definitions in ``body`` that nothing uses but calls that are inlined, so
+    the sandbox needs neither the definition nor the expected values in it."""
+    hidden = []
+    for position, node in enumerate(body):
+        if not (isinstance(node, ast.FunctionDef) and _asserts_only(node)):
+            continue
+        later = body[position + 1 :]
+        defined_again = any(
+            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and n.name == node.name
+            for n in later
+        )
+        uses = sum(
+            isinstance(n, ast.Name) and n.id == node.name
+            for n in ast.walk(ast.Module(body=[*body[:position], *later], type_ignores=[]))
+        )
+        calls = sum(_inline(n, {node.name: node}) is not None for n in later)
+        if not defined_again and uses == calls:
+            hidden.append(node)
+    return hidden
+
+
+def _asserts_only(function: ast.FunctionDef) -> bool:
+    """Whether ``function`` takes one plain parameter, never rebinds it, and only asserts."""
+    args = function.args
+    if function.decorator_list or len(args.args) != 1 or args.defaults or args.vararg:
+        return False
+    if args.posonlyargs or args.kwonlyargs or args.kwarg:
+        return False
+    param = args.args[0].arg
+    allowed = (ast.Assert, ast.Import, ast.ImportFrom, ast.Pass)
+    for statement in function.body:
+        docstring = isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+        if not (isinstance(statement, allowed) or docstring):
+            return False
+    for inner in ast.walk(ast.Module(body=function.body, type_ignores=[])):
+        if isinstance(inner, ast.arg) and inner.arg == param:
+            return False  # a lambda's own parameter of that name
+        if (
+            isinstance(inner, ast.Name)
+            and inner.id == param
+            and not isinstance(inner.ctx, ast.Load)
+        ):
+            return False
+        if isinstance(inner, ast.alias) and (inner.asname or inner.name) == param:
+            return False
+    return any(isinstance(statement, ast.Assert) for statement in function.body)
+
+
+def _inline(node: ast.stmt, checkers: dict[str, ast.FunctionDef]) -> list[ast.stmt] | None:
+    """The statements of checker call ``node`` (``check(f)``) with the parameter bound to
+    the argument, or None when ``node`` is not such a call."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return None
+    call = node.value
+    if not isinstance(call.func, ast.Name) or call.func.id not in checkers or call.keywords:
+        return None
+    if len(call.args) != 1 or isinstance(call.args[0], ast.Starred):
+        return None
+    function = checkers[call.func.id]
+    param, argument = function.args.args[0].arg, call.args[0]
+
+    class Bind(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name) -> ast.expr:
+            return copy.deepcopy(argument) if name.id == param else name
+
+    statements = []
+    for statement in function.body:
+        if isinstance(statement, ast.Assert | ast.Import | ast.ImportFrom):
+            statements.append(Bind().visit(copy.deepcopy(statement)))
+    return statements
 
 
 class _Planner:
@@ -162,6 +247,17 @@ class _Planner:
         self.math_names: dict[str, Callable[..., Any]] = {}
         self.steps: list[Step] = []
         self.checks: list[Check] = []
+
+    def statement(self, node: ast.stmt) -> None:
+        """A top-level test statement: an assert is split, anything else runs as it is."""
+        if isinstance(node, ast.Assert):
+            first = len(self.steps)
+            expr = self.split(node.test)
+            self.checks.append(Check(expr, tuple(range(first, len(self.steps))), True))
+        else:
+            self.steps.append(Step("exec", ast.unparse(node)))
+            counted = isinstance(node, ast.Expr)
+            self.checks.append(Check(None, (len(self.steps) - 1,), counted))
 
     def function(self, node: ast.expr) -> Callable[..., Any] | None:
         """The trusted function ``node`` names, if it names one."""
