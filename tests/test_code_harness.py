@@ -149,8 +149,8 @@ def test_values_from_the_sandbox_cannot_make_the_scorer_build_huge_objects():
 
 
 def test_plain_values_round_trip_exactly_and_nothing_else_is_encoded():
-    from swarmrl.envs.harness import _decode
-    from swarmrl.envs.harness_runner import encode
+    from swarmrl.envs.harness.channel import _decode
+    from swarmrl.envs.harness.runner import encode
 
     values = [None, True, 0, -(2**70), 7**6000, 0.1, float("inf"), 1 + 2j, 's"\\\n\ud800é']
     values += [b"\x00"]
