@@ -62,8 +62,8 @@ class Outcome:
 
 
 def program(code: str, test_plan: Plan) -> str:
-    """The source the sandbox runs: the runner (:mod:`swarmrl.envs.harness.runner`) with the program and the
-    steps."""
+    """The source the sandbox runs: the runner (:mod:`swarmrl.envs.harness.runner`) with the
+    program and the steps."""
     steps = [(step.kind, step.source) for step in test_plan.steps]
     return f"{RUNNER_SOURCE}\nmain({code!r}, {steps!r})\n"
 
