@@ -10,7 +10,11 @@ workers never run code).
   case passes when its stdout equals the expected output up to trailing whitespace per line.
   Reward = share of cases passed.
 - assert-style: a list of ``assert`` statements (MBPP's ``test_list``) or one block of test
-  code; it runs after the completion's code in the same program. Reward = 1 when it exits 0.
+  code, scored through the assert harness (``swarmrl.envs.harness``): each assert is split
+  into what needs the program (evaluated in the sandbox, its value sent back over a channel
+  of records) and the comparison with the expected value (done here; expected values never
+  enter the sandbox). Reward = 1 when every test passed and every record arrived; the
+  program's exit status plays no part.
 
 The completion's code is its last fenced block (a python block preferred), else the whole text.
 A row whose tests are in neither form is a :class:`DatasetError` naming the row.
@@ -28,10 +32,12 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarmrl.envs import harness
 from swarmrl.envs.base import Environment, Score, Task
 from swarmrl.envs.data import column_text, load_records
 from swarmrl.envs.sandbox import RunResult, Sandbox
@@ -81,7 +87,7 @@ def parse_tests(value: Any, where: str) -> Tests:
         if isinstance(decoded, dict):
             value = decoded
         elif value.strip():
-            return Tests(asserts=value)
+            return Tests(asserts=_test_code(value, where))
     if isinstance(value, dict):
         inputs, outputs = value.get("inputs"), value.get("outputs")
         if not isinstance(inputs, list) or not isinstance(outputs, list) or not inputs:
@@ -92,11 +98,23 @@ def parse_tests(value: Any, where: str) -> Tests:
             cases=tuple((_text(i), _text(o)) for i, o in zip(inputs, outputs, strict=True))
         )
     if isinstance(value, list) and value and all(isinstance(t, str) for t in value):
-        return Tests(asserts="\n".join(value))
+        return Tests(asserts=_test_code("\n".join(value), where))
     raise DatasetError(
         f"{where}: tests must be {{'inputs','outputs'}} cases or assert statements, got "
         f"{str(value)[:60]!r}"
     )
+
+
+def _test_code(code: str, where: str) -> str:
+    """``code`` when the harness can split it (it parses as Python and holds at least one
+    assert or test call), else a :class:`DatasetError`."""
+    try:
+        tests = harness.plan(code).tests
+    except (SyntaxError, ValueError, RecursionError) as exc:
+        raise DatasetError(f"{where}: the test code is not valid Python 3: {exc}") from None
+    if tests == 0:
+        raise DatasetError(f"{where}: the test code has no assert and no test call")
+    return code
 
 
 def _text(value: Any) -> str:
@@ -108,9 +126,7 @@ def _text(value: Any) -> str:
 def run_tests(sandbox: Sandbox, code: str, tests: Tests) -> Score:
     """Score ``code`` against ``tests``: share of cases passed (or 1/0 for asserts)."""
     if tests.asserts:
-        result = sandbox.run(f"{code}\n\n{tests.asserts}\n")
-        passed = int(result.verdict == "ok")
-        return _score(passed, 1, result)
+        return run_asserts(sandbox, code, tests.asserts)
     passed, last = 0, None
     for stdin, expected in tests.cases:
         last = sandbox.run(code, stdin)
@@ -120,6 +136,24 @@ def run_tests(sandbox: Sandbox, code: str, tests: Tests) -> Score:
             break  # the rest would most likely time out too; they count as failed
     assert last is not None
     return _score(passed, len(tests.cases), last)
+
+
+def run_asserts(sandbox: Sandbox, code: str, test_code: str) -> Score:
+    """Score ``code`` against assert-style ``test_code`` through the harness: 1 when every test
+    passed and every record arrived, else 0; ``details["channel"]`` says whether the records
+    were complete, cut short, or forged."""
+    plan = harness.plan(test_code)
+    nonce = secrets.token_hex(16)
+    result = sandbox.run(harness.program(code, plan), nonce + "\n")
+    outcome = harness.judge(plan, result.stdout, nonce)
+    details = {
+        "correct": outcome.correct,
+        "passed": outcome.passed,
+        "tests": outcome.tests,
+        "verdict": result.verdict,
+        "channel": outcome.channel,
+    }
+    return Score(reward=float(outcome.correct), details=details)
 
 
 def _score(passed: int, total: int, last: RunResult) -> Score:
