@@ -442,3 +442,21 @@ def test_unshare_isolates_an_unprivileged_caller_too(shared_dir):
         pytest.skip(f"no user namespaces for unprivileged users here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['1', '2'] [(1, 'lo')]", "1000 False -1", "8 ENOSPC"]
+
+
+def test_a_worker_builds_code_prompts_without_a_sandbox_and_cannot_score_there():
+    """Workers only draw tasks and build prompts: a machine where no sandbox can start still
+    generates code tasks, while the trusted side (which scores) refuses to start there."""
+    from swarmrl.config.env import EnvConfig
+    from swarmrl.envs import build_env
+
+    config = EnvConfig.model_validate(
+        {"name": "code_tiny", "sandbox": {"mode": "bwrap", "python": "/nonexistent/python3"}}
+    )
+    with pytest.raises(SandboxError):
+        build_env(config)  # the scoring side: refused at start, in one line
+    env = build_env(config, scores=False)
+    task = env.task("train", 0)
+    assert "y=" in task.prompt
+    with pytest.raises(SandboxError, match="only builds prompts"):
+        env.score(task, task.answer)

@@ -16,7 +16,7 @@ from swarmrl.envs.base import SPLITS, Environment, Score, Split, Task
 from swarmrl.envs.budget import LengthBudgetEnv, budget_reward
 from swarmrl.envs.mathtask import MathEnv
 from swarmrl.envs.reverse import ReverseEnv
-from swarmrl.envs.sandbox import Limits, Sandbox
+from swarmrl.envs.sandbox import Limits, PromptsOnly, Sandbox
 from swarmrl.envs.subset import SubsetEnv, read_problem_ids
 from swarmrl.errors import ConfigError
 
@@ -45,7 +45,7 @@ def _dataset(config: EnvConfig) -> str:
     return config.dataset
 
 
-def _base_env(config: EnvConfig) -> Environment:
+def _base_env(config: EnvConfig, scores: bool) -> Environment:
     if config.name == "arith":
         return ArithEnv(config.digits, config.heldout_fraction)
     if config.name == "reverse":
@@ -74,7 +74,7 @@ def _base_env(config: EnvConfig) -> Environment:
     if config.name in ("code", "code_tiny"):
         from swarmrl.envs.code import CodeEnv, CodeTinyEnv
 
-        sandbox = build_sandbox(config.sandbox)
+        sandbox = build_sandbox(config.sandbox) if scores else PromptsOnly()
         if config.name == "code_tiny":
             return CodeTinyEnv(sandbox, config.heldout_fraction)
         return CodeEnv(
@@ -103,10 +103,12 @@ def build_sandbox(config: SandboxConfig) -> Sandbox:
     return Sandbox(limits, config.mode, config.python)
 
 
-def build_env(config: EnvConfig) -> Environment:
+def build_env(config: EnvConfig, scores: bool = True) -> Environment:
     """The environment ``config`` names, on its filtered subset and with the length budget
-    when those are configured."""
-    env = _base_env(config)
+    when those are configured. ``scores=False`` is for a process that only draws tasks and
+    builds prompts (a worker): no code sandbox is started for it, so a machine without one can
+    still generate, and scoring there is a :class:`SandboxError`."""
+    env = _base_env(config, scores)
     if config.system_prompt is not None:
         env.system_prompt = config.system_prompt
     if config.train_subset:

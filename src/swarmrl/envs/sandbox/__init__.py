@@ -356,3 +356,22 @@ def _refusal(causes: dict[str, str | None]) -> str:
         "kernel.apparmor_restrict_unprivileged_userns=0); "
         "env.sandbox.mode = 'rlimit' runs the code unisolated"
     )
+
+
+class PromptsOnly(Sandbox):
+    """Stands where a sandbox would in a process that never scores (a worker: workers draw tasks
+    and build prompts; rewards are computed on the trusted side). Nothing is started, so such a
+    process needs neither bubblewrap nor user namespaces; running code here is an error."""
+
+    def __init__(self) -> None:  # deliberately starts nothing (see the class docstring)
+        self.limits = Limits()
+        self.python = default_python()
+        self.uids = set()
+        self.root = False
+        self.mode = "none"
+
+    def run(self, source: str, stdin: str = "") -> RunResult:
+        raise SandboxError(
+            "this process only builds prompts and has no code sandbox; completions are scored "
+            "on the trusted side (validator, trainer)"
+        )

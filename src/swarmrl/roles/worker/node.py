@@ -93,7 +93,7 @@ class WorkerNode:
         self.keypair = keypair
         self.status = status
         self.log = log
-        self.env = build_env(config.env)
+        self.env = build_env(config.env, scores=False)  # workers never run completions' code
         self.pool = PoolClient(settings.orchestrator, keypair, config.swarm.peer_timeout_s)
         self.weights = WeightClient(
             settings.weight_sources,
