@@ -209,3 +209,62 @@ def test_without_privileges_the_bed_refuses_in_one_line(monkeypatch):
     with pytest.raises(ServiceUnavailable) as refused:
         TestBed()
     assert "needs root" in str(refused.value) and "\n" not in str(refused.value)
+
+
+@needs_bed
+@pytest.mark.slow
+def test_weights_cross_a_slow_lossy_link_through_a_relay_and_arrive_verified(tmp_path):
+    from safetensors.numpy import load_file
+
+    from swarmrl.config.shardcast import ShardcastConfig
+    from swarmrl.identity import KeyPair
+    from swarmrl.shardcast import Publisher
+    from swarmrl.testing.shardcast import random_weights, write_checkpoint
+
+    key = KeyPair.from_seed(b"\x25" * 32)
+    weights = random_weights(1_000_000, seed=11)  # 4 MB: 2 s through the 16 Mbit/s uplink
+    cfg = ShardcastConfig(shard_size_bytes=256 * 1024)
+    Publisher(tmp_path / "store", key, cfg).publish(write_checkpoint(tmp_path / "ck", weights), 1)
+    swarmrl = [sys.executable, "-m", "swarmrl.cli"]
+    shard = ["--set", "shardcast.shard_size_bytes=262144"]
+    with TestBed() as bed:
+        origin = bed.add_host("origin", up_mbit=16)
+        relay = bed.add_host("relay")
+        worker = bed.add_host("worker")
+        served = origin.popen(
+            swarmrl
+            + ["shardcast", "serve-origin", "--store", str(tmp_path / "store")]
+            + ["--host", origin.address, "--port", "8470"]
+            + shard
+        )
+        bed.wait_port(origin, 8470, served)
+        # 25 ms each way on the origin's link, and the relay's path to it goes through that
+        origin.proxy(8480, (origin.address, 8470), delay_ms=25, jitter_ms=5)
+        started = time.monotonic()
+        following = relay.popen(
+            swarmrl
+            + ["relay", "--upstream", f"http://{origin.address}:8480"]
+            + ["--publisher-key", key.public_key_hex, "--store", str(tmp_path / "relay")]
+            + ["--host", relay.address, "--port", "8471"]
+            + shard
+        )
+        bed.wait_port(relay, 8471, following)
+        fetch = swarmrl + ["shardcast", "fetch", "--source", f"http://{relay.address}:8471"]
+        fetch += ["--version", "1", "--out", str(tmp_path / "worker")]
+        fetch += ["--publisher-key", key.public_key_hex] + shard
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                path = worker.run(fetch, timeout=90).strip().splitlines()[-1]
+                break
+            except RuntimeError:  # the relay has not learnt of v1 yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        elapsed = time.monotonic() - started
+    got = load_file(os.path.join(path, "model.safetensors"))
+    assert sorted(got) == sorted(weights)
+    for name, tensor in weights.items():
+        assert (got[name] == tensor).all(), name
+    # 4 MB cannot have crossed a 16 Mbit/s link in less than ~2 s: the cap was on the path
+    assert elapsed >= 0.9 * 4e6 * 8 / 16e6, elapsed
