@@ -118,6 +118,30 @@ def test_the_proxy_resets_connections_at_its_configured_rate():
     echo.sock.close()
 
 
+def test_a_connection_waiting_on_a_slow_answer_survives_garbage_collection():
+    # A client that has sent its whole request and waits (as a long-poll does) leaves the
+    # proxy's tasks reachable from nothing but each other.
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_late():
+        conn, _ = server.accept()
+        with conn:
+            while conn.recv(65536):
+                pass
+            time.sleep(0.5)
+            conn.sendall(b"late answer")
+
+    threading.Thread(target=answer_late, daemon=True).start()
+    with LinkProxy(server.getsockname()) as proxy:
+        with socket.create_connection(proxy.address, timeout=5) as sock:
+            sock.sendall(b"request")
+            sock.shutdown(socket.SHUT_WR)
+            time.sleep(0.2)
+            gc.collect()
+            assert sock.recv(64) == b"late answer"
+    server.close()
+
+
 def test_the_proxy_paces_bytes_to_its_rate():
     echo = _EchoServer()
     with LinkProxy(echo.address, up=Impairment(rate_bytes_per_s=200_000)) as proxy:

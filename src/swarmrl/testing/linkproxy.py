@@ -57,6 +57,7 @@ class LinkProxy:
         self.resets = 0  # of which reset on purpose
         self._listen = listen
         self._rng = random.Random(seed)
+        self._live: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -118,6 +119,13 @@ class LinkProxy:
         await self._server.serve_forever()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        # asyncio (3.11) holds a server connection's task and its reader only weakly once the
+        # connection is made: without this reference an idle connection's task is collected
+        # mid-flight ("Task was destroyed but it is pending").
+        task = asyncio.current_task()
+        if task is not None:
+            self._live.add(task)
+            task.add_done_callback(self._live.discard)
         self.connections += 1
         if self._rng.random() < self.reset_probability:
             self.resets += 1
