@@ -12,7 +12,11 @@ the last worker holding it (verified) is set against the bound the links allow:
 - relay: the relay pulls it once and serves the workers:
   ``max(size / origin_rate, size / worker_rate)``.
 
-Usage (as root): ``python bench/hosts.py [--runs 2] [--size-mib 8] [--workers 3]``.
+A relay passes a shard on once it holds all of it, so a version smaller than one shard (the
+default shard is 32 MiB) crosses the two hops one after the other; ``--shard-kib`` sets smaller
+shards.
+
+Usage (as root): ``python bench/hosts.py [--runs 2] [--size-mib 8] [--workers 3] [--shard-kib N]``.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ def one_run(args: argparse.Namespace, relay: bool, work: Path) -> tuple[float, f
             if proc.stdout.readline().strip() != b"parked":
                 raise RuntimeError("a worker exited before parking its long-poll")
         time.sleep(1.0)  # the long-polls reach their source
-        Publisher(work / "store", key, ShardcastConfig()).publish(checkpoint, 1)
+        cfg = ShardcastConfig(shard_size_bytes=args.shard_kib * 1024)
+        Publisher(work / "store", key, cfg).publish(checkpoint, 1)
         published = time.time()
         held = [float(proc.stdout.readline()) for proc in workers]
     copies = 1 if relay else args.workers
@@ -98,11 +103,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--origin-mbit", type=float, default=40.0)
     parser.add_argument("--worker-mbit", type=float, default=20.0)
+    parser.add_argument(
+        "--shard-kib", type=int, default=32768, help="shard size (a relay forwards whole shards)"
+    )
     parser.add_argument("--delay-ms", type=float, default=75.0, help="one way, origin's link")
     args = parser.parse_args()
     print(
         f"{args.size_mib} MiB, {args.workers} workers at {args.worker_mbit:g} Mbit/s down, "
-        f"origin {args.origin_mbit:g} Mbit/s up, {2 * args.delay_ms:g} ms RTT to the origin"
+        f"origin {args.origin_mbit:g} Mbit/s up, {2 * args.delay_ms:g} ms RTT to the origin, "
+        f"{args.shard_kib} KiB shards"
     )
     for relay in (False, True):
         results = []
