@@ -262,8 +262,10 @@ def test_weights_cross_a_slow_lossy_link_through_a_relay_and_arrive_verified(tmp
             + shard
         )
         bed.wait_port(origin, 8470, served)
-        # 25 ms each way on the origin's link, and the relay's path to it goes through that
-        origin.proxy(8480, (origin.address, 8470), delay_ms=25, jitter_ms=5)
+        # 25 ms each way on the origin's link, and one connection in ten reset on accept
+        origin.proxy(
+            8480, (origin.address, 8470), delay_ms=25, jitter_ms=5, reset_probability=0.1, seed=3
+        )
         started = time.monotonic()
         following = relay.popen(
             swarmrl
