@@ -3,6 +3,9 @@
 - ``pool_nodes``: many simulated nodes signing real requests against a pool (load tests);
 - ``cheats``: cheating workers' proof builders (wrong model, quantized weights, cheaper decoding);
 - ``shardcast``: throw-away stores, keys and checkpoints for weight-distribution tests.
+- ``hosts``: several hosts on one machine (network namespaces, tbf-capped links, CPU quotas);
+- ``linkproxy``: a TCP proxy adding delay, jitter, resets and a byte rate to a link;
+- ``netprobe``: the small TCP probes (sink, sender, echo) run inside those hosts.
 
 Nothing in the production roles imports this package.
 """
