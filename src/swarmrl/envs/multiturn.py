@@ -48,7 +48,7 @@ from swarmrl.envs.sandbox import Sandbox
 
 Speaker = Literal["model", "env"]
 _COMPACT = re.compile(r"^([A-Za-z]+)\((.*)\)$", re.S)
-_HERMES = re.compile(r"^<tool_call>\s*(\{.*\})\s*</tool_call>$", re.S)
+_HERMES = re.compile(r"^<tool_call>(.*)</tool_call>$", re.S)
 
 
 @dataclass(frozen=True)
