@@ -177,7 +177,10 @@ def test_episodes_are_generated_batched_and_equal_one_at_a_time() -> None:
     together = run_episodes(env, engine, tok, tasks, seeds, params)
     assert len(engine.batches) <= env.max_turns  # one engine call per turn, not per episode
     assert engine.batches[0] == 6
-    alone = [run_episodes(env, engine, tok, [t], [s], params)[0] for t, s in zip(tasks, seeds, strict=False)]
+    alone = [
+        run_episodes(env, engine, tok, [t], [s], params)[0]
+        for t, s in zip(tasks, seeds, strict=False)
+    ]
     for batched, single in zip(together, alone, strict=True):  # same tokens, same turns
         one, other = batched.episode().segments[0], single.episode().segments[0]
         assert (one.tokens, one.turns) == (other.tokens, other.turns)
@@ -230,7 +233,9 @@ def test_check_rejects_environment_tokens_claimed_as_model_tokens() -> None:
     seg = episode.segments[0]
     lengths = [t.end - t.start for t in seg.turns]
     relabelled = _retokenise(
-        episode, seg.tokens, list(zip(["context", "model", "model", "model"], lengths, strict=False))
+        episode,
+        seg.tokens,
+        list(zip(["context", "model", "model", "model"], lengths, strict=False)),
     )
     rejection = check_episode(env, tok, task, relabelled, 12)
     assert rejection is not None and rejection.reason == "env_as_model"
@@ -281,3 +286,19 @@ def test_check_rejects_episodes_over_their_turn_or_token_budget() -> None:
     rejection = check_episode(GuessEnv(n=32, max_turns=8, token_budget=10), tok, task, slow, 3)
     assert rejection is not None and rejection.reason == "over_budget"
     assert check_episode(long_env, tok, task, slow, 3) is None
+
+
+def test_check_rejects_a_flattering_game_reply() -> None:
+    env = GuessEnv(n=32, max_turns=6)
+    tok = build_char_tokenizer(env.alphabet)
+    task = env.task("train", 0)
+    honest = demonstration_episode(env, tok, task, flawed=False)
+    assert check_episode(env, tok, task, honest, 3) is None
+    seg = honest.segments[0]
+    first_env = next(t for t in seg.turns if t.role == "env")
+    tokens = list(seg.tokens)
+    flipped = ">" if tok.decode(seg.span(first_env)) == "<" else "<"
+    tokens[first_env.start] = tok.convert_tokens_to_ids(flipped)
+    lied = honest.model_copy(update={"segments": [seg.model_copy(update={"tokens": tokens})]})
+    rejection = check_episode(env, tok, task, lied, 3)
+    assert rejection is not None and rejection.reason == "env_mismatch"
