@@ -72,16 +72,18 @@ def test_guess_feedback_and_the_bisecting_demonstration() -> None:
         hidden = int(task.answer)
         assert turns[-1] == str(hidden)
         assert len(turns) <= math.ceil(math.log2(33))  # bisection's worst case
-        transcript = []
+        transcript, lo, hi = [], 1, 32
         for text in turns:
             transcript.append(Message("model", text))
             reply = env.reply(task, 0, transcript)
             if not reply.done:
-                assert reply.text == ("<" if hidden < int(text) else ">")
+                guess = int(text)
+                lo, hi = (lo, guess - 1) if hidden < guess else (guess + 1, hi)
+                assert reply.text == f"{'<' if hidden < guess else '>'}{lo}-{hi}"
                 transcript.append(Message("env", reply.text))
         score = env.score_episode(task, 0, transcript)
         assert score.details["correct"] and score.reward == 1.0 - 0.5 * (len(turns) - 1) / 6
-    assert env.reply(env.task("train", 0), 0, [Message("model", "99")]).text == "?"
+    assert env.reply(env.task("train", 0), 0, [Message("model", "99")]).text == "?1-32"
 
 
 def test_multiturn_config_keys_build_the_tasks() -> None:

@@ -86,7 +86,7 @@ class EnvConfig(Section):
         ge=1,
         le=10**6,
         description="multi-turn tasks: model + environment tokens per "
-        "episode after the prompt (None: the task's default, 64)",
+        "episode after the prompt (None: the task's default, tool_arith 64, guess 96)",
     )
     reverse_len: int = Field(6, ge=1, description="reverse: characters per string")
     dataset: str | None = Field(

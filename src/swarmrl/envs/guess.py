@@ -1,10 +1,15 @@
 """``guess``: find a hidden number in ``1..N`` from higher/lower feedback, in few turns.
 
 Prompt ``1-32?``. Each model turn is a guess; the environment answers ``<`` (the number is
-lower), ``>`` (higher) or ``?`` (not a number in range), and ends the episode when the guess
-is right::
+lower), ``>`` (higher) or ``?`` (not a number in 1..N), followed by the range still possible
+given every answer so far, and ends the episode when the guess is right::
 
-    1-32?  │ 16<eos> │ < │ 8<eos> │ > │ 12<eos>     (hidden 12: found in 3 turns)
+    1-32?  │ 16<eos> │ <1-15 │ 8<eos> │ >9-15 │ 12<eos>     (hidden 12: found in 3 turns)
+
+Restating the range keeps the policy's next move a function of the last reply (the midpoint of
+the range it states) rather than of the whole history, so what it learns on the training
+numbers carries over to held-out numbers, whose paths through the bisection tree end in ranges
+the training numbers also reach.
 
 The problem space is the hidden numbers, so held-out problems are numbers never hidden in
 training. Reward: 0 unless the number is found within ``max_turns`` guesses, else
@@ -28,6 +33,18 @@ from swarmrl.envs.base import Score, Task
 from swarmrl.envs.multiturn import Message, MultiTurnEnvironment, Reply, model_turns
 
 
+def possible_range(hidden: int, guesses: Sequence[str], n: int) -> tuple[int, int]:
+    """The range of numbers still possible after the feedback to ``guesses``."""
+    lo, hi = 1, n
+    for text in guesses:
+        sign = guess_feedback(hidden, text, n)
+        if sign == "<":
+            hi = min(hi, int(text) - 1)
+        elif sign == ">":
+            lo = max(lo, int(text) + 1)
+    return lo, hi
+
+
 def guess_feedback(hidden: int, text: str, n: int) -> str:
     """``=`` (found), ``<`` (hidden is lower), ``>`` (higher) or ``?`` (not a number 1..n)."""
     text = text.strip()
@@ -48,7 +65,7 @@ class GuessEnv(MultiTurnEnvironment):
         n: int = 32,
         heldout_fraction: float = 0.25,
         max_turns: int = 6,
-        token_budget: int = 64,
+        token_budget: int = 96,
     ) -> None:
         super().__init__(heldout_fraction)
         self.n, self.max_turns, self.token_budget = n, max_turns, token_budget
@@ -63,8 +80,12 @@ class GuessEnv(MultiTurnEnvironment):
         return f"1-{self.n}?", str(problem_id + 1)
 
     def reply(self, task: Task, seed: int, transcript: Sequence[Message]) -> Reply:
-        feedback = guess_feedback(self.hidden(task), transcript[-1].text, self.n)
-        return Reply(done=True) if feedback == "=" else Reply(feedback)
+        hidden = self.hidden(task)
+        feedback = guess_feedback(hidden, transcript[-1].text, self.n)
+        if feedback == "=":
+            return Reply(done=True)
+        lo, hi = possible_range(hidden, model_turns(transcript), self.n)
+        return Reply(f"{feedback}{lo}-{hi}")
 
     def score_episode(self, task: Task, seed: int, transcript: Sequence[Message]) -> Score:
         turns = model_turns(transcript)
