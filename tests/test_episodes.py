@@ -302,3 +302,30 @@ def test_check_rejects_a_flattering_game_reply() -> None:
     lied = honest.model_copy(update={"segments": [seg.model_copy(update={"tokens": tokens})]})
     rejection = check_episode(env, tok, task, lied, 3)
     assert rejection is not None and rejection.reason == "env_mismatch"
+
+
+@pytest.mark.parametrize(
+    ("turns", "logprobs", "message"),
+    [
+        ([("context", 0, 2), ("model", 3, 4)], [0.0], "not contiguous"),
+        ([("context", 0, 2), ("env", 2, 1), ("model", 1, 4)], [0.0] * 3, "reversed"),
+        ([("context", 0, 2), ("model", 2, 4)], [0.0], "1 log-probs for 2 model tokens"),
+        ([("model", 0, 4)], [0.0] * 4, "opens with a context turn"),
+        ([("context", 0, 2), ("model", 2, 3)], [0.0], "cover 3 of 4 tokens"),
+    ],
+)
+def test_a_malformed_episode_is_refused_at_the_edge(
+    turns: list[tuple[str, int, int]], logprobs: list[float], message: str
+) -> None:
+    body = {
+        "seed": 1,
+        "segments": [
+            {
+                "tokens": [1, 5, 6, 2],
+                "turns": [{"role": r, "start": a, "end": b} for r, a, b in turns],
+                "logprobs": logprobs,
+            }
+        ],
+    }
+    with pytest.raises(ValueError, match=message):
+        Episode.model_validate(body)

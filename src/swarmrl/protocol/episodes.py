@@ -84,8 +84,8 @@ class EpisodeSegment(BaseModel):
             if turn.start != before.end:
                 raise ValueError(f"turn spans are not contiguous at token {turn.start}")
         for turn in self.turns:
-            if turn.end <= turn.start and turn.role != "env":
-                raise ValueError(f"empty {turn.role} turn at token {turn.start}")
+            if turn.end < turn.start or (turn.end == turn.start and turn.role != "env"):
+                raise ValueError(f"{turn.role} turn at token {turn.start} is empty or reversed")
             if turn.role == "context" and turn is not self.turns[0]:
                 raise ValueError("only a segment's first turn is context")
         if self.turns[-1].end != len(self.tokens):
