@@ -6,10 +6,10 @@ given every answer so far, and ends the episode when the guess is right::
 
     1-32?  │ 16<eos> │ <1-15 │ 8<eos> │ >9-15 │ 12<eos>     (hidden 12: found in 3 turns)
 
-Restating the range keeps the policy's next move a function of the last reply (the midpoint of
-the range it states) rather than of the whole history, so what it learns on the training
-numbers carries over to held-out numbers, whose paths through the bisection tree end in ranges
-the training numbers also reach.
+Restating the range makes the policy's next move a function of the last reply (the midpoint
+of the range it states) rather than of the whole history. A held-out number's last range
+(``h-h``) is still one no training episode ends in, and the demo-size model does not learn to
+copy it from the 24 training numbers (docs/tasks.md has the measured runs).
 
 The problem space is the hidden numbers, so held-out problems are numbers never hidden in
 training. Reward: 0 unless the number is found within ``max_turns`` guesses, else
