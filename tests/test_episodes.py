@@ -329,3 +329,26 @@ def test_a_malformed_episode_is_refused_at_the_edge(
     }
     with pytest.raises(ValueError, match=message):
         Episode.model_validate(body)
+
+
+def test_the_colocated_sampler_trains_on_episodes() -> None:
+    from swarmrl.config.rl import RLConfig
+    from swarmrl.trainer.rollout import RolloutSampler
+
+    env = ToolArithEnv()
+    tok = build_char_tokenizer(env.alphabet)
+    torch.manual_seed(0)
+    engine = CountingEngine(create_tiny_model(TinyModelConfig(), tok), tok)
+    rl = RLConfig.model_validate(
+        {"group_size": 4, "prompts_per_step": 3, "sampling": {"max_new_tokens": 12}}
+    )
+    groups = RolloutSampler(env, engine, tok, rl, seed=5).sample_groups(
+        env.sample("train", 3, 0), step=0, round_=0, policy_version=0
+    )
+    assert engine.batches[0] == 12  # the step's 12 episodes in one engine call per turn
+    assert [len(g.rewards) for g in groups] == [4, 4, 4]
+    for completion in (c for g in groups for c in g.completions):
+        assert completion.model_mask is not None
+        assert len(completion.behaviour_logprobs) == completion.sampled_tokens
+    batch = collate(groups, tok.pad_token_id)
+    assert batch.loss_tokens == sum(c.sampled_tokens for g in groups for c in g.completions)
