@@ -8,6 +8,8 @@ from pydantic import Field
 
 from swarmrl.config.base import Section, path_key
 
+MULTI_TURN_ENVS = ("tool_arith", "guess")  # env names whose rollouts are episodes
+
 
 class LengthBudgetConfig(Section):
     """Thinking-budget wrapper: r = r_task − alpha·|target − length| (mode-dependent)."""
@@ -59,10 +61,35 @@ class SandboxConfig(Section):
 class EnvConfig(Section):
     """Which task, and how its problems are drawn."""
 
-    name: Literal["arith", "reverse", "math", "reasoning_gym", "verifiers", "code", "code_tiny"] = (
-        Field("arith", description="built-in task")
+    name: Literal[
+        "arith",
+        "reverse",
+        "math",
+        "reasoning_gym",
+        "verifiers",
+        "code",
+        "code_tiny",
+        "tool_arith",
+        "guess",
+    ] = Field("arith", description="built-in task (tool_arith, guess: multi-turn episodes)")
+    digits: int = Field(3, ge=1, le=9, description="arith, tool_arith: digits per operand")
+    guess_n: int = Field(
+        32, ge=2, le=10**6, description="guess: the hidden number is in 1..guess_n"
     )
-    digits: int = Field(3, ge=1, le=9, description="arith: digits per operand")
+    max_turns: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="multi-turn tasks: model turns per episode (None: the "
+        "task's default, tool_arith 3, guess 6)",
+    )
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        le=10**6,
+        description="multi-turn tasks: model + environment tokens per "
+        "episode after the prompt (None: the task's default, tool_arith 64, guess 96)",
+    )
     reverse_len: int = Field(6, ge=1, description="reverse: characters per string")
     dataset: str | None = Field(
         None,

@@ -1,7 +1,8 @@
 """swarmrl.envs: verifiable environments behind the :class:`Environment` interface, and
 :func:`build_env`, which picks one from config.
 
-Built in: ``arith``, ``reverse``, ``code_tiny`` (no dependencies); ``math`` and ``code``
+Built in: ``arith``, ``reverse``, ``code_tiny`` (no dependencies); ``tool_arith`` and
+``guess``, multi-turn episodes (:mod:`swarmrl.envs.multiturn`); ``math`` and ``code``
 (datasets read through Hugging Face ``datasets``); ``reasoning_gym`` and ``verifiers`` (those
 libraries' tasks). The optional libraries install with ``pip install 'swarmrl[tasks]'`` and are
 imported only by the environment that needs them. Wrappers: a filtered training subset
@@ -14,23 +15,29 @@ from swarmrl.config.env import EnvConfig, SandboxConfig
 from swarmrl.envs.arith import ArithEnv
 from swarmrl.envs.base import SPLITS, Environment, Score, Split, Task
 from swarmrl.envs.budget import LengthBudgetEnv, budget_reward
+from swarmrl.envs.guess import GuessEnv
 from swarmrl.envs.mathtask import MathEnv
+from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.envs.reverse import ReverseEnv
 from swarmrl.envs.sandbox import Limits, PromptsOnly, Sandbox
 from swarmrl.envs.subset import SubsetEnv, read_problem_ids
+from swarmrl.envs.tool_arith import ToolArithEnv
 from swarmrl.errors import ConfigError
 
 __all__ = [
     "SPLITS",
     "ArithEnv",
     "Environment",
+    "GuessEnv",
     "LengthBudgetEnv",
     "MathEnv",
+    "MultiTurnEnvironment",
     "ReverseEnv",
     "Score",
     "Split",
     "SubsetEnv",
     "Task",
+    "ToolArithEnv",
     "budget_reward",
     "build_env",
     "build_sandbox",
@@ -48,6 +55,18 @@ def _dataset(config: EnvConfig) -> str:
 def _base_env(config: EnvConfig, scores: bool) -> Environment:
     if config.name == "arith":
         return ArithEnv(config.digits, config.heldout_fraction)
+    if config.name in ("tool_arith", "guess"):
+        limits = {
+            key: value
+            for key, value in (
+                ("max_turns", config.max_turns),
+                ("token_budget", config.token_budget),
+            )
+            if value is not None
+        }
+        if config.name == "tool_arith":
+            return ToolArithEnv(config.digits, config.heldout_fraction, **limits)
+        return GuessEnv(config.guess_n, config.heldout_fraction, **limits)
     if config.name == "reverse":
         return ReverseEnv(config.reverse_len, config.heldout_fraction)
     if config.name == "math":
@@ -109,6 +128,13 @@ def build_env(config: EnvConfig, scores: bool = True) -> Environment:
     builds prompts (a worker): no code sandbox is started for it, so a machine without one can
     still generate, and scoring there is a :class:`SandboxError`."""
     env = _base_env(config, scores)
+    if isinstance(env, MultiTurnEnvironment) and (
+        config.train_subset or config.length_budget.enabled
+    ):
+        raise ConfigError(
+            f"env.name = {config.name!r} is multi-turn: env.train_subset and env.length_budget "
+            "apply to single-turn tasks only"
+        )
     if config.system_prompt is not None:
         env.system_prompt = config.system_prompt
     if config.train_subset:

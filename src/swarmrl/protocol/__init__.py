@@ -1,6 +1,7 @@
 """swarmrl.protocol: typed messages that cross a process boundary (see docs/architecture.md).
 
-One module per conversation: ``pool`` (orchestrator API), ``proofs``, ``shardcast``, ``swarm``;
+One module per conversation: ``pool`` (orchestrator API), ``proofs``, ``shardcast``, ``swarm``,
+``episodes`` (multi-turn rollouts as token segments);
 ``sampling`` holds the sampling parameters and finish reason all of them share.
 """
 

@@ -5,7 +5,9 @@ behaviour policy (the version that generated them) gave each sampled token. :fun
 turns groups into one right-padded batch::
 
     input_ids       [B, T]     prompt + output + pad
-    loss_mask       [B, T-1]   1 where position j predicts an output token (j+1 is output)
+    loss_mask       [B, T-1]   1 where position j predicts a sampled output token (j+1 is
+                               output, and the policy sampled it: an episode's environment
+                               tokens are output but never loss tokens)
     behaviour_logp  [B, T-1]   behaviour log-prob of that token (0 elsewhere)
     advantages      [B, 1]     group advantage of the sequence (every token shares it)
 
@@ -14,6 +16,7 @@ Knows nothing about how rollouts were produced (colocated engine or a swarm of w
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,7 +29,14 @@ from swarmrl.rl import group_advantages
 
 @dataclass
 class Completion:
-    """One sampled completion: tokens, behaviour log-probs (one per output token), reward."""
+    """One sampled completion: tokens, behaviour log-probs (one per sampled token), reward.
+
+    An episode's sample (``swarmrl.trainer.episodes``) also holds environment tokens among its
+    output tokens: ``model_mask`` [len(output_tokens)] says which the policy sampled (None: all
+    of them), and ``behaviour_logprobs`` has one value per sampled token. ``continues``: this
+    sample is a later segment of the completion before it (same episode, same reward), not a
+    group member of its own.
+    """
 
     prompt_tokens: list[int]
     output_tokens: list[int]
@@ -35,6 +45,13 @@ class Completion:
     policy_version: int = 0
     correct: bool = False
     text: str = ""
+    model_mask: list[bool] | None = None
+    continues: bool = False
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Output tokens the policy sampled (environment tokens excluded)."""
+        return len(self.output_tokens) if self.model_mask is None else sum(self.model_mask)
 
 
 @dataclass
@@ -46,7 +63,8 @@ class Group:
 
     @property
     def rewards(self) -> list[float]:
-        return [c.reward for c in self.completions]
+        """One per member (an episode split into segments is one member)."""
+        return [c.reward for c in self.completions if not c.continues]
 
 
 @dataclass
@@ -81,21 +99,29 @@ def collate(
     groups: Sequence[Group], pad_id: int, advantage: Literal["std", "mean"] = "std"
 ) -> TrainBatch:
     """One padded batch of every completion of ``groups`` (groups must be the same size)."""
-    sizes = {len(g.completions) for g in groups}
+    sizes = {len(g.rewards) for g in groups}
     if len(sizes) != 1:
         raise ValueError(f"groups must all have the same size, got sizes {sorted(sizes)}")
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)  # [groups, G]
-    adv = group_advantages(rewards, advantage).reshape(-1, 1)  # [B, 1]
+    member_adv = group_advantages(rewards, advantage).reshape(-1).tolist()  # [groups·G]
     completions = [c for g in groups for c in g.completions]
+    if any(g.completions[0].continues for g in groups if g.completions):
+        raise ValueError("a group's first completion cannot continue another")
+    # every segment of an episode shares its member's advantage
+    member_of = list(itertools.accumulate(0 if c.continues else 1 for c in completions))
+    adv = torch.tensor([[member_adv[m - 1]] for m in member_of], dtype=torch.float32)  # [B, 1]
     width = max(len(c.prompt_tokens) + len(c.output_tokens) for c in completions)
     ids = torch.full((len(completions), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(completions), width - 1), dtype=torch.float32)
     behaviour = torch.zeros((len(completions), width - 1), dtype=torch.float32)
     for i, c in enumerate(completions):
-        if len(c.behaviour_logprobs) != len(c.output_tokens):
-            raise ValueError(f"completion {i}: one behaviour log-prob per output token needed")
+        if len(c.behaviour_logprobs) != c.sampled_tokens:
+            raise ValueError(f"completion {i}: one behaviour log-prob per sampled token needed")
         p, n = len(c.prompt_tokens), len(c.output_tokens)
         ids[i, : p + n] = torch.tensor(c.prompt_tokens + c.output_tokens)
-        mask[i, p - 1 : p - 1 + n] = 1.0
-        behaviour[i, p - 1 : p - 1 + n] = torch.tensor(c.behaviour_logprobs)
+        sampled = torch.ones(n) if c.model_mask is None else torch.tensor(c.model_mask).float()
+        if c.model_mask is not None and len(c.model_mask) != n:
+            raise ValueError(f"completion {i}: one model_mask entry per output token needed")
+        mask[i, p - 1 : p - 1 + n] = sampled
+        behaviour[i, p - 1 : p - 1 + n][sampled.bool()] = torch.tensor(c.behaviour_logprobs)
     return TrainBatch(ids, mask, behaviour, adv)

@@ -17,10 +17,12 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config.rl import SamplingConfig
 from swarmrl.envs import Environment, Task
+from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.inference.interface import Engine
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
+from swarmrl.trainer.episodes import evaluate_episodes
 from swarmrl.trainer.rollout import sampling_params
 
 EVAL_BATCH = 512  # prompts per engine call
@@ -73,7 +75,8 @@ def evaluate(
     sampling: SamplingConfig,
     seed: int,
 ) -> dict[str, float | int]:
-    """``{"accuracy", "pass_at_1", "n"}`` on the first ``n`` held-out tasks."""
+    """``{"accuracy", "pass_at_1", "n"}`` on the first ``n`` held-out tasks (a multi-turn
+    environment's: whole episodes, with their mean turns besides)."""
     tasks = env.first("heldout", n)
     if len(tasks) < n:
         _warn_short_heldout(env, n, len(tasks))
@@ -81,6 +84,8 @@ def evaluate(
     greedy = SamplingParams(
         temperature=0.0, max_new_tokens=base.max_new_tokens, stop_token_ids=base.stop_token_ids
     )
+    if isinstance(env, MultiTurnEnvironment):
+        return evaluate_episodes(env, engine, tokenizer, tasks, greedy, base, samples, seed)
     hits = correctness(env, engine, tokenizer, tasks, greedy, [0] * len(tasks))
     sampled: list[bool] = []
     for k in range(samples):

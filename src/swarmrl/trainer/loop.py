@@ -40,7 +40,7 @@ ROW_KEYS = (
     "accuracy",  # share of those completions that are correct
     "groups_sampled",  # groups drawn for the step (before the online filter)
     "groups_kept",  # groups trained on
-    "tokens",  # output tokens of the drawn completions
+    "tokens",  # sampled output tokens of the drawn completions (environment tokens excluded)
     "staleness",  # mean over trained completions of policy_version − generating version
     "loss",  # None when the step had nothing to train on
     "clip_fraction",
@@ -169,15 +169,18 @@ def train_step(learner: Learner, source: RolloutSource, step: int, start: float)
 
 def rollout_metrics(rollouts: StepRollouts, policy_version: int) -> dict[str, Any]:
     """Reward, accuracy, group counts, tokens and staleness of one step's rollouts."""
-    drawn = [c for g in rollouts.seen or rollouts.groups for c in g.completions]
-    trained = [c for g in rollouts.groups for c in g.completions]
+    # one per group member: an episode's later segments are not completions of their own
+    drawn = [c for g in rollouts.seen or rollouts.groups for c in g.completions if not c.continues]
+    trained = [c for g in rollouts.groups for c in g.completions if not c.continues]
     n = max(len(drawn), 1)
     return {
         "reward_mean": sum(c.reward for c in drawn) / n,
         "accuracy": sum(c.correct for c in drawn) / n,
         "groups_sampled": len(rollouts.seen or rollouts.groups),
         "groups_kept": len(rollouts.groups),
-        "tokens": sum(len(c.output_tokens) for c in drawn),
+        "tokens": sum(
+            c.sampled_tokens for g in rollouts.seen or rollouts.groups for c in g.completions
+        ),
         "staleness": (
             sum(policy_version - c.policy_version for c in trained) / len(trained)
             if trained

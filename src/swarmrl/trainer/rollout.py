@@ -3,7 +3,9 @@
 Every sample's seed is ``derive_seed("rollout", run_seed, step, round, prompt, sample)`` and
 each round's tasks are drawn with ``derive_seed("tasks", run_seed, step, round)`` (the one
 seeding rule, :mod:`swarmrl.protocol.seeds`), so a run is reproducible and every token can be
-replayed from its seed. Rewards are computed on the trusted side from the decoded completion.
+replayed from its seed. Rewards are computed on the trusted side from the decoded completion. A multi-turn
+environment's groups are G episodes each, all advanced together a turn per engine call
+(:func:`swarmrl.trainer.episodes.episode_groups`); sample j of task i is then the episode seed.
 With the online filter on, groups whose rewards are all equal are dropped and more tasks are
 drawn, up to ``max_backfill_rounds`` extra rounds.
 
@@ -21,12 +23,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config.rl import RLConfig, SamplingConfig
 from swarmrl.envs import Environment, Task
+from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.inference.interface import Engine
 from swarmrl.model.prompts import encode_prompt
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.rl import fill_with_informative
 from swarmrl.trainer.batch import Group
+from swarmrl.trainer.episodes import episode_groups
 from swarmrl.trainer.source import Feed, StepRollouts, scored_completion
 
 
@@ -54,13 +58,17 @@ class RolloutSampler:
         self, tasks: Sequence[Task], step: int, round_: int, policy_version: int
     ) -> list[Group]:
         g = self.rl.group_size
-        prompts = [encode_prompt(self.tokenizer, t) for t in tasks]
-        flat_prompts = [p for p in prompts for _ in range(g)]
         seeds = [
             derive_seed("rollout", self.seed, step, round_, i, j)
             for i in range(len(tasks))
             for j in range(g)
         ]
+        if isinstance(self.env, MultiTurnEnvironment):
+            return episode_groups(
+                self.env, self.engine, self.tokenizer, tasks, g, seeds, self.params, policy_version
+            )
+        prompts = [encode_prompt(self.tokenizer, t) for t in tasks]
+        flat_prompts = [p for p in prompts for _ in range(g)]
         generations = self.engine.generate(flat_prompts, self.params, seeds)
         groups = []
         for i, task in enumerate(tasks):

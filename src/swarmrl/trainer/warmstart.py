@@ -27,8 +27,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
+from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.errors import ConfigError
 from swarmrl.model import build_char_tokenizer, create_tiny_model, load_policy, save_policy
+from swarmrl.trainer.episodes import warm_start_episodes
 from swarmrl.trainer.sft import SFTData, SFTTrainer, warm_start_examples
 
 FORMAT = 1  # bump when the warm-start recipe changes, so old caches are not reused
@@ -80,6 +82,10 @@ def warm_start_dir(config: SwarmConfig) -> Path:
 
 
 def sft_data(config: SwarmConfig, env: Environment, tokenizer: PreTrainedTokenizerBase) -> SFTData:
+    if isinstance(env, MultiTurnEnvironment):  # whole demonstrated episodes
+        return warm_start_episodes(
+            env, tokenizer, config.sft.train_examples, config.sft.label_noise, config.run.seed
+        )
     return warm_start_examples(
         env, tokenizer, config.sft.train_examples, config.sft.label_noise, config.run.seed
     )
