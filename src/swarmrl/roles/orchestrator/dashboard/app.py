@@ -1,19 +1,34 @@
 """The dashboard's HTTP routes: HTML pages, the step rows as JSON, static files, admin login.
 
-Everything is read-only and public except node log tails, which need the admin token: the
-secret in ``ui-admin-token`` beside the orchestrator's database (created, mode 0600, the first
-time the dashboard starts; whoever can read the orchestrator's files is admin). A browser
-signs in once at ``login`` (the token goes in a form, never a URL) and gets an HttpOnly cookie;
-scripts may send ``Authorization: Bearer TOKEN`` instead. Pages allow scripts and styles from
-this server only (Content-Security-Policy), so nothing is ever loaded from another host.
+Who may see what (docs/observability.md says why): the ledger explorer and the run overview
+(curves, held-out accuracy) are public; the nodes, weight versions and node log tail pages need
+the admin token, as the pool API's node list and logs need the owner's or orchestrator's
+signature. The token is the secret in ``ui-admin-token`` beside the orchestrator's database
+(created, mode 0600, the first time the dashboard starts; whoever can read the orchestrator's
+files is admin). A browser signs in once at ``login`` (the token goes in a form, never a URL)
+and gets an HttpOnly cookie; scripts may send ``Authorization: Bearer TOKEN`` instead. Pages
+allow scripts and styles from this server only (Content-Security-Policy), so nothing is ever
+loaded from another host.
+
+What a page may cost the orchestrator that serves it: each client address gets ``burst`` page
+loads at once and then ``per_s`` a second (:class:`RateLimit`; more is a 429 with Retry-After);
+pages are built on one thread of their own, never on the event loop that answers the pool API,
+with at most ``queued`` waiting (more is a 503 with Retry-After) (:class:`PageWork`). Static
+files are neither limited nor queued. ``HEAD`` answers as ``GET`` does, without the body.
 
 Knows nothing about where the data comes from (``.data``) or how pages look (``.pages``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import math
 import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -23,6 +38,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 
 from swarmrl.errors import PeerError
+from swarmrl.ledger.chain import ENTRY_KINDS
 from swarmrl.roles.orchestrator.dashboard import pages
 from swarmrl.roles.orchestrator.dashboard.data import RunData
 
@@ -30,6 +46,8 @@ STATIC = Path(__file__).with_name("static")
 TOKEN_FILE = "ui-admin-token"
 COOKIE = "swarmrl_ui_admin"
 CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; frame-ancestors 'none'"
+HEX = frozenset("0123456789abcdef")
+MAX_PAGE = 500  # ledger entries on one page
 
 
 def admin_token(home: Path) -> str:
@@ -44,13 +62,68 @@ def admin_token(home: Path) -> str:
     return path.read_text().strip()
 
 
-class _Headers:
-    """ASGI middleware: the security headers of every dashboard answer."""
+class RateLimit:
+    """A token bucket per client address: ``burst`` requests at once, then ``per_s`` a second.
+
+    At most ``clients`` buckets are kept; the least recently seen goes first (it comes back
+    full). Used from the event loop's thread only."""
+
+    def __init__(
+        self,
+        per_s: float = 2.0,
+        burst: int = 10,
+        clients: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_s, self.burst, self.clients, self.clock = per_s, burst, clients, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def wait_s(self, client: str) -> float:
+        """0 and one token taken when ``client`` may go on; else the seconds until it may."""
+        now = self.clock()
+        tokens, at = self._buckets.pop(client, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.per_s)
+        wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.per_s
+        self._buckets[client] = (tokens - 1.0 if wait == 0.0 else tokens, now)
+        while len(self._buckets) > self.clients:
+            self._buckets.popitem(last=False)
+        return wait
+
+
+class PageWork:
+    """Page building on ``threads`` threads of its own, at most ``queued`` pages waiting.
+
+    The pool API runs its database work on the event loop's thread; a page built there (or
+    on the loop's shared thread pool) would hold it up. Used from the event loop's thread."""
+
+    def __init__(self, threads: int = 1, queued: int = 8) -> None:
+        self.queued = queued
+        self._waiting = 0
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="dashboard")
+
+    def full(self) -> bool:
+        return self._waiting >= self.queued
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+        finally:
+            self._waiting -= 1
+
+
+class _Asgi:
+    """ASGI middleware: the security headers of every answer, and ``HEAD`` served as ``GET``
+    without the body (the headers, ``content-length`` included, are the ``GET``'s)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        head = scope["type"] == "http" and scope["method"] == "HEAD"
+        if head:
+            scope = {**scope, "method": "GET"}
+
         async def with_headers(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", [])
@@ -59,16 +132,26 @@ class _Headers:
                     (b"x-content-type-options", b"nosniff"),
                     (b"referrer-policy", b"no-referrer"),
                 ]
+            elif head and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
             await send(message)
 
         await self.app(scope, receive, with_headers)
 
 
-def build_dashboard(data: RunData, token: str, base: str = "/ui/") -> FastAPI:
+def build_dashboard(
+    data: RunData,
+    token: str,
+    base: str = "/ui/",
+    limit: RateLimit | None = None,
+    work: PageWork | None = None,
+) -> FastAPI:
     """The dashboard app over ``data``; mount it at ``base`` (which ends with ``/``)."""
     app = FastAPI(title="swarmrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(_Headers)
+    app.add_middleware(_Asgi)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    limit = limit or RateLimit()
+    work = work or PageWork()
 
     def is_admin(request: Request) -> bool:
         given = request.cookies.get(COOKIE, "")
@@ -77,45 +160,85 @@ def build_dashboard(data: RunData, token: str, base: str = "/ui/") -> FastAPI:
             given = auth[7:].strip()
         return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 
-    def html(body: str, status: int = 200) -> HTMLResponse:
-        return HTMLResponse(body, status, headers={"cache-control": "no-store"})
+    def html(body: str, status: int = 200, retry_after_s: float = 0.0) -> HTMLResponse:
+        headers = {"cache-control": "no-store"}
+        if retry_after_s > 0:
+            headers["retry-after"] = str(max(1, math.ceil(retry_after_s)))
+        return HTMLResponse(body, status, headers=headers)
+
+    def refused(request: Request) -> Response | None:
+        """The answer to a client over its rate, or to anyone while pages are queued full."""
+        wait = limit.wait_s(request.client.host if request.client else "")
+        if wait > 0:
+            text = "too many page loads from your address: try again in a moment"
+            return html(pages.message("slow down", text, base), 429, wait)
+        if work.full():
+            text = "the dashboard is busy: try again in a moment"
+            return html(pages.message("busy", text, base), 503, 2.0)
+        return None
+
+    async def page(request: Request, build: Callable[..., str], *args: Any) -> Response:
+        return refused(request) or html(await work.run(build, *args))
+
+    def sign_in(next_page: str) -> Response:
+        return RedirectResponse(f"{base}login?next={next_page}", 303)
 
     @app.exception_handler(PeerError)
     async def _not_here(_: Request, exc: PeerError) -> HTMLResponse:
         return html(pages.message("not found", str(exc), base), 404)
 
     @app.get("/")
-    def overview() -> HTMLResponse:
-        return html(pages.overview(data, base))
+    async def overview(request: Request) -> Response:
+        return await page(request, pages.overview, data, base)
 
     @app.get("/api/steps")
-    def steps() -> JSONResponse:
-        return JSONResponse(data.step_rows(), headers={"cache-control": "no-store"})
+    async def steps(request: Request) -> Response:
+        no = refused(request)
+        if no is not None:
+            return no
+        rows = await work.run(data.step_rows)
+        return JSONResponse(rows, headers={"cache-control": "no-store"})
 
     @app.get("/nodes")
-    def nodes() -> HTMLResponse:
-        return html(pages.nodes(data, base))
+    async def nodes(request: Request) -> Response:
+        if not is_admin(request):
+            return refused(request) or sign_in("nodes")
+        return await page(request, pages.nodes, data, base)
 
     @app.get("/nodes/{pool_id}/{node_id}/logs")
-    def node_logs(pool_id: str, node_id: str, request: Request) -> Response:
+    async def node_logs(pool_id: str, node_id: str, request: Request) -> Response:
         if not is_admin(request):
-            return RedirectResponse(f"{base}login?next=nodes/{pool_id}/{node_id}/logs", 303)
-        return html(pages.node_logs(pool_id, node_id, data.node_logs(pool_id, node_id), base))
+            return refused(request) or sign_in(f"nodes/{pool_id}/{node_id}/logs")
+        return await page(request, pages.node_logs, data, pool_id, node_id, base)
 
     @app.get("/versions")
-    def versions() -> HTMLResponse:
-        return html(pages.versions(data, base))
+    async def versions(request: Request) -> Response:
+        if not is_admin(request):
+            return refused(request) or sign_in("versions")
+        return await page(request, pages.versions, data, base)
 
     @app.get("/ledger")
-    def ledger(node: str = "", kind: str = "", limit: int = 200) -> HTMLResponse:
-        return html(pages.ledger(data, node[:64], kind[:64], max(1, min(limit, 5000)), base))
+    async def ledger(
+        request: Request, node: str = "", kind: str = "", before: int = -1, limit: int = 50
+    ) -> Response:
+        node, kind = node.strip().lower(), kind.strip()
+        if not set(node) <= HEX or len(node) > 32:
+            return html(pages.message("bad filter", "node ids are 32 hex digits", base), 400)
+        if kind and kind not in ENTRY_KINDS:
+            known = ", ".join(ENTRY_KINDS)
+            return html(pages.message("bad filter", f"kind is one of {known}", base), 400)
+        query = pages.LedgerQuery(node, kind, before if before >= 0 else None)
+        return await page(request, pages.ledger, data, query, max(1, min(limit, MAX_PAGE)), base)
 
     @app.get("/login")
-    def login_form(next: str = "") -> HTMLResponse:
-        return html(pages.login(_safe_next(next), base))
+    async def login_form(request: Request, next: str = "") -> Response:
+        return refused(request) or html(pages.login(_safe_next(next), base))
 
     @app.post("/login")
     async def login(request: Request) -> Response:
+        no = refused(request)  # token guesses are page loads too
+        if no is not None:
+            return no
         form = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
         given = form.get("token", [""])[0].strip()
         target = _safe_next(form.get("next", [""])[0])
