@@ -66,7 +66,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     ctx = make_context(orch, run / "orchestrator")
     data = RunData(ctx, run, orch.public_key_hex)
     token = admin_token(run / "orchestrator")
-    server = OrchestratorServer(ctx, mounts={"/ui": build_dashboard(data, token)})
+    # one browser and the tests' requests, all from 127.0.0.1: a limit none of them reaches
+    roomy = RateLimit(per_s=100.0, burst=1000)
+    server = OrchestratorServer(ctx, mounts={"/ui": build_dashboard(data, token, limit=roomy)})
     with server:
         spec = PoolSpec(
             pool_id="swarm",

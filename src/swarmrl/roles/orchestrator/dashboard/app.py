@@ -10,8 +10,9 @@ and gets an HttpOnly cookie; scripts may send ``Authorization: Bearer TOKEN`` in
 allow scripts and styles from this server only (Content-Security-Policy), so nothing is ever
 loaded from another host.
 
-What a page may cost the orchestrator that serves it: each client address gets ``burst`` page
-loads at once and then ``per_s`` a second (:class:`RateLimit`; more is a 429 with Retry-After);
+What a page may cost the orchestrator that serves it: each client address gets ``burst``
+requests at once and then ``per_s`` a second, sign-in attempts included (:class:`RateLimit`;
+more is a 429 with Retry-After, answered before any routing);
 pages are built on one thread of their own, never on the event loop that answers the pool API,
 with at most ``queued`` waiting (more is a 503 with Retry-After) (:class:`PageWork`). Static
 files are neither limited nor queued. ``HEAD`` answers as ``GET`` does, without the body.
@@ -34,7 +35,13 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.staticfiles import StaticFiles
 
 from swarmrl.errors import PeerError
@@ -46,6 +53,11 @@ STATIC = Path(__file__).with_name("static")
 TOKEN_FILE = "ui-admin-token"
 COOKIE = "swarmrl_ui_admin"
 CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; frame-ancestors 'none'"
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 HEX = frozenset("0123456789abcdef")
 MAX_PAGE = 500  # ledger entries on one page
 
@@ -113,29 +125,39 @@ class PageWork:
 
 
 class _Asgi:
-    """ASGI middleware: the security headers of every answer, and ``HEAD`` served as ``GET``
-    without the body (the headers, ``content-length`` included, are the ``GET``'s)."""
+    """ASGI middleware, before any routing: the rate limit (static files aside), the security
+    headers of every answer, and ``HEAD`` served as ``GET`` without the body (the headers,
+    ``content-length`` included, are the ``GET``'s). A refusal is answered here, in a few
+    bytes, so a client that ignores Retry-After costs little more than its requests' parsing."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, limit: RateLimit) -> None:
+        self.app, self.limit = app, limit
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        head = scope["type"] == "http" and scope["method"] == "HEAD"
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        head = scope["method"] == "HEAD"
         if head:
             scope = {**scope, "method": "GET"}
 
         async def with_headers(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", [])
-                message["headers"] += [
-                    (b"content-security-policy", CSP.encode()),
-                    (b"x-content-type-options", b"nosniff"),
-                    (b"referrer-policy", b"no-referrer"),
-                ]
+                message["headers"] += SECURITY_HEADERS
             elif head and message["type"] == "http.response.body":
                 message = {**message, "body": b""}
             await send(message)
 
+        if "/static/" not in scope["path"]:
+            client = scope.get("client") or ("", 0)
+            wait = self.limit.wait_s(client[0])
+            if wait > 0:
+                retry = str(max(1, math.ceil(wait)))
+                text = f"too many page loads from your address: try again in {retry} s\n"
+                reply = PlainTextResponse(text, 429, headers={"retry-after": retry})
+                await reply(scope, receive, with_headers)
+                return
         await self.app(scope, receive, with_headers)
 
 
@@ -148,9 +170,8 @@ def build_dashboard(
 ) -> FastAPI:
     """The dashboard app over ``data``; mount it at ``base`` (which ends with ``/``)."""
     app = FastAPI(title="swarmrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(_Asgi)
+    app.add_middleware(_Asgi, limit=limit or RateLimit())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    limit = limit or RateLimit()
     work = work or PageWork()
 
     def is_admin(request: Request) -> bool:
@@ -160,25 +181,21 @@ def build_dashboard(
             given = auth[7:].strip()
         return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 
-    def html(body: str, status: int = 200, retry_after_s: float = 0.0) -> HTMLResponse:
+    def html(body: str, status: int = 200, retry_after_s: int = 0) -> HTMLResponse:
         headers = {"cache-control": "no-store"}
         if retry_after_s > 0:
-            headers["retry-after"] = str(max(1, math.ceil(retry_after_s)))
+            headers["retry-after"] = str(retry_after_s)
         return HTMLResponse(body, status, headers=headers)
 
-    def refused(request: Request) -> Response | None:
-        """The answer to a client over its rate, or to anyone while pages are queued full."""
-        wait = limit.wait_s(request.client.host if request.client else "")
-        if wait > 0:
-            text = "too many page loads from your address: try again in a moment"
-            return html(pages.message("slow down", text, base), 429, wait)
+    def busy() -> Response | None:
+        """The answer while pages are queued full (rate limits are the middleware's)."""
         if work.full():
             text = "the dashboard is busy: try again in a moment"
-            return html(pages.message("busy", text, base), 503, 2.0)
+            return html(pages.message("busy", text, base), 503, 2)
         return None
 
-    async def page(request: Request, build: Callable[..., str], *args: Any) -> Response:
-        return refused(request) or html(await work.run(build, *args))
+    async def page(build: Callable[..., str], *args: Any) -> Response:
+        return busy() or html(await work.run(build, *args))
 
     def sign_in(next_page: str) -> Response:
         return RedirectResponse(f"{base}login?next={next_page}", 303)
@@ -188,39 +205,34 @@ def build_dashboard(
         return html(pages.message("not found", str(exc), base), 404)
 
     @app.get("/")
-    async def overview(request: Request) -> Response:
-        return await page(request, pages.overview, data, base)
+    async def overview() -> Response:
+        return await page(pages.overview, data, base)
 
     @app.get("/api/steps")
-    async def steps(request: Request) -> Response:
-        no = refused(request)
-        if no is not None:
-            return no
-        rows = await work.run(data.step_rows)
-        return JSONResponse(rows, headers={"cache-control": "no-store"})
+    async def steps() -> Response:
+        no_store = {"cache-control": "no-store"}
+        return busy() or JSONResponse(await work.run(data.step_rows), headers=no_store)
 
     @app.get("/nodes")
     async def nodes(request: Request) -> Response:
         if not is_admin(request):
-            return refused(request) or sign_in("nodes")
-        return await page(request, pages.nodes, data, base)
+            return sign_in("nodes")
+        return await page(pages.nodes, data, base)
 
     @app.get("/nodes/{pool_id}/{node_id}/logs")
     async def node_logs(pool_id: str, node_id: str, request: Request) -> Response:
         if not is_admin(request):
-            return refused(request) or sign_in(f"nodes/{pool_id}/{node_id}/logs")
-        return await page(request, pages.node_logs, data, pool_id, node_id, base)
+            return sign_in(f"nodes/{pool_id}/{node_id}/logs")
+        return await page(pages.node_logs, data, pool_id, node_id, base)
 
     @app.get("/versions")
     async def versions(request: Request) -> Response:
         if not is_admin(request):
-            return refused(request) or sign_in("versions")
-        return await page(request, pages.versions, data, base)
+            return sign_in("versions")
+        return await page(pages.versions, data, base)
 
     @app.get("/ledger")
-    async def ledger(
-        request: Request, node: str = "", kind: str = "", before: int = -1, limit: int = 50
-    ) -> Response:
+    async def ledger(node: str = "", kind: str = "", before: int = -1, limit: int = 50) -> Response:
         node, kind = node.strip().lower(), kind.strip()
         if not set(node) <= HEX or len(node) > 32:
             return html(pages.message("bad filter", "node ids are 32 hex digits", base), 400)
@@ -228,17 +240,14 @@ def build_dashboard(
             known = ", ".join(ENTRY_KINDS)
             return html(pages.message("bad filter", f"kind is one of {known}", base), 400)
         query = pages.LedgerQuery(node, kind, before if before >= 0 else None)
-        return await page(request, pages.ledger, data, query, max(1, min(limit, MAX_PAGE)), base)
+        return await page(pages.ledger, data, query, max(1, min(limit, MAX_PAGE)), base)
 
     @app.get("/login")
-    async def login_form(request: Request, next: str = "") -> Response:
-        return refused(request) or html(pages.login(_safe_next(next), base))
+    async def login_form(next: str = "") -> Response:
+        return html(pages.login(_safe_next(next), base))
 
     @app.post("/login")
     async def login(request: Request) -> Response:
-        no = refused(request)  # token guesses are page loads too
-        if no is not None:
-            return no
         form = parse_qs((await request.body())[:4096].decode("utf-8", "replace"))
         given = form.get("token", [""])[0].strip()
         target = _safe_next(form.get("next", [""])[0])
