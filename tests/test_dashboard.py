@@ -11,6 +11,7 @@ plain HTTP. ``swarmrl dashboard RUN_DIR`` over real run directories: test_dashbo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -68,8 +69,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     token = admin_token(run / "orchestrator")
     # one browser and the tests' requests, all from 127.0.0.1: a limit none of them reaches
     roomy = RateLimit(per_s=100.0, burst=1000)
-    server = OrchestratorServer(ctx, mounts={"/ui": build_dashboard(data, token, limit=roomy)})
-    with server:
+    ui = build_dashboard(data, token, limit=roomy)
+    server = OrchestratorServer(ctx, mounts={"/ui": ui})
+    with server, contextlib.closing(ui.state.pages):
         spec = PoolSpec(
             pool_id="swarm",
             owner_key=owner.public_key_hex,
@@ -260,7 +262,8 @@ def test_the_ledger_page_is_paged_and_answers_before_the_chain_is_checked(tmp_pa
     """20,000 entries: the first page shows 50 of them at once, while the chain is checked
     in the background; older pages follow by link; a kind filter finds the rare entries."""
     data, nodes = _filler_ledger(tmp_path, 20_000)
-    with ThreadServer(build_dashboard(data, "t" * 32, base="/")) as server:
+    app = build_dashboard(data, "t" * 32, base="/")
+    with ThreadServer(app) as server, contextlib.closing(app.state.pages):
         first = httpx.get(f"{server.url}/ledger", timeout=30).text
         assert "chain: <b>checking</b>" in first  # not all 20,000 verified inside the page load
         assert first.count("<tr>") == 51  # header + 50 entries, newest first
@@ -273,23 +276,24 @@ def test_the_ledger_page_is_paged_and_answers_before_the_chain_is_checked(tmp_pa
         mine = httpx.get(f"{server.url}/ledger?node={nodes[3][:10]}").text
         assert mine.count(f"<code>{nodes[3][:12]}</code>") == 50
         assert httpx.get(f"{server.url}/ledger?node=zz").status_code == 400
-        data.ledger_check.wait(120)
-        done = httpx.get(f"{server.url}/ledger").text
-        assert "chain: <b>verified</b> (20000 entries" in done
+        verified = "chain: <b>verified</b> (20000 entries"
+        _wait(lambda: verified in httpx.get(f"{server.url}/ledger").text, "the check", 180)
 
 
 def test_a_client_over_its_page_rate_gets_429_with_retry_after(live):
     """Three page loads at once, then one a second; other clients and static files unaffected."""
     data = RunData(None, live["run"], None)
-    limit = RateLimit(per_s=1.0, burst=3)
-    with ThreadServer(build_dashboard(data, live["token"], base="/", limit=limit)) as server:
+    now = [0.0]  # the limit's clock, moved by the test (a page's build takes its own time)
+    limit = RateLimit(per_s=1.0, burst=3, clock=lambda: now[0])
+    app = build_dashboard(data, live["token"], base="/", limit=limit)
+    with ThreadServer(app) as server, contextlib.closing(app.state.pages):
         codes = [httpx.get(f"{server.url}/ledger").status_code for _ in range(3)]
         assert codes == [200, 200, 200]
         over = httpx.get(f"{server.url}/ledger")
         assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
         assert httpx.get(f"{server.url}/static/dashboard.css").status_code == 200
         assert limit.wait_s("192.0.2.7") == 0.0  # another address has its own bucket
-        time.sleep(float(over.headers["retry-after"]))
+        now[0] += float(over.headers["retry-after"])
         assert httpx.get(f"{server.url}/ledger").status_code == 200
 
 

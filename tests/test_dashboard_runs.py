@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import httpx
@@ -91,7 +91,8 @@ def _command(run_dir: Path, tmp: Path) -> Iterator[tuple[str, subprocess.Popen]]
 
 @contextmanager
 def _served(run_dir: Path) -> Iterator[str]:
-    with ThreadServer(run_app(run_dir)) as server:
+    app = run_app(run_dir)
+    with ThreadServer(app) as server, closing(app.state.pages):
         yield f"{server.url}/ui/"
 
 

@@ -115,7 +115,6 @@ def run_app(run_dir: Path, db_url: str = "") -> FastAPI:
         no_pool="this run trained colocated: it had no pool, nodes or ledger",
         no_key=pieces.key_source,
     )
-    data.verify_ledger()  # start checking the chain now, not at the first page load
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -124,8 +123,9 @@ def run_app(run_dir: Path, db_url: str = "") -> FastAPI:
 
     # a colocated run has no orchestrator (and no admin pages worth a token file in its folder)
     token = secrets.token_urlsafe(24) if pieces.colocated else admin_token(run_dir / "orchestrator")
-    app.mount("/ui", build_dashboard(data, token))
-    app.state.pieces = pieces
+    ui = build_dashboard(data, token)
+    app.mount("/ui", ui)
+    app.state.pieces, app.state.pages = pieces, ui.state.pages
     return app
 
 
@@ -150,5 +150,8 @@ def main(verb: str, argv: Sequence[str]) -> int:
         print(f"dashboard of {run_dir} at {server.url}/ui/")
         print(f"admin token (nodes, versions, logs): {run_dir / 'orchestrator' / TOKEN_FILE}")
     sys.stdout.flush()
-    server.run_until_stopped(args.port_file)
+    try:
+        server.run_until_stopped(args.port_file)
+    finally:
+        app.state.pages.close()
     return 0

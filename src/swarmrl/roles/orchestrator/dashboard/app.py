@@ -12,9 +12,9 @@ loaded from another host.
 
 What a page may cost the orchestrator that serves it: each client address gets ``burst``
 requests at once and then ``per_s`` a second, sign-in attempts included (:class:`RateLimit`;
-more is a 429 with Retry-After, answered before any routing);
-pages are built on one thread of their own, never on the event loop that answers the pool API,
-with at most ``queued`` waiting (more is a 503 with Retry-After) (:class:`PageWork`). Static
+more is a 429 with Retry-After, answered before any routing and only once the wait is over);
+pages are built in a child process (``.pagework``), never in the process whose event loop
+answers the pool API, with at most ``queued`` waiting (more is a 503 with Retry-After). Static
 files are neither limited nor queued. ``HEAD`` answers as ``GET`` does, without the body.
 
 Knows nothing about where the data comes from (``.data``) or how pages look (``.pages``).
@@ -29,7 +29,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -48,6 +48,7 @@ from swarmrl.errors import PeerError
 from swarmrl.ledger.chain import ENTRY_KINDS
 from swarmrl.roles.orchestrator.dashboard import pages
 from swarmrl.roles.orchestrator.dashboard.data import RunData
+from swarmrl.roles.orchestrator.dashboard.pagework import PageWork
 
 STATIC = Path(__file__).with_name("static")
 TOKEN_FILE = "ui-admin-token"
@@ -102,36 +103,21 @@ class RateLimit:
         return wait
 
 
-class PageWork:
-    """Page building on ``threads`` threads of its own, at most ``queued`` pages waiting.
-
-    The pool API runs its database work on the event loop's thread; a page built there (or
-    on the loop's shared thread pool) would hold it up. Used from the event loop's thread."""
-
-    def __init__(self, threads: int = 1, queued: int = 8) -> None:
-        self.queued = queued
-        self._waiting = 0
-        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="dashboard")
-
-    def full(self) -> bool:
-        return self._waiting >= self.queued
-
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self._waiting += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
-        finally:
-            self._waiting -= 1
-
-
 class _Asgi:
     """ASGI middleware, before any routing: the rate limit (static files aside), the security
     headers of every answer, and ``HEAD`` served as ``GET`` without the body (the headers,
-    ``content-length`` included, are the ``GET``'s). A refusal is answered here, in a few
-    bytes, so a client that ignores Retry-After costs little more than its requests' parsing."""
+    ``content-length`` included, are the ``GET``'s).
+
+    A refused request is answered here, in a few bytes, and only once the client's wait is
+    over (``Retry-After`` is then 1): a client that reloads as soon as it has an answer is
+    slowed to the limit's pace instead of costing the event loop a refusal every few hundred
+    microseconds. At most ``HELD`` refusals wait at a time; more are answered at once."""
+
+    HELD = 64
 
     def __init__(self, app: Any, limit: RateLimit) -> None:
         self.app, self.limit = app, limit
+        self._held = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -153,6 +139,13 @@ class _Asgi:
             client = scope.get("client") or ("", 0)
             wait = self.limit.wait_s(client[0])
             if wait > 0:
+                if self._held < self.HELD:
+                    self._held += 1
+                    try:
+                        await asyncio.sleep(wait)
+                    finally:
+                        self._held -= 1
+                    wait = 1.0 / self.limit.per_s  # the next request's share, at most
                 retry = str(max(1, math.ceil(wait)))
                 text = f"too many page loads from your address: try again in {retry} s\n"
                 reply = PlainTextResponse(text, 429, headers={"retry-after": retry})
@@ -168,11 +161,14 @@ def build_dashboard(
     limit: RateLimit | None = None,
     work: PageWork | None = None,
 ) -> FastAPI:
-    """The dashboard app over ``data``; mount it at ``base`` (which ends with ``/``)."""
+    """The dashboard app over ``data``; mount it at ``base`` (which ends with ``/``). Pages are
+    built by ``work`` (default: a child process over ``data.recipe()``), ``app.state.pages``;
+    close it when done serving."""
     app = FastAPI(title="swarmrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(_Asgi, limit=limit or RateLimit())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    work = work or PageWork()
+    work = work or PageWork(data.recipe())
+    app.state.pages = work
 
     def is_admin(request: Request) -> bool:
         given = request.cookies.get(COOKIE, "")
@@ -194,8 +190,14 @@ def build_dashboard(
             return html(pages.message("busy", text, base), 503, 2)
         return None
 
-    async def page(build: Callable[..., str], *args: Any) -> Response:
-        return busy() or html(await work.run(build, *args))
+    async def built(what: str, *args: Any) -> Any:
+        try:
+            return await work.run(what, *args)
+        except BrokenProcessPool as exc:
+            raise Restarting from exc
+
+    async def page(what: str, *args: Any) -> Response:
+        return busy() or html(await built(what, *args))
 
     def sign_in(next_page: str) -> Response:
         return RedirectResponse(f"{base}login?next={next_page}", 303)
@@ -204,32 +206,37 @@ def build_dashboard(
     async def _not_here(_: Request, exc: PeerError) -> HTMLResponse:
         return html(pages.message("not found", str(exc), base), 404)
 
+    @app.exception_handler(Restarting)
+    async def _restarting(_: Request, exc: Restarting) -> HTMLResponse:
+        text = "the dashboard's page process stopped and is starting again: retry"
+        return html(pages.message("restarting", text, base), 503, 2)
+
     @app.get("/")
     async def overview() -> Response:
-        return await page(pages.overview, data, base)
+        return await page("overview", base)
 
     @app.get("/api/steps")
     async def steps() -> Response:
         no_store = {"cache-control": "no-store"}
-        return busy() or JSONResponse(await work.run(data.step_rows), headers=no_store)
+        return busy() or JSONResponse(await built("step_rows"), headers=no_store)
 
     @app.get("/nodes")
     async def nodes(request: Request) -> Response:
         if not is_admin(request):
             return sign_in("nodes")
-        return await page(pages.nodes, data, base)
+        return await page("nodes", base)
 
     @app.get("/nodes/{pool_id}/{node_id}/logs")
     async def node_logs(pool_id: str, node_id: str, request: Request) -> Response:
         if not is_admin(request):
             return sign_in(f"nodes/{pool_id}/{node_id}/logs")
-        return await page(pages.node_logs, data, pool_id, node_id, base)
+        return await page("node_logs", pool_id, node_id, base)
 
     @app.get("/versions")
     async def versions(request: Request) -> Response:
         if not is_admin(request):
             return sign_in("versions")
-        return await page(pages.versions, data, base)
+        return await page("versions", base)
 
     @app.get("/ledger")
     async def ledger(node: str = "", kind: str = "", before: int = -1, limit: int = 50) -> Response:
@@ -240,7 +247,7 @@ def build_dashboard(
             known = ", ".join(ENTRY_KINDS)
             return html(pages.message("bad filter", f"kind is one of {known}", base), 400)
         query = pages.LedgerQuery(node, kind, before if before >= 0 else None)
-        return await page(pages.ledger, data, query, max(1, min(limit, MAX_PAGE)), base)
+        return await page("ledger", query, max(1, min(limit, MAX_PAGE)), base)
 
     @app.get("/login")
     async def login_form(next: str = "") -> Response:
@@ -258,6 +265,10 @@ def build_dashboard(
         return reply
 
     return app
+
+
+class Restarting(Exception):
+    """The page process died while building this page (the next page starts another)."""
 
 
 def _safe_next(target: str) -> str:

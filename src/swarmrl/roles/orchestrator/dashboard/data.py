@@ -11,11 +11,12 @@ buffered show once its flusher wrote them, within ``pool.heartbeat_flush_s``):
   ``report.json``, each role's ``status/<name>.json``, and the weight stores (the trainer's
   origin and each relay's ``shardcast`` store).
 
-What costs the orchestrator is bounded: no read takes the whole ledger, the chain is verified
-once in a background thread in small chunks with pauses (ledger entries never change once
-chained, so only new entries are checked later), and files are parsed again only when their size
-or modification time changed. A missing or half-written file is shown as absent, never an error:
-runs are read while they are being written. Knows nothing about HTML or HTTP.
+What costs the orchestrator is bounded: no read takes the whole ledger; the chain is verified
+once (ledger entries never change once chained) in a background thread, in small chunks with
+pauses, and afterwards only new entries; files are parsed again only when their size or
+modification time changed. A missing or half-written file
+is shown as absent, never an error: runs are read while they are being written. Knows nothing
+about HTML or HTTP.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class LedgerCheck:
     """
 
     def __init__(
-        self, engine: sa.Engine, orchestrator_key: str, chunk: int = 200, pause_s: float = 0.05
+        self, engine: sa.Engine, orchestrator_key: str, chunk: int = 200, pause_s: float = 0.02
     ) -> None:
         self.engine = engine
         self.chunk, self.pause_s = chunk, pause_s
@@ -155,12 +156,6 @@ class LedgerCheck:
         self._start()
         return ChainStatus("checking", f"{report.entries} of {total} entries verified so far")
 
-    def wait(self, timeout_s: float) -> None:
-        """Until the thread started by :meth:`status` has caught up (tests, the CLI)."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
-
     def _start(self) -> None:
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
@@ -178,6 +173,29 @@ class LedgerCheck:
                 if not check.feed(canonical_json(entry)):
                     return
             time.sleep(self.pause_s)
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    """What a :class:`RunData` is made of, in a form that can be sent to another process (the
+    database URL with its password: it travels over a pipe, never on a command line)."""
+
+    db_url: str | None
+    run_dir: Path | None
+    orchestrator_key: str | None
+    no_pool: str
+    no_key: str
+
+    def open(self) -> RunData:
+        """A view of its own, on an engine of its own that only reads."""
+        engine = None
+        if self.db_url is not None:
+            sqlite = self.db_url.startswith("sqlite")
+            connect = {"timeout": 30} if sqlite else {}
+            engine = sa.create_engine(self.db_url, connect_args=connect, pool_pre_ping=not sqlite)
+        return RunData(
+            engine, self.run_dir, self.orchestrator_key, no_pool=self.no_pool, no_key=self.no_key
+        )
 
 
 class RunData:
@@ -213,6 +231,13 @@ class RunData:
             if self.engine is not None and orchestrator_key is not None
             else None
         )
+
+    def recipe(self) -> DataRecipe:
+        """How to open this view again in another process (``.pagework``)."""
+        url = None
+        if self.engine is not None:
+            url = self.engine.url.render_as_string(hide_password=False)
+        return DataRecipe(url, self.run_dir, self.orchestrator_key, self.no_pool, self.no_key)
 
     @property
     def has_pool(self) -> bool:
