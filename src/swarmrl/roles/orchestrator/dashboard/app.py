@@ -14,8 +14,10 @@ What a page may cost the orchestrator that serves it: each client address gets `
 requests at once and then ``per_s`` a second, sign-in attempts included (:class:`RateLimit`;
 more is a 429 with Retry-After, answered before any routing and only once the wait is over);
 pages are built in a child process (``.pagework``), never in the process whose event loop
-answers the pool API, with at most ``queued`` waiting (more is a 503 with Retry-After). Static
-files are neither limited nor queued. ``HEAD`` answers as ``GET`` does, without the body.
+answers the pool API, with at most ``queued`` waiting (more is a 503 with Retry-After); a
+public page (overview, ledger, the step rows) built less than a second ago for the same path
+and query is answered again as it was (:class:`FreshFor`). Static files are neither limited
+nor queued. ``HEAD`` answers as ``GET`` does, without the body.
 
 Knows nothing about where the data comes from (``.data``) or how pages look (``.pages``).
 """
@@ -83,8 +85,8 @@ class RateLimit:
 
     def __init__(
         self,
-        per_s: float = 2.0,
-        burst: int = 10,
+        per_s: float = 1.0,
+        burst: int = 8,
         clients: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -101,6 +103,30 @@ class RateLimit:
         while len(self._buckets) > self.clients:
             self._buckets.popitem(last=False)
         return wait
+
+
+class FreshFor:
+    """Public answers kept ``ttl_s`` seconds by request (path and query), at most ``size``:
+    however many clients reload a public page, it is built about once a second. Used from the
+    event loop's thread."""
+
+    def __init__(
+        self, ttl_s: float = 1.0, size: int = 256, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ttl_s, self.size, self.clock = ttl_s, size, clock
+        self._kept: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+
+    def get(self, key: str) -> Any:
+        hit = self._kept.get(key)
+        if hit is None or hit[0] < self.clock():
+            return None
+        return hit[1]
+
+    def put(self, key: str, value: Any) -> None:
+        self._kept.pop(key, None)
+        self._kept[key] = (self.clock() + self.ttl_s, value)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
 
 
 class _Asgi:
@@ -160,6 +186,7 @@ def build_dashboard(
     base: str = "/ui/",
     limit: RateLimit | None = None,
     work: PageWork | None = None,
+    fresh: FreshFor | None = None,
 ) -> FastAPI:
     """The dashboard app over ``data``; mount it at ``base`` (which ends with ``/``). Pages are
     built by ``work`` (default: a child process over ``data.recipe()``), ``app.state.pages``;
@@ -167,8 +194,11 @@ def build_dashboard(
     app = FastAPI(title="swarmrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(_Asgi, limit=limit or RateLimit())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    work = work or PageWork(data.recipe())
+    if work is None:
+        work = PageWork(data.recipe())
+        work.start()
     app.state.pages = work
+    fresh = fresh or FreshFor()
 
     def is_admin(request: Request) -> bool:
         given = request.cookies.get(COOKIE, "")
@@ -199,6 +229,16 @@ def build_dashboard(
     async def page(what: str, *args: Any) -> Response:
         return busy() or html(await built(what, *args))
 
+    async def public(request: Request, what: str, *args: Any) -> Any:
+        """What ``what`` builds, from ``fresh`` when built for this request less than its
+        TTL ago (public answers only: the same for every client)."""
+        key = f"{request.url.path}?{request.url.query}"
+        value = fresh.get(key)
+        if value is None:
+            value = await built(what, *args)
+            fresh.put(key, value)
+        return value
+
     def sign_in(next_page: str) -> Response:
         return RedirectResponse(f"{base}login?next={next_page}", 303)
 
@@ -212,13 +252,13 @@ def build_dashboard(
         return html(pages.message("restarting", text, base), 503, 2)
 
     @app.get("/")
-    async def overview() -> Response:
-        return await page("overview", base)
+    async def overview(request: Request) -> Response:
+        return busy() or html(await public(request, "overview", base))
 
     @app.get("/api/steps")
-    async def steps() -> Response:
+    async def steps(request: Request) -> Response:
         no_store = {"cache-control": "no-store"}
-        return busy() or JSONResponse(await built("step_rows"), headers=no_store)
+        return busy() or JSONResponse(await public(request, "step_rows"), headers=no_store)
 
     @app.get("/nodes")
     async def nodes(request: Request) -> Response:
@@ -239,7 +279,9 @@ def build_dashboard(
         return await page("versions", base)
 
     @app.get("/ledger")
-    async def ledger(node: str = "", kind: str = "", before: int = -1, limit: int = 50) -> Response:
+    async def ledger(
+        request: Request, node: str = "", kind: str = "", before: int = -1, limit: int = 50
+    ) -> Response:
         node, kind = node.strip().lower(), kind.strip()
         if not set(node) <= HEX or len(node) > 32:
             return html(pages.message("bad filter", "node ids are 32 hex digits", base), 400)
@@ -247,7 +289,9 @@ def build_dashboard(
             known = ", ".join(ENTRY_KINDS)
             return html(pages.message("bad filter", f"kind is one of {known}", base), 400)
         query = pages.LedgerQuery(node, kind, before if before >= 0 else None)
-        return await page("ledger", query, max(1, min(limit, MAX_PAGE)), base)
+        return busy() or html(
+            await public(request, "ledger", query, max(1, min(limit, MAX_PAGE)), base)
+        )
 
     @app.get("/login")
     async def login_form(next: str = "") -> Response:
