@@ -36,16 +36,17 @@ from swarmrl.identity import KeyPair
 from swarmrl.ledger.chain import Entry, Ledger
 from swarmrl.pool import service
 from swarmrl.pool.server import make_context
+from swarmrl.protocol.pool import PoolSpec
 from swarmrl.testing.pool_nodes import spawn_orchestrator
 
 
-def filled_run(tmp: Path, entries: int, spec) -> Path:  # type: ignore[no-untyped-def]
+def filled_run(tmp: Path, entries: int, spec: PoolSpec) -> Path:
     """An orchestrator key and database holding the pool and ``entries`` ledger entries."""
     orch = KeyPair.generate()
     orch.save(tmp / "orch.json")
     ctx = make_context(orch, tmp / "run")
     service.create_pool(ctx, spec)
-    rng_nodes = [KeyPair.generate().node_id for _ in range(200)]
+    nodes = [KeyPair.generate().node_id for _ in range(200)]
     with ctx.engine.begin() as conn:
         Ledger(orch).append_many(
             conn,
@@ -54,7 +55,7 @@ def filled_run(tmp: Path, entries: int, spec) -> Path:  # type: ignore[no-untype
                     "node_joined",
                     {"metadata": {"note": "x" * 400, "i": i}},
                     pool_id=spec.pool_id,
-                    node_id=rng_nodes[i % len(rng_nodes)],
+                    node_id=nodes[i % len(nodes)],
                 )
                 for i in range(entries)
             ],
@@ -73,7 +74,7 @@ def rss_mib(pid: int) -> float:
 
 def reload_loop(url: str, address: str, t0: float, t1: float, out: dict) -> None:
     """Reload the ledger page from ``address`` until ``t1``, as fast as answers come."""
-    codes: Counter[int] = Counter()
+    codes: Counter[int | str] = Counter()
     lat: list[float] = []
     transport = httpx.HTTPTransport(local_address=address)
     with httpx.Client(transport=transport, timeout=60) as client:
@@ -83,7 +84,7 @@ def reload_loop(url: str, address: str, t0: float, t1: float, out: dict) -> None
             try:
                 codes[client.get(f"{url}/ui/ledger").status_code] += 1
             except httpx.HTTPError as exc:
-                codes[type(exc).__name__] += 1  # type: ignore[index]
+                codes[type(exc).__name__] += 1
             lat.append(time.perf_counter() - begun)
     out[address] = {"codes": dict(codes), "lat": lat}
 
