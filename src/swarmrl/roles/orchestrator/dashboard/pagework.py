@@ -21,6 +21,7 @@ import asyncio
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -45,8 +46,18 @@ def _open(recipe: DataRecipe) -> None:
     """The child's start: lower its priority below the orchestrator's, then open its view."""
     global _VIEW
     _yield_processor()
+    parent = os.getppid()
+    threading.Thread(target=_end_with, args=(parent,), name="parent-watch", daemon=True).start()
     _VIEW = recipe.open()
     _VIEW.verify_ledger()  # start checking the chain now, not at the first ledger page
+
+
+def _end_with(parent: int) -> None:
+    """End this process once ``parent`` is gone (killed, it closes nothing that would tell the
+    child; a session of its own, no signal to its group reaches the child either)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _yield_processor() -> None:
