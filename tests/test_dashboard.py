@@ -4,28 +4,35 @@ The orchestrator serves its pool API and the dashboard on one port; nodes join t
 real API, one is banned through the admin route, and the run directory gets step rows the way
 the trainer writes them while it runs (``trainer/steps.jsonl``). Chromium (Debian's
 ``chromium`` + ``chromium-driver``, installed by ``.ci/services``) loads every page; the test
-fails on any console error and saves screenshots under ``test-artifacts/dashboard/``.
+fails on any console error and saves screenshots under ``test-artifacts/dashboard/``. What a
+page may cost the orchestrator (rate limit, paging, a ledger checked once) is tested over
+plain HTTP. ``swarmrl dashboard RUN_DIR`` over real run directories: test_dashboard_runs.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from swarmrl.identity import KeyPair
+from swarmrl.ledger.chain import Entry, Ledger
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
 from swarmrl.pool.server import OrchestratorServer, make_context
+from swarmrl.pool.state.db import make_engine, sqlite_url
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import Heartbeat, InvalidateRequest, PoolSpec
-from swarmrl.roles.orchestrator.dashboard.app import admin_token, build_dashboard
+from swarmrl.roles.orchestrator.dashboard.app import RateLimit, admin_token, build_dashboard
 from swarmrl.roles.orchestrator.dashboard.data import RunData
+from swarmrl.serving import ThreadServer
 from swarmrl.testing.pool_nodes import CPU_NODE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,13 +64,14 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     steps = run / "trainer" / "steps.jsonl"
     steps.write_text("".join(json.dumps(_row(s)) + "\n" for s in range(3)))
     orch, owner = KeyPair.generate(), KeyPair.generate()
-    (run / "keys").mkdir()
-    orch.save(run / "keys" / "orchestrator.json")
     ctx = make_context(orch, run / "orchestrator")
     data = RunData(ctx, run, orch.public_key_hex)
     token = admin_token(run / "orchestrator")
-    server = OrchestratorServer(ctx, mounts={"/ui": build_dashboard(data, token)})
-    with server:
+    # one browser and the tests' requests, all from 127.0.0.1: a limit none of them reaches
+    roomy = RateLimit(per_s=100.0, burst=1000)
+    ui = build_dashboard(data, token, limit=roomy)
+    server = OrchestratorServer(ctx, mounts={"/ui": ui})
+    with server, contextlib.closing(ui.state.pages):
         spec = PoolSpec(
             pool_id="swarm",
             owner_key=owner.public_key_hex,
@@ -160,9 +168,20 @@ def test_overview_draws_curves_with_points_and_follows_the_run(live, browser):
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
+def _sign_in(browser, live: dict, page: str) -> None:
+    """Sign in through the login form, landing on ``page``."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(live["url"] + f"login?next={page}")
+    browser.find_element(By.NAME, "token").send_keys(live["token"])
+    browser.find_element(By.CSS_SELECTOR, "form button").click()
+    _wait(lambda: "admin sign-in" not in browser.title, "the sign-in")
+
+
 def test_a_banned_node_shows_as_banned_with_its_reason(live, browser):
     from selenium.webdriver.common.by import By
 
+    _sign_in(browser, live, "nodes")
     _open(browser, live["url"] + "nodes", "nodes")
     rows = browser.find_elements(By.CSS_SELECTOR, "table.nodes tbody tr")
     assert len(rows) == 3
@@ -181,12 +200,18 @@ def test_versions_and_ledger_pages_load_and_the_chain_verifies(live, browser):
 
     _open(browser, live["url"] + "versions", "versions")
     assert "who holds which version" in browser.page_source
+
+    def verified() -> bool:  # the chain is checked in the background, once
+        browser.get(live["url"] + "ledger")
+        return browser.find_element(By.CSS_SELECTOR, ".chain b").text == "verified"
+
+    _wait(verified, "the chain check")
     _open(browser, live["url"] + "ledger", "ledger")
-    assert browser.find_element(By.CSS_SELECTOR, ".chain b").text == "verified"
     node = live["nodes"][0].node_id
     _open(browser, live["url"] + f"ledger?node={node[:8]}&kind=invalidation", "ledger-filtered")
     cells = browser.find_elements(By.CSS_SELECTOR, "table.ledger tbody tr")
     assert len(cells) == 1 and BAN_REASON in cells[0].text
+    browser.delete_all_cookies()  # signed out again for the sign-in test
 
 
 def test_node_logs_need_the_admin_token(live, browser):
@@ -208,18 +233,78 @@ def test_node_logs_need_the_admin_token(live, browser):
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
-def test_swarmrl_dashboard_serves_the_same_pages_over_the_run_directory(live):
-    """``swarmrl dashboard RUN_DIR``'s app: the run's database, key, rows and admin token."""
-    from swarmrl.serving import ThreadServer
-    from swarmrl.tools.dashboard import run_app
+# --- what a page may cost the orchestrator (plain HTTP) --------------------------------------
 
-    with ThreadServer(run_app(live["run"])) as server:
-        assert httpx.get(server.url, follow_redirects=False).headers["location"] == "/ui/"
-        nodes = httpx.get(f"{server.url}/ui/nodes").text
-        assert BAN_REASON in nodes and nodes.count('class="state banned"') == 1
-        assert "<b>verified</b>" in httpx.get(f"{server.url}/ui/ledger").text
-        assert [r["step"] for r in httpx.get(f"{server.url}/ui/api/steps").json()][:3] == [0, 1, 2]
-        node = live["nodes"][1].node_id
-        logs = f"{server.url}/ui/nodes/swarm/{node}/logs"
-        bearer = {"authorization": "Bearer " + live["token"]}
-        assert f"hello from {node[:6]}" in httpx.get(logs, headers=bearer).text
+
+def _filler_ledger(run: Path, entries: int) -> tuple[RunData, Any]:
+    """A pool database whose ledger holds ``entries`` signed entries (node joins of about the
+    size of a real run's entries, a hard invalidation every 1,000th), and a dashboard over it."""
+    orch = KeyPair.generate()
+    engine = make_engine(sqlite_url(run / "pool.db"))
+    nodes = [KeyPair.generate().node_id for _ in range(20)]
+    batch = [
+        Entry(
+            "invalidation" if i % 1000 == 999 else "node_joined",
+            {"severity": "hard", "reason": f"ban {i}"}
+            if i % 1000 == 999
+            else {"metadata": {"note": "x" * 400, "i": i}},
+            pool_id="swarm",
+            node_id=nodes[i % len(nodes)],
+        )
+        for i in range(entries)
+    ]
+    with engine.begin() as conn:
+        Ledger(orch).append_many(conn, batch)
+    return RunData(engine, run, orch.public_key_hex), nodes
+
+
+def test_the_ledger_page_is_paged_and_answers_before_the_chain_is_checked(tmp_path):
+    """20,000 entries: the first page shows 50 of them at once, while the chain is checked
+    in the background; older pages follow by link; a kind filter finds the rare entries."""
+    data, nodes = _filler_ledger(tmp_path, 20_000)
+    app = build_dashboard(data, "t" * 32, base="/")
+    with ThreadServer(app) as server, contextlib.closing(app.state.pages):
+        first = httpx.get(f"{server.url}/ledger", timeout=30).text
+        assert "chain: <b>checking</b>" in first  # not all 20,000 verified inside the page load
+        assert first.count("<tr>") == 51  # header + 50 entries, newest first
+        assert "entries 19999 down to 19950 shown" in first
+        older = first.split("class='older' href='", 1)[1].split("'", 1)[0].replace("&amp;", "&")
+        second = httpx.get(f"{server.url}/{older}").text
+        assert "entries 19949 down to 19900 shown" in second
+        bans = httpx.get(f"{server.url}/ledger?kind=invalidation&limit=500").text
+        assert bans.count("<tr>") == 21 and "ban 19999" in bans and "ban 999<" not in bans
+        mine = httpx.get(f"{server.url}/ledger?node={nodes[3][:10]}").text
+        assert mine.count(f"<code>{nodes[3][:12]}</code>") == 50
+        assert httpx.get(f"{server.url}/ledger?node=zz").status_code == 400
+        verified = "chain: <b>verified</b> (20000 entries"
+        _wait(lambda: verified in httpx.get(f"{server.url}/ledger").text, "the check", 180)
+
+
+def test_a_client_over_its_page_rate_gets_429_with_retry_after(live):
+    """Three page loads at once, then one a second; other clients and static files unaffected."""
+    data = RunData(None, live["run"], None)
+    now = [0.0]  # the limit's clock, moved by the test (a page's build takes its own time)
+    limit = RateLimit(per_s=1.0, burst=3, clock=lambda: now[0])
+    app = build_dashboard(data, live["token"], base="/", limit=limit)
+    with ThreadServer(app) as server, contextlib.closing(app.state.pages):
+        codes = [httpx.get(f"{server.url}/ledger").status_code for _ in range(3)]
+        assert codes == [200, 200, 200]
+        over = httpx.get(f"{server.url}/ledger")
+        assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
+        assert httpx.get(f"{server.url}/static/dashboard.css").status_code == 200
+        assert limit.wait_s("192.0.2.7") == 0.0  # another address has its own bucket
+        now[0] += float(over.headers["retry-after"])
+        assert httpx.get(f"{server.url}/ledger").status_code == 200
+
+
+def test_node_pages_need_the_token_and_head_answers_like_get(live):
+    base = live["url"]
+    for page in ("nodes", "versions"):
+        assert httpx.get(base + page).headers["location"] == f"/ui/login?next={page}"
+    bearer = {"authorization": "Bearer " + live["token"]}
+    assert live["nodes"][2].node_id[:12] in httpx.get(base + "nodes", headers=bearer).text
+    _wait(lambda: "<b>verified</b>" in httpx.get(base + "ledger").text, "the chain check")
+    for page in ("", "ledger", "static/dashboard.js"):
+        head, get = httpx.head(base + page), httpx.get(base + page)
+        assert head.status_code == get.status_code == 200, page
+        assert head.content == b"" and head.headers["content-length"] == str(len(get.content))

@@ -57,6 +57,8 @@ ledger_table = sa.Table(
     sa.Column("prev_hash", sa.String(64), nullable=False),
     sa.Column("entry_hash", sa.String(64), nullable=False),
     sa.Column("signature", sa.String(128), nullable=False),
+    # the dashboard's ledger pages filtered by kind, newest first (invalidations, verdicts …)
+    sa.Index("ix_ledger_kind_seq", "kind", "seq"),
 )
 
 

@@ -43,6 +43,40 @@ def read_entries_from(engine: sa.Engine, start: int, limit: int) -> list[dict[st
         return [_export_form(r) for r in conn.execute(query).all()]
 
 
+def read_page(
+    engine: sa.Engine,
+    before: int,
+    limit: int,
+    *,
+    kind: str = "",
+    pool_id: str | None = None,
+    node_prefix: str = "",
+) -> list[dict[str, Any]]:
+    """At most ``limit`` entries with ``seq < before``, newest first, in export form, filtered
+    by kind, pool and node id prefix (lowercase hex). Each filter runs on an index (kind: ``ix_ledger_kind_seq``,
+    node: the node id index, as a range), so a page costs its own rows, not the ledger's."""
+    c = ledger_table.c
+    query = sa.select(ledger_table).where(c.seq < before)
+    if kind:
+        query = query.where(c.kind == kind)
+    if pool_id is not None:
+        query = query.where(c.pool_id == pool_id)
+    if node_prefix:
+        # a range rather than LIKE ('p%' uses no index on SQLite by default); node ids are
+        # lowercase hex, so every id starting with the prefix sorts below prefix + "g"
+        query = query.where(c.node_id >= node_prefix, c.node_id < node_prefix + "g")
+    query = query.order_by(c.seq.desc()).limit(limit)
+    with engine.connect() as conn:
+        return [_export_form(r) for r in conn.execute(query).all()]
+
+
+def head_count(engine: sa.Engine) -> int:
+    """The number of entries in the ledger (its last ``seq`` + 1; 0 when empty)."""
+    with engine.connect() as conn:
+        last = conn.execute(sa.select(sa.func.max(ledger_table.c.seq))).scalar()
+    return 0 if last is None else int(last) + 1
+
+
 def _export_form(r: sa.Row[Any]) -> dict[str, Any]:
     return {
         "seq": r.seq,

@@ -150,6 +150,50 @@ def _check_assignment(commits: dict[tuple[Any, Any], str], entry: dict[str, Any]
     return ""
 
 
+class ChainCheck:
+    """The entry-by-entry part of a verification, kept between calls: feed the entries of a
+    ledger in sequence order as they come (``swarmrl.roles.orchestrator.dashboard`` checks a
+    live ledger once and then only its new entries: chained entries never change).
+    ``report`` is the verification so far; once an entry fails, every later feed is refused."""
+
+    def __init__(self, orchestrator_key: str) -> None:
+        self.orchestrator_key = orchestrator_key
+        self.report = VerifyReport(True, 0)
+        self._commits: dict[tuple[Any, Any], str] = {}
+        self._spot = SpotCheckReplay()
+
+    def feed(self, raw: bytes, where: str = "") -> bool:
+        """Check the next entry (its canonical line, without newline); False when it or an
+        earlier one is bad. ``where`` locates the line in the report (" (line 7)")."""
+        report = self.report
+        if not report.ok:
+            return False
+        entry, reason = _check_entry(raw, report.entries, report.last_hash, self.orchestrator_key)
+        if entry is not None:
+            reason = _check_assignment(self._commits, entry) or self._spot.feed(entry)
+        if reason:
+            report.ok, report.reason = False, reason
+            report.first_bad = f"entry {report.entries}{where}"
+            return False
+        assert entry is not None
+        _tally(report.contributions, entry)
+        report.entries += 1
+        report.last_hash = entry["entry_hash"]
+        return True
+
+    def finish(self) -> VerifyReport:
+        """The report once every entry was fed: the spot checks' end-of-ledger rule applied."""
+        report = self.report
+        if not report.ok:
+            return report
+        reason = self._spot.finish()
+        report.spot_checks_verified = self._spot.verified
+        report.spot_checks_unrevealed = len(self._spot.unrevealed)
+        if reason:
+            report.ok, report.first_bad, report.reason = False, "spot checks", reason
+        return report
+
+
 def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
     """Verify an export given as lines (without newlines); see the module docstring."""
     if not lines:
@@ -164,26 +208,14 @@ def verify_lines(lines: list[bytes], orchestrator_key: str) -> VerifyReport:
         return VerifyReport(False, 0, "header", f"header fields {sorted(header)} are not expected")
     if header["format"] != EXPORT_FORMAT:
         return VerifyReport(False, 0, "header", f"format {header['format']!r} unknown")
-    report = VerifyReport(True, 0)
-    commits: dict[tuple[Any, Any], str] = {}
-    spot = SpotCheckReplay()
+    check = ChainCheck(orchestrator_key)
     for line_no, raw in enumerate(lines[1:], start=2):
-        entry, reason = _check_entry(raw, report.entries, report.last_hash, orchestrator_key)
-        if entry is not None:
-            reason = _check_assignment(commits, entry) or spot.feed(entry)
-            entry = None if reason else entry
-        if entry is None:
-            report.ok, report.reason = False, reason
-            report.first_bad = f"entry {report.entries} (line {line_no})"
-            return report
-        _tally(report.contributions, entry)
-        report.entries += 1
-        report.last_hash = entry["entry_hash"]
-    reason = spot.finish()
-    report.spot_checks_verified, report.spot_checks_unrevealed = spot.verified, len(spot.unrevealed)
-    if reason:
-        report.ok, report.first_bad, report.reason = False, "spot checks", reason
-    elif header["entries"] != report.entries:
+        if not check.feed(raw, f" (line {line_no})"):
+            return check.report
+    report = check.finish()
+    if not report.ok:
+        return report
+    if header["entries"] != report.entries:
         report.ok, report.first_bad = False, "header"
         report.reason = f"header says {header['entries']!r} entries, file holds {report.entries}"
     elif header["last_hash"] != report.last_hash:

@@ -5,7 +5,8 @@ browser by the vendored uPlot from the step rows embedded in the page and refres
 ``api/steps``), nodes (state, ban reason, throughput, version held, verdicts, reputation, last
 heartbeat, a link to the admin-only log tail), weight versions (what each store holds and which
 version each role and node reports) and the ledger explorer (filter by node or kind; the
-chain's verification status). Knows nothing about HTTP or where the data comes from.
+chain's verification status; a page at a time, newest first). Knows nothing about HTTP or where
+the data comes from.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from html import escape
 from typing import Any
+from urllib.parse import urlencode
 
 from swarmrl.roles.orchestrator.dashboard.data import NodeRow, RunData
 
@@ -119,9 +122,19 @@ def _node_cells(row: NodeRow, pool_id: str, now: float) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class LedgerQuery:
+    """What the ledger explorer shows: entries older than ``before`` (None: the newest),
+    of nodes whose id starts with ``node`` (hex), of one ``kind`` ("" for all)."""
+
+    node: str = ""
+    kind: str = ""
+    before: int | None = None
+
+
 def nodes(data: RunData, base: str) -> str:
     now = time.time()
-    parts = []
+    parts = [] if data.has_pool else [f"<p>{escape(data.no_pool)}</p>"]
     for pool in data.pools():
         pool_id = pool.spec.pool_id
         rows = [_node_cells(r, pool_id, now) for r in data.nodes(pool_id)]
@@ -145,8 +158,8 @@ def nodes(data: RunData, base: str) -> str:
     return layout("nodes", "nodes", "".join(parts) or "<p>no pools</p>", base=base)
 
 
-def node_logs(pool_id: str, node_id: str, lines: list[str], base: str) -> str:
-    text = escape("\n".join(lines)) or "(no lines reported)"
+def node_logs(data: RunData, pool_id: str, node_id: str, base: str) -> str:
+    text = escape("\n".join(data.node_logs(pool_id, node_id))) or "(no lines reported)"
     body = f"<p>pool {escape(pool_id)}, node <code>{escape(node_id)}</code></p><pre>{text}</pre>"
     return layout("node log tail", "nodes", body, base=base)
 
@@ -154,7 +167,10 @@ def node_logs(pool_id: str, node_id: str, lines: list[str], base: str) -> str:
 def versions(data: RunData, base: str) -> str:
     parts = []
     pool_rows = [[escape(p.spec.pool_id), str(p.current_version)] for p in data.pools()]
-    parts.append(_table(["pool", "version announced"], pool_rows))
+    if data.has_pool:
+        parts.append(_table(["pool", "version announced"], pool_rows))
+    else:
+        parts.append(f"<p>{escape(data.no_pool)}</p>")
     stores = [
         [
             escape(s.name),
@@ -185,11 +201,13 @@ def versions(data: RunData, base: str) -> str:
     return layout("weight versions", "versions", "".join(parts), base=base)
 
 
-def ledger(data: RunData, node_id: str, kind: str, limit: int, base: str) -> str:
-    ok, detail = data.verify_ledger()
-    status = {True: "verified", False: "BROKEN", None: "unchecked"}[ok]
-    entries = data.ledger(node_id=node_id, kind=kind)
-    shown = entries[-limit:][::-1]
+def ledger(data: RunData, query: LedgerQuery, limit: int, base: str) -> str:
+    if not data.has_pool:
+        return layout("ledger", "ledger", f"<p>{escape(data.no_pool)}</p>", base=base)
+    chain = data.verify_ledger()
+    found = data.ledger_page(
+        before=query.before, node_prefix=query.node, kind=query.kind, limit=limit
+    )
     rows = [
         [
             str(e["seq"]),
@@ -199,17 +217,30 @@ def ledger(data: RunData, node_id: str, kind: str, limit: int, base: str) -> str
             f"<code>{escape((e['node_id'] or '')[:12])}</code>",
             f"<code>{escape(json.dumps(e['body'])[:300])}</code>",
         ]
-        for e in shown
+        for e in found.entries
     ]
     form = (
         "<form method='get' action='ledger'>"
-        f"node id starts with <input name='node' value='{escape(node_id)}'> "
-        f"kind <input name='kind' value='{escape(kind)}'> <button>filter</button></form>"
+        f"node id starts with <input name='node' value='{escape(query.node)}'> "
+        f"kind <input name='kind' value='{escape(query.kind)}'> <button>filter</button></form>"
     )
+    filters = {k: v for k, v in (("node", query.node), ("kind", query.kind)) if v}
+    links = []
+    if query.before is not None:
+        links.append(f"<a href='ledger?{escape(urlencode(filters))}'>newest</a>")
+    if found.older is not None:
+        older = urlencode({**filters, "before": found.older, "limit": limit})
+        links.append(f"<a class='older' href='ledger?{escape(older)}'>older entries</a>")
+    if found.entries:
+        shown = f"entries {found.entries[0]['seq']} down to {found.entries[-1]['seq']} shown"
+    else:
+        shown = "no matching entries here"
     body = (
-        f"<p class='chain {status.lower()}'>chain: <b>{status}</b> ({escape(detail)})</p>{form}"
-        f"<p>{len(entries)} matching entries, newest {len(shown)} shown</p>"
+        f"<p class='chain {chain.state}'>chain: <b>{chain.state}</b> ({escape(chain.detail)})</p>"
+        f"{form}"
+        f"<p>{found.total} entries in the ledger; {shown} (newest first)</p>"
         + _table(["seq", "time (UTC)", "kind", "pool", "node", "body"], rows, "ledger")
+        + f"<p class='pages'>{' · '.join(links)}</p>"
     )
     return layout("ledger", "ledger", body, base=base)
 
@@ -221,7 +252,7 @@ def message(title: str, text: str, base: str) -> str:
 def login(next_page: str, base: str, failed: bool = False) -> str:
     note = "<p class='reason'>wrong token</p>" if failed else ""
     body = (
-        f"{note}<p>Admin pages (node log tails) need the token in the orchestrator's "
+        f"{note}<p>Admin pages (nodes, weight versions, node log tails) need the token in the orchestrator's "
         "<code>ui-admin-token</code> file.</p>"
         "<form method='post' action='login'>"
         f"<input type='hidden' name='next' value='{escape(next_page)}'>"
