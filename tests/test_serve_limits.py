@@ -298,3 +298,19 @@ def test_health_answers_while_45_clients_give_up_on_long_requests(server: ServeP
     assert 429 in statuses and "gave up" in statuses, statuses
     assert set(statuses) <= {429, "gave up"}, statuses
     _idle(server, 5)  # nothing left generating for clients that are gone
+
+
+def test_the_body_limit_set_is_the_one_held_on_every_path(colocated_run: Path):
+    """``--max-body-bytes`` above the HTTP layer's default (8 MiB) is the limit: a 9 MiB body
+    reaches the app (and is refused there for its content, before tokenizing), and a body over
+    the limit is refused in the same OpenAI error form."""
+    limit = 12 << 20
+    flags = ["--threads", "1", "--max-body-bytes", str(limit), "--max-prompt-chars", "4096"]
+    with ServeProcess(colocated_run, *flags) as proc:
+        prompt = [{"role": "user", "content": "1" * (9 << 20)}]
+        answer = httpx.post(proc.url + CHAT, json={"messages": prompt}, timeout=60)
+        assert _error(answer, 400)["code"] != "request_too_large"  # the app's own checks answer
+        with _raw(proc, _head(limit + 1)) as sock:  # refused on its head, in the same form
+            status, body = _answer(sock)
+        assert status == 413 and body["error"]["code"] == "request_too_large"
+        assert f"{limit}" in body["error"]["message"]

@@ -71,6 +71,22 @@ def error_body(message: str, kind: str, param: str | None, code: str | None) -> 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+# the codes of the refusals the HTTP layer answers before the app sees a request
+HTTP_REFUSAL_CODES = {
+    400: "invalid_request",
+    408: "request_timeout",
+    413: "request_too_large",
+    431: "request_header_too_large",
+}
+
+
+def openai_refusal(status: int, message: str) -> tuple[bytes, bytes]:
+    """A refusal of the HTTP layer (``swarmrl.protocol.http_limits``) as an OpenAI error body,
+    so a client sees one error shape whichever layer answered."""
+    body = error_body(message, "invalid_request_error", None, HTTP_REFUSAL_CODES.get(status))
+    return b"application/json", json.dumps(body).encode()
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 

@@ -152,6 +152,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     from swarmrl.serving import ThreadServer
     from swarmrl.tools.openai_api import build_app
     from swarmrl.tools.openai_policy import Policy
+    from swarmrl.tools.openai_wire import openai_refusal
 
     if args.threads is not None:
         import torch
@@ -163,8 +164,16 @@ def main(verb: str, argv: Sequence[str]) -> int:
     engine = TorchEngine(model, tokenizer, args.device)
     served = Policy(engine, tokenizer, name)
     app = build_app(served, limits, args.api_key)
-    head = HttpLimits(limits.max_head_bytes, limits.head_timeout_s)
-    server = ThreadServer(app, args.host, args.port, name="serve", **uvicorn_options(head))
+    # the HTTP layer holds the same body limits as the app (it answers first when a body is
+    # chunked or lies about its length), and refuses in the OpenAI error form too
+    guard = HttpLimits(
+        max_head_bytes=limits.max_head_bytes,
+        head_timeout_s=limits.head_timeout_s,
+        max_body_bytes=limits.max_body_bytes,
+        body_timeout_s=limits.body_timeout_s,
+        refusal=openai_refusal,
+    )
+    server = ThreadServer(app, args.host, args.port, name="serve", **uvicorn_options(guard))
     server.start()
     key = "an API key" if args.api_key else "no API key (anyone who reaches the port may use it)"
     print(f"serving {name!r} from {policy} at {server.url}/v1, {key}", flush=True)
