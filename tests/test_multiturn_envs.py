@@ -13,11 +13,10 @@ from swarmrl.envs.multiturn import (
     Message,
     PythonTool,
     ToolCall,
-    ToolError,
     parse_tool_call,
 )
 from swarmrl.envs.sandbox import Limits, Sandbox
-from swarmrl.errors import ConfigError, SandboxError
+from swarmrl.errors import ConfigError, SandboxError, ToolError
 from swarmrl.launch.cli import main
 
 

@@ -39,6 +39,11 @@
     │       └── Invalid             invalid: a value that breaks a pool rule
     │           ├── Malformed       malformed: a body that does not match the message schema
     │           └── BadRequest      invalid_request_error: a serving API request it cannot answer
+    ├── ToolError                   a tool of a multi-turn environment refused the model's
+    │                               arguments; the message is the environment's reply (it never
+    │                               leaves the episode)
+    ├── Abandoned                   the client of a served request went away; its generation
+    │                               stopped (or never started)
     ├── VersionGone                 a weight version every source has pruned: it will not come
     │                               back, so retrying is pointless (not an InfraError)
     └── InfraError                  our own infrastructure failed: retry, back off, report
@@ -218,6 +223,14 @@ class BadRequest(Invalid):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ToolError(SwarmError):
+    """A tool refused the model's arguments; the message is what the model is told."""
+
+
+class Abandoned(SwarmError):
+    """The client that asked for a generation went away; it was stopped (or never started)."""
 
 
 class VersionGone(SwarmError):

@@ -45,6 +45,7 @@ from typing import Literal
 
 from swarmrl.envs.base import Environment, Score, Task
 from swarmrl.envs.sandbox import Sandbox
+from swarmrl.errors import ToolError
 
 Speaker = Literal["model", "env"]
 _COMPACT = re.compile(r"^([A-Za-z]+)\((.*)\)$", re.S)
@@ -92,10 +93,6 @@ def parse_tool_call(text: str) -> ToolCall | None:
     if compact:
         return ToolCall(compact.group(1), compact.group(2))
     return None
-
-
-class ToolError(ValueError):
-    """A tool refused its arguments; the message is what the model is told."""
 
 
 class Tool:

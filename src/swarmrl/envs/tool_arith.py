@@ -30,10 +30,10 @@ from swarmrl.envs.multiturn import (
     Message,
     MultiTurnEnvironment,
     Reply,
-    ToolError,
     model_turns,
     parse_tool_call,
 )
+from swarmrl.errors import ToolError
 
 TOOL = "c"  # the calculator's name in the compact format
 

@@ -43,9 +43,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from swarmrl.config.serve import ServeLimits
-from swarmrl.errors import BadRequest
+from swarmrl.errors import Abandoned, BadRequest
 from swarmrl.tools.openai_policy import (
-    Abandoned,
     Choice,
     Delta,
     Policy,
@@ -70,7 +69,7 @@ from swarmrl.tools.openai_wire import (
 log = logging.getLogger(__name__)
 
 
-class Refused(Exception):
+class _Refused(Exception):
     """A request answered with an HTTP error other than 400 (401, 408, 413, 429)."""
 
     def __init__(
@@ -105,7 +104,7 @@ class _Api:
     # -- admission and the body -----------------------------------------------------------
     def admit(self) -> None:
         if self.admitted >= self.limits.max_concurrent:
-            raise Refused(
+            raise _Refused(
                 429,
                 f"this server is answering {self.admitted} requests, its limit; try again",
                 "rate_limit_exceeded",
@@ -131,7 +130,7 @@ class _Api:
                         raise self._too_large(limit)
                     chunks.append(chunk)
         except TimeoutError:
-            raise Refused(
+            raise _Refused(
                 408,
                 f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
                 "request_timeout",
@@ -140,8 +139,8 @@ class _Api:
         return parse_body(b"".join(chunks))
 
     @staticmethod
-    def _too_large(limit: int) -> Refused:
-        return Refused(
+    def _too_large(limit: int) -> _Refused:
+        return _Refused(
             413,
             f"the request body is over this server's limit of {limit} bytes",
             "request_too_large",
@@ -335,8 +334,8 @@ def build_app(
         body = error_body(str(exc), "invalid_request_error", exc.param, None)
         return refusal(request, 400, body, {})
 
-    @app.exception_handler(Refused)
-    async def _refused(request: Request, exc: Refused) -> JSONResponse:
+    @app.exception_handler(_Refused)
+    async def _refused(request: Request, exc: _Refused) -> JSONResponse:
         return refusal(
             request, exc.status, error_body(str(exc), exc.kind, None, exc.code), exc.headers
         )

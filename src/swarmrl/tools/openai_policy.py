@@ -29,16 +29,12 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from swarmrl.errors import BadRequest
+from swarmrl.errors import Abandoned, BadRequest
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model.prompts import decode_completion, encode_prompt, has_chat_template
 from swarmrl.protocol import SamplingParams
 
 Delta = tuple[int, str, str | None]  # (choice index, new text, finish_reason once it ends)
-
-
-class Abandoned(Exception):
-    """The client that asked for a generation went away; it was stopped (or never started)."""
 
 
 class _AllFinished(Exception):

@@ -39,7 +39,7 @@ Knows nothing about datasets, rewards or the sandbox's modes: test code and a pr
 program to run; that run's stdout in, an :class:`Outcome`.
 """
 
-from swarmrl.envs.harness.channel import Forged, Outcome, judge, program, read_records
+from swarmrl.envs.harness.channel import Outcome, judge, program, read_records
 from swarmrl.envs.harness.split import Plan, plan
 
-__all__ = ["Forged", "Outcome", "Plan", "judge", "plan", "program", "read_records"]
+__all__ = ["Outcome", "Plan", "judge", "plan", "program", "read_records"]

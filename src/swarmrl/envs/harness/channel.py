@@ -44,7 +44,7 @@ ARITHMETIC: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
 RUNNER_SOURCE = Path(runner.__file__).read_text()
 
 
-class Forged(Exception):
+class _Forged(Exception):
     """The channel held something other than the harness's next record (raised by
     :func:`read_records`; :func:`judge` turns it into a ``forged`` outcome, never lets it out)."""
 
@@ -71,44 +71,44 @@ def program(code: str, test_plan: Plan) -> str:
 def read_records(stdout: str, nonce: str, steps: int) -> tuple[dict[int, tuple[str, Any]], bool]:
     """Step → ("ok", value) or ("error", exception name), for each record that arrived
     (complete lines only: a cut-off last line is a missing record), and whether the end record
-    arrived. Raises :class:`Forged` when a line is not the next record in order."""
+    arrived. Raises :class:`_Forged` when a line is not the next record in order."""
     lines = stdout.split("\n")[:-1]
     records: dict[int, tuple[str, Any]] = {}
     ended = False
     prefix = nonce + " "
     for position, line in enumerate(lines):
         if not line.startswith(prefix):
-            raise Forged(f"line {position + 1} does not carry the nonce")
+            raise _Forged(f"line {position + 1} does not carry the nonce")
         try:
             record = json.loads(line[len(prefix) :], parse_float=_reject, parse_constant=_reject)
         except (ValueError, RecursionError) as exc:
-            raise Forged(f"line {position + 1} is not JSON: {exc}") from None
+            raise _Forged(f"line {position + 1} is not JSON: {exc}") from None
         if not isinstance(record, list) or not record:
-            raise Forged(f"line {position + 1} is not a record")
+            raise _Forged(f"line {position + 1} is not a record")
         if position == 0:
             if len(record) != 2 or record[0] != "setup":
-                raise Forged("the first record is not the setup")
+                raise _Forged("the first record is not the setup")
             if record[1] is not None:
                 if len(lines) > 1:
-                    raise Forged("records after a failed setup")
+                    raise _Forged("records after a failed setup")
                 return {}, False
         elif position == steps + 1:
             if record != ["end"]:
-                raise Forged("the last record is not the end")
+                raise _Forged("the last record is not the end")
             ended = True
         elif position > steps + 1:
-            raise Forged("records after the end")
+            raise _Forged("records after the end")
         else:
             step = position - 1
             if len(record) != 3 or record[0] != step or type(record[0]) is not int:
-                raise Forged(f"line {position + 1} is not the record of step {step}")
+                raise _Forged(f"line {position + 1} is not the record of step {step}")
             status, value = record[1], record[2]
             if status == "ok":
                 records[step] = ("ok", _decode(value, 0))
             elif status == "error" and type(value) is str:
                 records[step] = ("error", value)
             else:
-                raise Forged(f"step {step}: status {str(status)[:20]!r}")
+                raise _Forged(f"step {step}: status {str(status)[:20]!r}")
     return records, ended
 
 
@@ -117,12 +117,12 @@ def _reject(text: str) -> Any:
 
 
 def _decode(value: Any, depth: int) -> Any:
-    """A fresh builtin object from an encoded value; :class:`Forged` if it is not one."""
+    """A fresh builtin object from an encoded value; :class:`_Forged` if it is not one."""
     kind = type(value)
     if value is None or kind is bool or kind is int:
         return value
     if depth > MAX_DEPTH or kind is not dict or len(value) != 1:
-        raise Forged(f"not an encoded value: {str(value)[:40]!r}")
+        raise _Forged(f"not an encoded value: {str(value)[:40]!r}")
     ((tag, body),) = value.items()
     try:
         if tag == "f" and type(body) is str:
@@ -142,8 +142,8 @@ def _decode(value: Any, depth: int) -> Any:
             pairs = [(_decode(k, depth + 1), _decode(v, depth + 1)) for k, v in body]
             return dict(pairs)
     except (ValueError, TypeError, OverflowError) as exc:  # UnicodeError is a ValueError
-        raise Forged(f"not an encoded value: {exc}") from None
-    raise Forged(f"not an encoded value: tag {str(tag)[:10]!r}")
+        raise _Forged(f"not an encoded value: {exc}") from None
+    raise _Forged(f"not an encoded value: tag {str(tag)[:10]!r}")
 
 
 def judge(test_plan: Plan, stdout: str, nonce: str) -> Outcome:
@@ -151,7 +151,7 @@ def judge(test_plan: Plan, stdout: str, nonce: str) -> Outcome:
     total = test_plan.tests
     try:
         records, complete = read_records(stdout, nonce, len(test_plan.steps))
-    except Forged:
+    except _Forged:
         return Outcome(0, total, False, "forged")
     passed, correct = 0, complete
     for check in test_plan.checks:

@@ -224,7 +224,7 @@ def build_dashboard(
         try:
             return await work.run(what, *args)
         except BrokenProcessPool as exc:
-            raise Restarting from exc
+            raise _Restarting from exc
 
     async def page(what: str, *args: Any) -> Response:
         return busy() or html(await built(what, *args))
@@ -246,8 +246,8 @@ def build_dashboard(
     async def _not_here(_: Request, exc: PeerError) -> HTMLResponse:
         return html(pages.message("not found", str(exc), base), 404)
 
-    @app.exception_handler(Restarting)
-    async def _restarting(_: Request, exc: Restarting) -> HTMLResponse:
+    @app.exception_handler(_Restarting)
+    async def _restarting(_: Request, exc: _Restarting) -> HTMLResponse:
         text = "the dashboard's page process stopped and is starting again: retry"
         return html(pages.message("restarting", text, base), 503, 2)
 
@@ -311,7 +311,7 @@ def build_dashboard(
     return app
 
 
-class Restarting(Exception):
+class _Restarting(Exception):
     """The page process died while building this page (the next page starts another)."""
 
 
