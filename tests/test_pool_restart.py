@@ -136,8 +136,8 @@ def test_a_full_disk_refuses_a_submission_cleanly_and_leaves_no_part_of_it(tmp_p
         with pytest.raises(PeerUnavailable, match="503"):
             client.submit("p1", body)
         assert list((tmp_path / "run").rglob("*.tmp")) == []
-        stored = list((tmp_path / "run" / "rollouts").rglob("*.seg"))
-        assert stored and all(p.stat().st_size == 0 for p in stored)  # the half record cut off
+        # the half record cut off, and the segment it began (empty then) removed
+        assert list((tmp_path / "run" / "rollouts").rglob("*.seg")) == []
         full["on"] = False
         receipt = client.submit("p1", body)  # the refused attempt recorded nothing
         assert receipt.tokens > 0
