@@ -66,7 +66,11 @@ def test_run_start_thresholds_catch_int8_weights_the_defaults_pass(tmp_path, mon
     torch.set_num_threads(1)
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer("abcdefghijklmnop:")
-    tiny = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
+    # the 0.02 init this case was built on (the training default is 0.1): int8 rounding then
+    # stays inside the shipped default thresholds, which is what the test shows
+    tiny = TinyModelConfig(
+        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, initializer_range=0.02
+    )
     model_dir = save_policy(create_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "model")
     plan = CalibrationPlan(samples=16, batch_sizes=(1, 4), threads=(1,), max_new_tokens=40)
     recorded = tmp_path / "run" / "toploc-thresholds.json"
