@@ -1,6 +1,7 @@
-"""``swarmrl serve`` as a test or a benchmark meets it: a real server process on loopback.
+"""``swarmrl serve`` (or ``swarmrl dashboard``) as a test or a benchmark meets it: a real server
+process on loopback.
 
-:class:`ServeProcess` starts ``python -m swarmrl.cli serve PATH --port 0`` with the given flags,
+:class:`ServeProcess` starts ``python -m swarmrl.cli VERB PATH --port 0`` with the given flags,
 waits (bounded) for the port it bound, and offers the server's memory as the kernel counts it.
 Knows nothing about pytest or about what the server answers.
 """
@@ -15,13 +16,16 @@ from pathlib import Path
 
 
 class ServeProcess:
-    """One ``swarmrl serve`` process; a context manager that stops it on exit."""
+    """One ``swarmrl serve`` process (``verb="dashboard"``: a ``swarmrl dashboard`` one); a
+    context manager that stops it on exit."""
 
-    def __init__(self, path: Path, *flags: str, start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, path: Path, *flags: str, start_timeout_s: float = 120.0, verb: str = "serve"
+    ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="swarmrl-serve-")
         port_file = Path(self._dir.name) / "port"
         self.log = Path(self._dir.name) / "log"
-        argv = [sys.executable, "-m", "swarmrl.cli", "serve", str(path), "--port", "0"]
+        argv = [sys.executable, "-m", "swarmrl.cli", verb, str(path), "--port", "0"]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [*argv, "--port-file", str(port_file), *flags], stdout=log, stderr=log
@@ -31,7 +35,7 @@ class ServeProcess:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 output = self.log.read_text()
                 self.stop()
-                raise RuntimeError(f"swarmrl serve did not start:\n{output}")
+                raise RuntimeError(f"swarmrl {verb} did not start:\n{output}")
             time.sleep(0.1)
         self.port = int(port_file.read_text())
         self.url = f"http://127.0.0.1:{self.port}"

@@ -35,6 +35,7 @@ from swarmrl.errors import LedgerMismatch, MissingPathError
 from swarmrl.identity import load_keypair
 from swarmrl.pool.state.db import make_engine, sqlite_url
 from swarmrl.pool.trust.audit import audit
+from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
 from swarmrl.roles.orchestrator.dashboard.app import TOKEN_FILE, admin_token, build_dashboard
 from swarmrl.roles.orchestrator.dashboard.data import RunData
 from swarmrl.serving import ThreadServer
@@ -62,6 +63,13 @@ class RunPieces:
     orchestrator_key: str | None  # hex public key; None when the run directory holds none
     key_source: str  # where the key came from, or why there is none
     colocated: bool
+
+
+# The pages take no bodies (GET and HEAD): a peer may send a head of at most 16 KiB within 10 s
+# and a body of at most 64 KiB within 10 s, whichever path answers, or the socket is closed.
+LIMITS = HttpLimits(
+    max_head_bytes=16 << 10, head_timeout_s=10.0, max_body_bytes=64 << 10, body_timeout_s=10.0
+)
 
 
 def _report(run_dir: Path) -> dict:
@@ -142,7 +150,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
             file=sys.stderr,
             flush=True,
         )
-    server = ThreadServer(app, args.host, args.port, name="dashboard")
+    server = ThreadServer(app, args.host, args.port, name="dashboard", **uvicorn_options(LIMITS))
     server.start()
     if pieces.colocated:
         print(f"dashboard of {run_dir} (colocated: curves and report) at {server.url}/ui/")
