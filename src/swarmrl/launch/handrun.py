@@ -146,7 +146,7 @@ def _status(status: str) -> RunStatus:
 # --- swarmrl report --------------------------------------------------------------------------
 
 
-def _report_parser() -> argparse.ArgumentParser:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swarmrl report",
         description="write report.json, report.png and metrics.jsonl of a run from what its "
@@ -179,6 +179,13 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
 
     run_dir = Path(args.run_dir)
     summary_file = run_dir / SUMMARY
+    old_file = run_dir / "report.json"
+    old = json.loads(old_file.read_text()) if old_file.is_file() else {}
+    if not summary_file.is_file() and old.get("mode") == "colocated":
+        raise UserError(
+            f"{run_dir} is a colocated run: `swarmrl run --colocated` wrote its report.json "
+            "itself, and there is no trainer summary to build one from"
+        )
     if not summary_file.is_file():
         raise MissingPathError(
             f"{summary_file} not found: RUN_DIR is the --run-dir a trainer was started with"
@@ -190,8 +197,6 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         )
     summary = json.loads(summary_file.read_text())
     config = _run_config(run_dir, args.config)
-    old_file = run_dir / "report.json"
-    old = json.loads(old_file.read_text()) if old_file.is_file() else {}
     if args.orchestrator:
         plan = HandPlan(
             config,
@@ -220,7 +225,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
         from swarmrl.roles.trainer import cli as trainer_cli
 
         return trainer_cli.main(verb, argv, HandRunReport)
-    args = _report_parser().parse_args(list(argv))
+    args = _parser().parse_args(list(argv))
     report = build_report(args)
     run_dir = Path(args.run_dir)
     print(
