@@ -137,3 +137,46 @@ def test_report_asks_for_the_owner_key_to_ask_the_orchestrator(tmp_path):
     done = _report(str(tmp_path), "--orchestrator", "http://127.0.0.1:9")
     assert done.returncode == 2
     assert "--orchestrator needs --key" in done.stderr
+
+
+def _row(step: int) -> dict:
+    from swarmrl.trainer.loop import ROW_KEYS
+
+    return {key: 0.0 for key in ROW_KEYS} | {"step": step, "policy_version": step}
+
+
+def test_a_trainer_restarted_by_hand_keeps_the_steps_before_its_restart_and_says_why_it_failed(
+    tmp_path,
+):
+    """The restarted trainer's loop holds only the steps since its checkpoint; metrics.jsonl
+    and report.json still hold every step, and a failed end records the reason even when the
+    orchestrator is gone."""
+    import argparse
+
+    from swarmrl.errors import WaitTimeout
+    from swarmrl.identity import KeyPair
+    from swarmrl.launch.handrun import HandRunReport
+    from swarmrl.trainer.loop import TrainingResult
+
+    key = tmp_path / "trainer.key"
+    KeyPair.generate().save(key)
+    config = load_config([EMBEDDED_DEFAULT], ["swarm.peer_timeout_s=2", "swarm.retry_s=0.1"])
+    args = argparse.Namespace(
+        run_dir=str(tmp_path / "run"),
+        pool=POOL_ID,
+        orchestrator="http://127.0.0.1:9",  # nothing listens there
+        key=str(key),
+        status_dir=None,
+    )
+    report = HandRunReport(config, args)
+    history = [_row(0), _row(1)]  # step 0 before the restart, step 1 after
+    report.follow(TrainingResult(steps=2, history=[history[1]]), history)
+    report.step(history[1])
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0, 1]
+    report.end("failed", WaitTimeout("no rollouts came in 600 s"))
+    written = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert written["status"] == "failed"
+    assert written["reason"] == "WaitTimeout: no rollouts came in 600 s"
+    assert written["steps"] == 2
+    assert (tmp_path / "run" / "report.png").stat().st_size > 0

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from swarmrl.identity import load_keypair
 from swarmrl.launch.facts import POOL_ID, summary_text, swarm_facts
 from swarmrl.launch.report import RunRecorder, RunStatus, failure_reason
 from swarmrl.launch.swarm import SwarmPlan
+from swarmrl.trainer.loop import TrainingResult
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ class HandRunReport:
     def __init__(self, config: SwarmConfig, args: argparse.Namespace) -> None:
         run_dir = Path(args.run_dir)
         self.recorder = RunRecorder(config, run_dir, mode="swarm")
+        self.result = TrainingResult()
+        self.history: list[dict[str, Any]] = []
         self.plan = HandPlan(
             config,
             run_dir,
@@ -118,17 +121,23 @@ class HandRunReport:
             statuses=Path(args.status_dir) if args.status_dir else None,
         )
 
-    def follow(self, result: Any) -> None:
-        self.recorder.follow(result)
+    def follow(self, result: TrainingResult, history: list[dict[str, Any]]) -> None:
+        self.result, self.history = result, history
+        self.progress()
 
     def step(self, row: dict[str, Any]) -> None:
-        self.recorder.log_step(row)
-        self.recorder.progress()
+        self.progress()
 
     def progress(self) -> None:
+        self._take()
         self.recorder.progress()
 
+    def _take(self) -> None:
+        """The loop's result with every step's row, a restarted trainer's earlier ones too."""
+        self.recorder.result = replace(self.result, history=list(self.history))
+
     def end(self, status: str, error: BaseException | None = None) -> None:
+        self._take()
         facts = pool_facts(self.plan)
         reason = None if error is None or status != "failed" else failure_reason(error)
         report = self.recorder.finish(_status(status), facts, reason)
@@ -175,8 +184,6 @@ def _run_config(run_dir: Path, given: str | None) -> SwarmConfig:
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """report.json (and its plot and metrics) of ``args.run_dir``; returns the report."""
-    from swarmrl.trainer.loop import TrainingResult
-
     run_dir = Path(args.run_dir)
     summary_file = run_dir / SUMMARY
     old_file = run_dir / "report.json"

@@ -71,8 +71,9 @@ from swarmrl.trainer.trackers import Trackers, tracked
 class RunReport(Protocol):
     """The run directory's report as the trainer's loop goes (``swarmrl.launch.handrun``)."""
 
-    def follow(self, result: TrainingResult) -> None:
-        """The loop's result as it fills in."""
+    def follow(self, result: TrainingResult, history: list[dict[str, Any]]) -> None:
+        """The loop's result as it fills in, and every step's row (``history``: after a
+        resume, the loop's result holds only the steps since)."""
 
     def step(self, row: dict[str, Any]) -> None:
         """One step's row (metrics.jsonl), then report.json with status ``running``."""
@@ -351,7 +352,7 @@ def _run(
                 log, status, work / "steps.jsonl", history, summary, run_dir / "policy"
             )
             if report is not None:
-                hooks = reporting(hooks, report)
+                hooks = reporting(hooks, report, history)
             hooks = checkpointing(
                 hooks,
                 checkpoints,
@@ -521,12 +522,13 @@ def role_hooks(
     )
 
 
-def reporting(hooks: Hooks, report: RunReport) -> Hooks:
-    """``hooks``, then the same progress into the run directory's ``report``."""
+def reporting(hooks: Hooks, report: RunReport, history: list[dict[str, Any]]) -> Hooks:
+    """``hooks``, then the same progress into the run directory's ``report``; ``history``
+    holds every step's row (``hooks`` append to it), the steps before a resume included."""
 
     def on_start(result: TrainingResult) -> None:
         hooks.on_start(result)
-        report.follow(result)
+        report.follow(result, history)
 
     def on_step(row: dict[str, Any]) -> None:
         hooks.on_step(row)
