@@ -18,7 +18,8 @@ unless told otherwise: here they go to the user cache (``run.cache_dir``'s defau
 set beforehand wins.
 
 ``colocated_run`` is the directory of a short colocated ``swarmrl run`` made once per session,
-for tools that work on run directories to be tested on what a run really writes.
+and ``runs`` those of a short swarm run and a short colocated one, for tools that work on run
+directories to be tested on what a run really writes.
 """
 
 import contextlib
@@ -134,3 +135,45 @@ def colocated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     (run_dir,) = (root / "runs").iterdir()
     return run_dir
+
+
+REPO = Path(__file__).resolve().parents[1]
+# short swarm and colocated runs of configs/arith.toml (``runs``): a tiny model, two RL steps
+SHORT = [
+    "env.digits=1",
+    "model.tiny.hidden_size=64",
+    "model.tiny.num_layers=2",
+    "model.tiny.intermediate_size=128",
+    "sft.steps=60",
+    "sft.batch_size=64",
+    "rl.steps=2",
+    "rl.prompts_per_step=4",
+    "rl.group_size=4",
+    "rl.max_backfill_rounds=0",
+    "eval.n=20",
+    "eval.control=false",
+    "eval.every=100",
+    "swarm.workers=1",
+    "swarm.rollouts_per_lease=8",
+]
+
+
+def _short_run(root: Path, *extra: str) -> Path:
+    """``swarmrl run configs/arith.toml`` with the short settings; the run directory."""
+    runs = root / "runs"
+    sets = [*SHORT, f"run.cache_dir={root / 'cache'}", f"run.run_dir={runs}"]
+    before = set(runs.glob("*")) if runs.exists() else set()
+    command = [sys.executable, "-m", "swarmrl.cli", "run", "configs/arith.toml", "--quiet"]
+    for item in sets:
+        command += ["--set", item]
+    subprocess.run([*command, *extra], cwd=REPO, check=True, timeout=400, capture_output=True)
+    (made,) = set(runs.glob("*")) - before
+    return made
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The run directories ``swarmrl run configs/arith.toml`` wrote, as a swarm (``swarm``) and
+    with ``--colocated`` (``colocated``), with the short settings (the warm start shared)."""
+    root = tmp_path_factory.mktemp("dashboard-runs")
+    return {"swarm": _short_run(root), "colocated": _short_run(root, "--colocated")}

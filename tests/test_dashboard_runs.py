@@ -1,7 +1,7 @@
 """``swarmrl dashboard RUN_DIR`` on run directories that ``swarmrl run`` wrote.
 
-One short swarm run and one short colocated run per test session (tiny model, two RL steps,
-the warm start shared), then the dashboard over each: the command itself as a user types it,
+Over the session's short swarm run and short colocated run (``runs`` in conftest.py), the
+dashboard: the command itself as a user types it,
 and its app in-process over copies of the run with pieces removed or altered.
 """
 
@@ -25,44 +25,6 @@ from swarmrl.serving import ThreadServer
 from swarmrl.tools.dashboard import run_app
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[1]
-SHORT = [
-    "env.digits=1",
-    "model.tiny.hidden_size=64",
-    "model.tiny.num_layers=2",
-    "model.tiny.intermediate_size=128",
-    "sft.steps=60",
-    "sft.batch_size=64",
-    "rl.steps=2",
-    "rl.prompts_per_step=4",
-    "rl.group_size=4",
-    "rl.max_backfill_rounds=0",
-    "eval.n=20",
-    "eval.control=false",
-    "eval.every=100",
-    "swarm.workers=1",
-    "swarm.rollouts_per_lease=8",
-]
-
-
-def _run(root: Path, *extra: str) -> Path:
-    """``swarmrl run configs/arith.toml`` with the short settings; the run directory."""
-    runs = root / "runs"
-    sets = [*SHORT, f"run.cache_dir={root / 'cache'}", f"run.run_dir={runs}"]
-    before = set(runs.glob("*")) if runs.exists() else set()
-    command = [sys.executable, "-m", "swarmrl.cli", "run", "configs/arith.toml", "--quiet"]
-    for item in sets:
-        command += ["--set", item]
-    subprocess.run([*command, *extra], cwd=REPO, check=True, timeout=400, capture_output=True)
-    (made,) = set(runs.glob("*")) - before
-    return made
-
-
-@pytest.fixture(scope="session")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("dashboard-runs")
-    return {"swarm": _run(root), "colocated": _run(root, "--colocated")}
 
 
 @contextmanager

@@ -21,13 +21,14 @@ from swarmrl.pool.cli import read_spec
 from swarmrl.pool.spec_check import check_spec
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
-# the roles whose parsers the page's command lines must satisfy
+# the verbs whose parsers the page's command lines must satisfy
 PARSED = {
     "orchestrator": "swarmrl.roles.orchestrator.cli",
     "trainer": "swarmrl.roles.trainer.cli",
     "relay": "swarmrl.roles.relay.cli",
     "validator": "swarmrl.roles.validator.cli",
     "worker": "swarmrl.roles.worker.cli",
+    "report": "swarmrl.launch.handrun",
 }
 
 

@@ -31,11 +31,13 @@ VERBS: dict[str, tuple[str, str]] = {
     "pool": ("swarmrl.pool.cli", "pool administration (invites)"),
     "orchestrator": ("swarmrl.roles.orchestrator.cli", "run the pool service"),
     "ledger": ("swarmrl.ledger.cli", "export and verify the contribution ledger"),
-    "trainer": ("swarmrl.roles.trainer.cli", "run the trusted trainer role"),
+    # the role, plus the run directory swarmrl run writes (swarmrl.launch.handrun)
+    "trainer": ("swarmrl.launch.handrun", "run the trusted trainer role"),
     "worker": ("swarmrl.roles.worker.cli", "run an untrusted inference worker"),
     "validator": ("swarmrl.roles.validator.cli", "run a trusted validator"),
     "serve": ("swarmrl.tools.serve", "serve a trained policy with an OpenAI-compatible API"),
     "dashboard": ("swarmrl.tools.dashboard", "serve the read-only web dashboard of a run"),
+    "report": ("swarmrl.launch.handrun", "write a run's report.json and report.png again"),
 }
 
 

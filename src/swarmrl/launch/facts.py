@@ -35,12 +35,12 @@ def swarm_facts(plan: SwarmPlan) -> dict:
 
     trainer_key = load_keypair(plan.key("trainer"))
     with PoolClient(plan.orchestrator_url, trainer_key, plan.config.swarm.peer_timeout_s) as pool:
-        metrics = pool.metrics(POOL_ID)
-        nodes = pool.nodes(POOL_ID)
+        metrics = pool.metrics(plan.pool_id)
+        nodes = pool.nodes(plan.pool_id)
         ledger, attestation = pool.attested_ledger()
     ledger_file = plan.run_dir / "ledger.jsonl"
     entries = write_entries(ledger, ledger_file, attestation)
-    orchestrator_key = load_keypair(plan.key("orchestrator")).public_key_hex
+    orchestrator_key = plan.orchestrator_public_key()
     verified = verify_export(ledger_file, orchestrator_key)
     judged = verdict_counts(ledger)
     names = {load_keypair(plan.key(w)).node_id: w for w in plan.workers}

@@ -77,9 +77,14 @@ class SwarmPlan:
     orchestrator_port: int = 0
     origin_port: int = 0
     relay_ports: dict[str, int] = field(default_factory=dict)
+    pool_id: str = POOL_ID
 
     def key(self, name: str) -> Path:
         return self.run_dir / "keys" / f"{name}.key"
+
+    def orchestrator_public_key(self) -> str:
+        """The key the orchestrator signs the ledger with (hex)."""
+        return load_keypair(self.key("orchestrator")).public_key_hex
 
     @property
     def orchestrator_url(self) -> str:
@@ -207,6 +212,7 @@ def spawn_trainer(sup: Supervisor, plan: SwarmPlan) -> None:
         "--run-dir", str(plan.run_dir),
         "--origin-host", HOST,
         "--origin-port", str(plan.origin_port),
+        "--no-report",  # the launcher writes the run's report (run_swarm)
         # roles share this machine's cores: more threads per role only fight each other
         "--set", f"run.threads={plan.config.swarm.role_threads}",
     ]  # fmt: skip

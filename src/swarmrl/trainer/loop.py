@@ -12,9 +12,12 @@
 The colocated run and the swarm trainer both run :func:`train`; only the source differs
 (:mod:`swarmrl.trainer.source`). Every step's row has the same keys in both modes
 (:data:`ROW_KEYS`); ``rl_seconds`` is the loop's wall time without the held-out evaluations
-made during it, the time the control arm gets. A row's ``rollout_s`` is the time its step
-waited for rollouts with nothing to compute; the gradients computed early count in
-``update_s``.
+made during it. A row's ``rollout_s`` is the time its step waited for rollouts with nothing
+to compute; the gradients computed early count in ``update_s``. The control arm gets
+``rl_seconds``, less every ``rollout_s`` when the source's rollouts are made elsewhere
+(``train(..., control_without_waits=True)``: the swarm trainer, whose waits for the pool are
+time the control, running in the trainer alone, has no use for); ``control_seconds`` says
+what it got.
 
 Knows nothing about files, displays or the network: rows and evals go to :class:`Hooks`, and
 the caller records the returned :class:`TrainingResult`.
@@ -89,6 +92,7 @@ class TrainingResult:
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # before, after[, control]
     during: list[dict[str, Any]] = field(default_factory=list)  # {step, wall_time, **eval}
     history: list[dict[str, Any]] = field(default_factory=list)  # one row per step
+    control_seconds: float | None = None  # the control arm's time budget, once it begins
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,9 +103,14 @@ class TrainingResult:
 
 
 def train(
-    config: SwarmConfig, learner: Learner, source: RolloutSource, hooks: Hooks | None = None
+    config: SwarmConfig,
+    learner: Learner,
+    source: RolloutSource,
+    hooks: Hooks | None = None,
+    control_without_waits: bool = False,
 ) -> TrainingResult:
-    """Run ``rl.steps`` steps of ``learner`` on ``source``'s rollouts (module docstring)."""
+    """Run ``rl.steps`` steps of ``learner`` on ``source``'s rollouts (module docstring);
+    ``control_without_waits``: the control's budget leaves out the steps' ``rollout_s``."""
     hooks = hooks or Hooks()
     warm = learner.warm
     result = TrainingResult(
@@ -137,8 +146,13 @@ def train(
     _evaluate(learner, hooks, "after", result.evals.__setitem__)
     hooks.on_rl_end(learner)
     if config.eval.control and (config.model.path is None or config.model.warm_start):
+        waited = sum(row["rollout_s"] for row in result.history) if control_without_waits else 0
+        result.control_seconds = max(result.rl_seconds - waited, 0.0)
         hooks.on_phase("control")
-        result.evals["control"] = learner.control(result.rl_seconds)
+        control = learner.control(result.control_seconds)
+        result.evals["control"] = control | (
+            {"budget_s": result.control_seconds} if control else {}
+        )
         hooks.on_eval("control", result.evals["control"])  # recorded before the hook hears
     return result
 

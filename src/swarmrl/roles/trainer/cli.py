@@ -27,9 +27,14 @@ restarted trainer continues from the newest one (from the warm start when there 
 publishes the weights it continues with under a version number past any published or told
 before, never reusing one.
 
-Version 0 is published before the loop starts. At the end the process writes
+Version 0 is published before the loop starts. As it goes the process writes
 ``RUN_DIR/trainer/summary.json``: the loop's result (``training``: the same record a colocated
-run reports), what the origin published (``origin``) and the submissions it acknowledged.
+run reports), what the origin published (``origin``) and the submissions it acknowledged. A
+trainer started by hand also writes what ``swarmrl run`` writes at the top of ``RUN_DIR``
+(config.json, metrics.jsonl, report.json with the pool's closing account, report.png,
+ledger.jsonl) and prints the same closing summary; ``--no-report`` leaves them to a launcher.
+After RL, ``eval.control`` continues the warm start's SFT for the RL's time less its waits for
+rollouts (logged when it starts and ends).
 
 Knows nothing about how rollouts were produced or checked beyond the wire types.
 """
@@ -38,8 +43,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from swarmrl.rolekit.toolkit import add_role_args, end_process
+
+if TYPE_CHECKING:
+    from swarmrl.roles.trainer.process import OpenReport
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--origin-host", default="127.0.0.1", help="address the origin binds")
     parser.add_argument("--origin-port", type=int, default=8470, help="origin port; 0 = any")
     parser.add_argument(
+        "--no-report",
+        action="store_true",
+        help="leave RUN_DIR's report.json, report.png and metrics.jsonl to a launcher "
+        "(swarmrl run passes it); by default the trainer writes them as swarmrl run does",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="require a checkpoint to continue from (one found is resumed even without this)",
@@ -61,12 +76,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(verb: str, argv: Sequence[str]) -> int:
+def main(verb: str, argv: Sequence[str], open_report: OpenReport | None = None) -> int:
+    """``open_report`` (given by ``swarmrl.launch.handrun``, which owns the verb) writes the run
+    directory's report unless ``--no-report``."""
     args = _parser().parse_args(list(argv))
     # the heavy imports (torch, transformers) come after parsing: ``--help`` answers at once
     from swarmrl.roles.trainer.process import start
 
-    code = start(args)
+    code = start(args, None if args.no_report else open_report)
     # every rank: the status written, the logs flushed, torch's native threads left running
     # (swarmrl.rolekit.toolkit.end_process)
     end_process(code)

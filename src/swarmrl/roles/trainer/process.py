@@ -6,10 +6,15 @@ transformers, which the command line does not need for ``--help``.
 Under ``torchrun --nproc-per-node N -m swarmrl.cli trainer …`` (or ``[trainer] nproc = N`` in
 ``swarmrl run``) every rank runs the loop on its shard of the model (FSDP2,
 :mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin,
-publishes, and writes the status file and summary. Checkpoints (:mod:`swarmrl.trainer.
+publishes, and writes the status file, the summary and the run's report. Checkpoints (:mod:`swarmrl.trainer.
 checkpoint`) are saved by every rank after each due step; a restarted trainer resumes from the
 newest (from the warm start when there is none) under a new version number
 (:func:`continue_versions`).
+
+A trainer started by hand also writes the run directory ``swarmrl run`` writes (config.json,
+metrics.jsonl, report.json, report.png, ledger.jsonl) through a :class:`RunReport` its command
+line is handed (``swarmrl.launch.handrun``: this layer may not import the launcher's); under
+``swarmrl run`` the launcher writes them and the trainer gets none.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -63,6 +68,27 @@ from swarmrl.trainer.parallel import (
 from swarmrl.trainer.trackers import Trackers, tracked
 
 
+class RunReport(Protocol):
+    """The run directory's report as the trainer's loop goes (``swarmrl.launch.handrun``)."""
+
+    def follow(self, result: TrainingResult, history: list[dict[str, Any]]) -> None:
+        """The loop's result as it fills in, and every step's row (``history``: after a
+        resume, the loop's result holds only the steps since)."""
+
+    def step(self, row: dict[str, Any]) -> None:
+        """One step's row (metrics.jsonl), then report.json with status ``running``."""
+
+    def progress(self) -> None:
+        """report.json with status ``running`` (after an evaluation)."""
+
+    def end(self, status: str, error: BaseException | None = None) -> None:
+        """The final report.json and report.png: ``completed``, ``interrupted`` or ``failed``
+        (``error`` says why), with the pool's closing account where it can be had."""
+
+
+OpenReport = Callable[[SwarmConfig, argparse.Namespace], RunReport]
+
+
 class Origin:
     """The publisher and the HTTP origin serving its store."""
 
@@ -95,8 +121,9 @@ class Origin:
         self.server.stop()
 
 
-def start(args: argparse.Namespace) -> int:
-    """Run the role with parsed arguments (see :mod:`cli`); returns the exit status."""
+def start(args: argparse.Namespace, open_report: OpenReport | None = None) -> int:
+    """Run the role with parsed arguments (see :mod:`cli`); returns the exit status.
+    ``open_report`` makes the run directory's report (a trainer started by hand)."""
     config = load_role_config(args)
     keypair = load_keypair(args.key)  # before the first log line: a refusal is one line
     name = args.name or "trainer"
@@ -121,7 +148,8 @@ def start(args: argparse.Namespace) -> int:
             checkpoints, latest = find_checkpoint(args, config, parallel)
             if not parallel.leader:
                 return follow(config, parallel, checkpoints, latest)
-            return run(args, config, keypair, log, status, parallel, checkpoints, latest)
+            report = open_report(config, args) if open_report is not None else None
+            return run(args, config, keypair, log, status, parallel, checkpoints, latest, report)
         except KeyboardInterrupt:
             log.info("stopping")
             return 130
@@ -229,10 +257,38 @@ def run(
     parallel: Parallel,
     checkpoints: Checkpointer,
     latest: Path | None,
+    report: RunReport | None = None,
 ) -> int:
-    """Warm start, calibrate, publish version 0, train; ``summary.json`` is written after every
-    step and evaluation (``status``: running, then completed, interrupted or failed) and
-    ``RUN_DIR/policy/`` as soon as RL is over."""
+    """Warm start, calibrate, publish version 0, train; ``summary.json`` (and ``report``'s
+    files) are written after every step and evaluation (``status``: running, then completed,
+    interrupted or failed) and ``RUN_DIR/policy/`` as soon as RL is over."""
+    try:
+        code = _run(args, config, keypair, log, status, parallel, checkpoints, latest, report)
+    except KeyboardInterrupt as exc:
+        if report is not None:
+            report.end("interrupted", exc)
+        raise
+    except BaseException as exc:
+        if report is not None:
+            report.end("failed", exc)
+        raise
+    if report is not None:
+        report.end("completed")
+    return code
+
+
+def _run(
+    args: argparse.Namespace,
+    config: SwarmConfig,
+    keypair: KeyPair,
+    log: logging.Logger,
+    status: StatusReporter,
+    parallel: Parallel,
+    checkpoints: Checkpointer,
+    latest: Path | None,
+    report: RunReport | None,
+) -> int:
+    started = time.monotonic()
     run_dir = Path(args.run_dir)
     work = run_dir / "trainer"
     work.mkdir(parents=True, exist_ok=True)
@@ -259,7 +315,7 @@ def run(
     calibrate_verifier(config, warm.path, run_dir, status, log)
     origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port)
     log.info("origin serving %s at %s", origin.store_dir, origin.server.url)
-    summary = Summary(work / "summary.json", origin)
+    summary = Summary(work / "summary.json", origin, started)
     closing: list[Callable[[], None]] = []  # background threads to stop, last started first
     try:
         timeout = config.swarm.peer_timeout_s
@@ -295,6 +351,8 @@ def run(
             hooks = role_hooks(
                 log, status, work / "steps.jsonl", history, summary, run_dir / "policy"
             )
+            if report is not None:
+                hooks = reporting(hooks, report, history)
             hooks = checkpointing(
                 hooks,
                 checkpoints,
@@ -305,7 +363,9 @@ def run(
             )
             with Trackers(config, run_dir) as trackers:
                 leading = LeaderSource(source, parallel)
-                train(config, learner, leading, tracked(hooks, trackers))
+                # the control runs in this process alone: the waits for the pool are no part
+                # of the time it is owed
+                train(config, learner, leading, tracked(hooks, trackers), True)
             summary.write("completed")
             status.set(state="done")
             log.info(
@@ -392,6 +452,7 @@ def role_hooks(
     JSON line per step as it ends) and summary; rows also go to ``history``, which holds the
     rows of the steps before a resume; ``policy_dir`` gets the policy once RL ends."""
     waited = [0.0, 0.0]  # seconds waiting for rollouts, seconds in steps
+    control_began = [0.0]  # monotonic clock when the control arm began
     with steps_file.open("w") as f:
         f.writelines(json.dumps(row) + "\n" for row in history)
 
@@ -418,6 +479,13 @@ def role_hooks(
         summary.write("running")
 
     def on_eval(name: str, result: dict[str, Any]) -> None:
+        if name == "control":
+            log.info(
+                "control done: %d SFT steps in its %.1f s, evaluated; %.1f s in all",
+                result.get("sft_steps", 0),
+                summary.result.control_seconds or 0.0,
+                time.monotonic() - control_began[0],
+            )
         log.info("held-out %s: accuracy %.3f", name, result["accuracy"])
         if name != "control":
             status.set(accuracy=result["accuracy"])
@@ -434,6 +502,16 @@ def role_hooks(
         status.set(state=phase)
         if phase == "rl":
             summary.flow.setdefault("rl_started_at", time.time())
+        if phase == "control":
+            control_began[0] = time.monotonic()
+            result = summary.result
+            log.info(
+                "control: the warm start's SFT continued for %.1f s (RL's %.1f s less %.1f s "
+                "waiting for rollouts), then evaluated (eval.control=false skips it)",
+                result.control_seconds or 0.0,
+                result.rl_seconds,
+                result.rl_seconds - (result.control_seconds or 0.0),
+            )
 
     return Hooks(
         on_phase=on_phase,
@@ -444,15 +522,35 @@ def role_hooks(
     )
 
 
+def reporting(hooks: Hooks, report: RunReport, history: list[dict[str, Any]]) -> Hooks:
+    """``hooks``, then the same progress into the run directory's ``report``; ``history``
+    holds every step's row (``hooks`` append to it), the steps before a resume included."""
+
+    def on_start(result: TrainingResult) -> None:
+        hooks.on_start(result)
+        report.follow(result, history)
+
+    def on_step(row: dict[str, Any]) -> None:
+        hooks.on_step(row)
+        report.step(row)
+
+    def on_eval(name: str, result: dict[str, Any]) -> None:
+        hooks.on_eval(name, result)
+        report.progress()
+
+    return replace(hooks, on_start=on_start, on_step=on_step, on_eval=on_eval)
+
+
 class Summary:
     """``RUN_DIR/trainer/summary.json``, rewritten as the run goes: ``status``, the loop's
-    result (``training``: the same record a colocated run reports), what the origin published
-    (``origin``), the submissions trained on, and when versions and acknowledgements went out
-    (``flow``). After a resume the loop's own history holds
+    result (``training``: the same record a colocated run reports), the seconds since the
+    trainer started (``wall_seconds``), what the origin published (``origin``), the submissions
+    trained on, and when versions and acknowledgements went out (``flow``). After a resume the loop's own history holds
     only the steps since; ``history`` holds them all."""
 
-    def __init__(self, path: Path, origin: Origin) -> None:
+    def __init__(self, path: Path, origin: Origin, started: float | None = None) -> None:
         self.path, self.origin = path, origin
+        self.started = time.monotonic() if started is None else started
         self.result = TrainingResult()
         self.source: PoolSource | None = None
         self.history: list[dict[str, Any]] | None = None
@@ -468,6 +566,7 @@ class Summary:
     def write(self, status: str) -> None:
         summary = {
             "status": status,
+            "wall_seconds": time.monotonic() - self.started,
             "training": self.result.to_dict()
             | ({"history": self.history} if self.history is not None else {}),
             "origin": {
