@@ -102,6 +102,10 @@ def overview(data: RunData, base: str) -> str:
     return layout("run overview", "", body, head=head, base=base)
 
 
+# submission counts per node, in the words of swarmrl.ledger.counts
+COUNT_COLUMNS = ("taken_in", "checked", "accepted", "rejected", "invalidated", "trained")
+
+
 def _node_cells(row: NodeRow, pool_id: str, now: float) -> list[str]:
     v = row.view
     state = f'<span class="state {escape(v.state)}">{escape(v.state)}</span>'
@@ -114,8 +118,7 @@ def _node_cells(row: NodeRow, pool_id: str, now: float) -> list[str]:
         state,
         _fmt(v.measured_tokens_per_s),
         _fmt(v.model_version),
-        str(row.accepted),
-        str(row.rejected),
+        *(str(getattr(row.counts, word)) for word in COUNT_COLUMNS),
         f"{v.reputation:.2f}",
         beat,
         logs,
@@ -138,7 +141,8 @@ def nodes(data: RunData, base: str) -> str:
     for pool in data.pools():
         pool_id = pool.spec.pool_id
         rows = [_node_cells(r, pool_id, now) for r in data.nodes(pool_id)]
-        headers = ["node", "state", "tokens/s", "version", "accepted", "rejected"]
+        headers = ["node", "state", "tokens/s", "version"]
+        headers += [word.replace("_", " ") for word in COUNT_COLUMNS]
         headers += ["reputation", "last heartbeat", "logs (admin)"]
         parts.append(f"<h2>pool {escape(pool_id)}</h2>" + _table(headers, rows, "nodes"))
     roles = [
