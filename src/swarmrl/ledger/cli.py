@@ -75,7 +75,10 @@ def main(verb: str, argv: Sequence[str]) -> int:
             f"{c.reputation:.2f}",
         )
     console.print(table)
-    console.print(f"submissions (words as in docs/observability.md): {report.counts.total.text()}")
+    console.print(
+        f"submissions (the words: docs/observability.md): {report.counts.total.text()}",
+        soft_wrap=True,
+    )
     if report.ok:
         console.print(
             f"OK: {report.entries} entries, chain and signatures valid; "

@@ -138,6 +138,12 @@ class LedgerQuery:
 def nodes(data: RunData, base: str) -> str:
     now = time.time()
     parts = [] if data.has_pool else [f"<p>{escape(data.no_pool)}</p>"]
+    chain = data.verify_ledger() if data.has_pool else None
+    if chain is not None and chain.state != "verified":  # the counts come from verified entries
+        parts.append(
+            f"<p>submission counts from the ledger's verified entries only: {escape(chain.state)}"
+            f" ({escape(chain.detail)})</p>"
+        )
     for pool in data.pools():
         pool_id = pool.spec.pool_id
         rows = [_node_cells(r, pool_id, now) for r in data.nodes(pool_id)]
