@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 from swarmrl.config.swarm import SwarmSection
@@ -85,8 +86,10 @@ class VersionFollower:
     def _first_version(self) -> None:
         """Wait for the first version: sources that list none yet, or are not up yet, are how a
         run begins (the trainer is still warming up), so this is told once as a wait, not as a
-        failure. Returns once a version is held (or on ``stop``); :meth:`run` follows on."""
-        told = False
+        failure; still none after ``give_up_s`` warns once with the sources' answer (a wrong
+        address looks the same at first). Returns once a version is held (or on ``stop``);
+        :meth:`run` follows on."""
+        started, told, warned = time.monotonic(), False, False
         while not self.stop.is_set() and self.weights.held_version() is None:
             try:
                 self._fetch_latest()
@@ -95,6 +98,10 @@ class VersionFollower:
                 if not told:
                     self.log.info("waiting for the first policy version to be published")
                     told = True
+                waited = time.monotonic() - started
+                if not warned and waited > self.swarm.give_up_s:
+                    self.log.warning("no policy version after %.0f s: %s", waited, exc)
+                    warned = True
                 self.log.debug("no first version yet: %s", exc)
                 self.stop.wait(self.swarm.retry_s)
 
