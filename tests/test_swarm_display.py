@@ -107,7 +107,9 @@ def test_render_shows_live_orchestrator_relay_and_per_worker_verdicts():
     node = "ab" * 16
     statuses["validator"].metrics |= {f"checked.{node}": 12, f"rejected.{node}": 2}
     statuses["orchestrator"] = _orchestrator()
-    statuses["relay-0"] = RoleStatus(role="relay", name="relay-0", state="serving", policy_version=7)
+    statuses["relay-0"] = RoleStatus(
+        role="relay", name="relay-0", state="serving", policy_version=7
+    )
     text = _text(render(statuses, {"orchestrator": True, "relay-0": True}))
     rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 3}
     assert "serving" in rows["orchestrator"] and "55 taken in" in rows["orchestrator"]
