@@ -13,7 +13,7 @@ def _entry(kind: str, ts: float, **body) -> dict:
 
 def test_the_wasted_share_counts_accepted_work_never_trained():
     facts = wasted({"trained": 18, "accepted": 1, "unchecked": 1, "dropped": 0, "rejected": 7})
-    assert facts["accepted_ever"] == 20
+    assert facts["kept"] == 20
     assert facts["never_trained"] == {
         "queued_at_end": 1,
         "unchecked_at_end": 1,
@@ -26,7 +26,7 @@ def test_the_wasted_share_counts_accepted_work_never_trained():
 
 def test_work_invalidated_as_a_penalty_is_waste_in_the_headline_and_left_out_beside_it():
     facts = wasted({"trained": 18, "accepted": 1, "unchecked": 1, "dropped": 5}, stale_dropped=2)
-    assert facts["accepted_ever"] == 25 and facts["never_trained"]["dropped"] == 5
+    assert facts["kept"] == 25 and facts["never_trained"]["dropped"] == 5
     assert facts["wasted_share"] == 9 / 25  # 1 queued + 1 unchecked + 5 dropped + 2 stale
     assert facts["wasted_share_excluding_invalidated"] == 4 / 20
     assert wasted({"dropped": 3})["wasted_share_excluding_invalidated"] is None

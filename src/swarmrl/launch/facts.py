@@ -1,7 +1,7 @@
 """What a finished (or interrupted) local swarm did, for its report: submissions, verdicts and
 bans from the orchestrator's API, the ledger exported with the orchestrator's attestation and
 verified offline, what the trainer published, the run's flow over time and the share of
-accepted work never trained (``swarmrl.launch.flow``), and the closing account in words.
+kept work never trained (``swarmrl.launch.flow``), and the closing account in words.
 
 Reads the pool only through its API and the trainer only through its summary file; knows
 nothing about starting or stopping roles (``swarmrl.launch.swarm``).
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmrl.identity import load_keypair
 from swarmrl.launch.flow import flow_facts, wasted
+from swarmrl.ledger.counts import LedgerCounts, count_ledger
 from swarmrl.protocol import NodeView
 from swarmrl.protocol.swarm import RoleStatus
 
@@ -43,6 +44,7 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     orchestrator_key = plan.orchestrator_public_key()
     verified = verify_export(ledger_file, orchestrator_key)
     judged = verdict_counts(ledger)
+    counts = count_ledger(ledger)
     names = {load_keypair(plan.key(w)).node_id: w for w in plan.workers}
     honest = {n for n, name in names.items() if name not in plan.cheats}
     by_status = metrics.submissions_by_status
@@ -52,12 +54,11 @@ def swarm_facts(plan: SwarmPlan) -> dict:
     waste = wasted(by_status, len(flow.get("stale_dropped", [])))
     return {
         "swarm": {
-            "workers": worker_rows(plan, nodes, names, judged),
+            "workers": worker_rows(plan, nodes, names, judged, counts),
             "submissions": {
-                # verdicts from the ledger; trained/dropped/pending from the pool's state
-                "accepted": sum(c["accepted"] for c in judged.values()),
-                "rejected": sum(c["rejected"] for c in judged.values()),
-                "expired": sum(c["expired"] for c in judged.values()),
+                # the counts' words (swarmrl.ledger.counts): from the ledger, trained from the
+                # pool's statuses; dropped/pending/unchecked are the pool's statuses at the end
+                **counts.total.as_dict(),
                 "trained": by_status.get("trained", 0),
                 "dropped": by_status.get("dropped", 0),
                 "pending": by_status.get("pending", 0),
@@ -131,8 +132,11 @@ def worker_rows(
     nodes: list[NodeView],
     names: dict[str, str],
     judged: dict[str, dict[str, Any]],
+    counts: LedgerCounts,
 ) -> list[dict]:
-    """One row per pool node: name, state, cheat, verdicts, throughput, rollouts."""
+    """One row per pool node: name, state, cheat, its submission counts (taken in, checked,
+    accepted, rejected, ...: ``swarmrl.ledger.counts``), why it was first rejected,
+    throughput, rollouts."""
     statuses = RoleStatus.read_dir(plan.status_dir)
     rows = []
     for n in nodes:
@@ -144,8 +148,11 @@ def worker_rows(
                 "state": n.state,
                 "cheat": plan.cheats.get(name or "", ""),
                 "model_version": n.model_version,
-                "accepted": judged.get(n.node_id, {}).get("accepted", 0),
-                "rejected": judged.get(n.node_id, {}).get("rejected", 0),
+                **{
+                    word: count
+                    for word, count in counts.node(n.node_id).as_dict().items()
+                    if word != "trained"  # the pool's statuses say it per run, not per node
+                },
                 "first_rejection": judged.get(n.node_id, {}).get("first_rejection", ""),
                 "measured_tokens_per_s": n.measured_tokens_per_s,
                 "rollouts": statuses[name].metrics.get("rollouts", 0) if name in statuses else None,
@@ -173,12 +180,12 @@ def trainer_summary(plan: SwarmPlan) -> dict:
 
 
 def _waste_clause(subs: dict) -> str:
-    """The summary's clause on never-trained work, e.g. ``(12% of those taken in never trained;
+    """The summary's clause on never-trained work, e.g. ``(12% of the 40 kept never trained;
     9% leaving out the 7 invalidated as a penalty)``; the second part only where work was
     invalidated, nothing without a share."""
     if subs.get("wasted_share") is None:
         return ""
-    clause = f" ({subs['wasted_share']:.0%} of those taken in never trained"
+    clause = f" ({subs['wasted_share']:.0%} of the {subs['kept']} kept never trained"
     without = subs.get("wasted_share_excluding_invalidated")
     if subs.get("dropped") and without is not None:
         clause += f"; {without:.0%} leaving out the {subs['dropped']} invalidated as a penalty"
@@ -210,18 +217,12 @@ def summary_text(report: dict) -> str:
                 + (f" ({w['first_rejection']})" if w["first_rejection"] else "")
                 + f"; {'banned' if w['state'] == 'banned' else 'state ' + w['state']}"
             )
-    taken = subs.get("accepted_ever")
     lines.append(
-        "submissions: "
-        + (
-            f"{taken} taken in, {subs['accepted']} of them accepted by a validator's check "
-            "(the rest not drawn for one), "
-            if taken is not None
-            else f"{subs['accepted']} accepted, "
-        )
-        + f"{subs['rejected']} rejected "
-        f"({subs['rejected_honest']} of them from honest workers), "
-        f"{subs.get('expired', 0)} expired unjudged, {subs['trained']} trained on"
+        f"submissions: {subs['taken_in']} taken in, {subs['checked']} checked by a validator, "
+        f"{subs['accepted']} accepted (passed a check, or released by a later passed one), "
+        f"{subs['rejected']} rejected ({subs['rejected_honest']} of them from honest workers), "
+        f"{subs['expired']} expired unchecked, {subs['invalidated']} invalidated, "
+        f"{subs['trained']} trained"
         + _waste_clause(subs)
         + (
             f", {subs['stale_groups_dropped']} held-over groups went too stale to train"

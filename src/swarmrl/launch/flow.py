@@ -1,6 +1,6 @@
 """The flow of a swarm run over time, for its report: versions published, submissions accepted,
 rejected and trained, the staleness of what was trained, the trainer busy or idle, and the
-share of accepted work that was never trained (``wasted_share``).
+share of the kept work (taken in, not rejected) never trained (``wasted_share``).
 
 Times are seconds since the trainer's RL loop began (``rl_started_at`` in its summary, Unix
 seconds), taken from the ledger (verdicts and releases of unchecked work, stamped by the
@@ -15,18 +15,19 @@ from typing import Any
 
 
 def wasted(by_status: dict[str, int], stale_dropped: int = 0) -> dict[str, Any]:
-    """Accepted submissions never trained, from the pool's submission statuses at the end and
+    """Kept submissions never trained, from the pool's submission statuses at the end and
     the trainer's count of those it acknowledged untrained.
 
-    Accepted ever = trained + still accepted or leased (queued: stale or unused at the end) +
+    Kept = trained + still accepted or leased (queued: stale or unused at the end) +
     unchecked at the end (stored and credited, never released by a later passed spot check) +
-    dropped (accepted, then invalidated with their node). "Trained" in the pool means
+    dropped (invalidated: with their node, or alone): every submission taken in that was not
+    rejected, expired or still waiting for its check (the words: ``swarmrl.ledger.counts``). "Trained" in the pool means
     acknowledged by the trainer, which includes submissions it used up without training any of
     their groups: filtered out (all rewards equal: the filter used them) or every group dropped
     as too stale to carry into a later step (``stale_dropped``: never trained).
-    ``wasted_share`` = (accepted ever − trained + stale_dropped) ÷ accepted ever;
+    ``wasted_share`` = (kept − trained + stale_dropped) ÷ kept;
     ``wasted_share_by_status`` leaves the stale-dropped out (the pool's statuses alone). Both
-    None when nothing was accepted. ``wasted_share_excluding_invalidated`` is the first with the
+    None when nothing was kept. ``wasted_share_excluding_invalidated`` is the first with the
     dropped left out of both sides: work invalidated as a penalty (a banned node's untrained
     work, a soft-invalidated unit) is refused for cause and its credit taken back, where the
     rest of the never-trained work was honest compute the run could not use; the report gives
@@ -35,20 +36,20 @@ def wasted(by_status: dict[str, int], stale_dropped: int = 0) -> dict[str, Any]:
     queued = by_status.get("accepted", 0) + by_status.get("leased", 0)
     unchecked = by_status.get("unchecked", 0)
     dropped = by_status.get("dropped", 0)
-    accepted = trained + queued + unchecked + dropped
+    kept = trained + queued + unchecked + dropped
     return {
-        "accepted_ever": accepted,
+        "kept": kept,
         "never_trained": {
             "queued_at_end": queued,
             "unchecked_at_end": unchecked,
             "dropped": dropped,
             "acknowledged_stale": stale_dropped,
         },
-        "wasted_share": (accepted - trained + stale_dropped) / accepted if accepted else None,
-        "wasted_share_by_status": (accepted - trained) / accepted if accepted else None,
+        "wasted_share": (kept - trained + stale_dropped) / kept if kept else None,
+        "wasted_share_by_status": (kept - trained) / kept if kept else None,
         "wasted_share_excluding_invalidated": (
-            (accepted - dropped - trained + stale_dropped) / (accepted - dropped)
-            if accepted > dropped
+            (kept - dropped - trained + stale_dropped) / (kept - dropped)
+            if kept > dropped
             else None
         ),
     }

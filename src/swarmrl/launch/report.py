@@ -12,7 +12,7 @@ Every run writes ``runs/<name>-<UTC timestamp>/``::
                     swarm run adds its timeline (``swarmrl.launch.flow``): submissions accepted,
                     rejected and trained over time, versions published, the trainer busy or idle
                     and the staleness it trained at; report.json's ``swarm.wasted_share`` is the
-                    share of accepted submissions never trained
+                    share of kept submissions never trained (the words: ``swarmrl.ledger.counts``)
 
 ``metrics.jsonl`` and ``report.json`` are written as the run goes: report.json's ``status`` is
 ``running`` until the run ends ``completed``, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``;

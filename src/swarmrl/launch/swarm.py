@@ -30,6 +30,7 @@ Knows how to wire roles together; nothing about what they compute.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -325,11 +326,13 @@ def watch(
     while the run directory's disk is full is not started again (it could only die again): the
     run fails with a :class:`DiskWriteError` that says so."""
     deadline = time.monotonic() + timeout_s
+    steps = StepRows(plan.run_dir / "trainer" / "steps.jsonl")
     while True:
         trainer = sup.roles["trainer"]  # looked up each time: the trainer may be restarted
         alive = {name: role.alive() for name, role in sup.roles.items()}
         statuses = RoleStatus.read_dir(plan.status_dir)
-        display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}")
+        title = f"swarmrl · {plan.run_dir}"
+        display.update(statuses, alive, plan.config.rl.steps, title, steps.read())
         for name, status in statuses.items():
             if status.state == "banned" and name in sup.roles:
                 sup.retire(name)  # a banned worker leaves; the swarm goes on without it
@@ -356,10 +359,37 @@ def watch(
 
 
 def redraw(display: LiveDisplay, sup: Supervisor, plan: SwarmPlan) -> None:
-    """One redraw of the display from the status files and the process table."""
+    """One redraw of the display from the status files, the process table and the trainer's
+    step rows."""
     alive = {name: role.alive() for name, role in sup.roles.items()}
     statuses = RoleStatus.read_dir(plan.status_dir)
-    display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}")
+    steps = StepRows(plan.run_dir / "trainer" / "steps.jsonl").read()
+    display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}", steps)
+
+
+class StepRows:
+    """The trainer's step rows (``trainer/steps.jsonl``, one JSON line per finished step), read
+    as they are appended: a line still being written waits for the next read; a file rewritten
+    shorter (a restarted trainer writes its history again) is read again from its start."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        self._offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                if f.seek(0, 2) < self._offset:
+                    self.rows, self._offset = [], 0
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.rows
+        complete = data[: data.rfind(b"\n") + 1]
+        self.rows += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        self._offset += len(complete)
+        return self.rows
 
 
 def stop_generating(sup: Supervisor, plan: SwarmPlan, statuses: dict[str, RoleStatus]) -> None:

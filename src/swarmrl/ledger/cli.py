@@ -47,8 +47,11 @@ def main(verb: str, argv: Sequence[str]) -> int:
     table = Table(title="contributions per node")
     for column in (
         "node",
-        "submissions",
+        "taken in",
+        "checked",
         "accepted",
+        "rejected",
+        "invalidated",
         "soft",
         "hard",
         "credited",
@@ -60,8 +63,10 @@ def main(verb: str, argv: Sequence[str]) -> int:
     for node, c in sorted(report.contributions.items(), key=lambda kv: -kv[1].net_tokens):
         table.add_row(
             node + (" (banned)" if c.banned else ""),
-            str(c.submissions),
-            str(c.accepted),
+            *(
+                str(getattr(report.counts.node(node), word))
+                for word in ("taken_in", "checked", "accepted", "rejected", "invalidated")
+            ),
             str(c.soft),
             str(c.hard),
             str(c.credited_tokens),
@@ -70,6 +75,10 @@ def main(verb: str, argv: Sequence[str]) -> int:
             f"{c.reputation:.2f}",
         )
     console.print(table)
+    console.print(
+        f"submissions (the words: docs/observability.md): {report.counts.total.text()}",
+        soft_wrap=True,
+    )
     if report.ok:
         console.print(
             f"OK: {report.entries} entries, chain and signatures valid; "

@@ -1,12 +1,15 @@
 """Reading ledger entries out of a database and writing export files.
 
-Knows the ledger table and the export format; knows nothing about pools.
+Knows the ledger table and the export format; knows nothing about pools beyond the
+``pool_id`` each entry carries (:class:`LedgerTally` counts per pool).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import sqlalchemy as sa
 
 from swarmrl.errors import UserError
 from swarmrl.ledger.chain import ledger_table
+from swarmrl.ledger.counts import LedgerCounts, SubmissionCounts
 from swarmrl.ledger.verify import export_lines
 
 
@@ -121,3 +125,26 @@ def write_entries(
     tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries, attestation)))
     os.replace(tmp, out)
     return len(entries)
+
+
+class LedgerTally:
+    """Submission counts per pool (``swarmrl.ledger.counts``) of a live ledger, kept up to date
+    by reading only the entries added since the last :meth:`counts` (``chunk`` at a time), so a
+    long ledger costs its length once. Safe to call from several threads."""
+
+    def __init__(self, engine: sa.Engine, chunk: int = 2000) -> None:
+        self.engine, self.chunk = engine, chunk
+        self._pools: dict[str, LedgerCounts] = {}
+        self._next = 0  # seq of the first entry not counted yet
+        self._lock = threading.Lock()
+
+    def counts(self, pool_id: str) -> SubmissionCounts:
+        """The counts of ``pool_id``'s entries so far (``trained`` left None: not a ledger
+        fact)."""
+        with self._lock:
+            while entries := read_entries_from(self.engine, self._next, self.chunk):
+                for entry in entries:
+                    self._pools.setdefault(entry["pool_id"], LedgerCounts()).add(entry)
+                self._next = entries[-1]["seq"] + 1
+            found = self._pools.get(pool_id)
+            return replace(found.total) if found else SubmissionCounts()

@@ -28,6 +28,7 @@ from typing import Any
 from swarmrl.errors import BadSignature
 from swarmrl.identity.keys import canonical_json, digest_hex, verify_signature
 from swarmrl.ledger.chain import GENESIS_HASH, attestation_message, entry_core, entry_hash
+from swarmrl.ledger.counts import LedgerCounts
 from swarmrl.ledger.reputation import reputation
 from swarmrl.ledger.spotchecks import SpotCheckReplay
 
@@ -78,6 +79,7 @@ class VerifyReport:
     attested: bool = False  # the header's head is signed by the orchestrator (see module doc)
     spot_checks_verified: int = 0  # submission draws recomputed from revealed secrets
     spot_checks_unrevealed: int = 0  # draws whose epoch secret is not revealed yet
+    counts: LedgerCounts = field(default_factory=LedgerCounts)  # swarmrl.ledger.counts
 
 
 def _tally(contrib: dict[str, Contribution], entry: dict[str, Any]) -> None:
@@ -177,6 +179,7 @@ class ChainCheck:
             return False
         assert entry is not None
         _tally(report.contributions, entry)
+        report.counts.add(entry)
         report.entries += 1
         report.last_hash = entry["entry_hash"]
         return True

@@ -124,8 +124,9 @@ class _HeadGuard:
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._head_pending() and not self.transport.is_closing():
-            log.info(
-                "dropping %s: no complete request head within %.0fs",
+            # an idle keep-alive connection ends this way too: routine, hence debug
+            log.debug(
+                "closed the connection from %s: no complete request head within %.0fs",
                 self.client,
                 self.limits.head_timeout_s,
             )

@@ -45,6 +45,7 @@ from swarmrl.shardcast.transport import Connections, SourcePool
 log = logging.getLogger(__name__)
 
 UNBACKED_COOLDOWN_S = (1.0, 60.0)  # first and longest wait before an unbacked version is retried
+UNBACKED_QUIET = 2  # failures on one version told at info before they warn
 ERRORS_KEPT = 100  # also the most unbacked versions remembered
 
 
@@ -185,13 +186,17 @@ class Follower:
                     self._strikes[url] += 1
             self._cv.notify_all()
         self.errors.append(f"v{version}: {type(exc).__name__}: {exc}")
-        log.warning(
-            "no upstream backs v%d (%s); trying older versions, v%d again in %.0fs",
+        # the first misses are routine (an upstream still writing the version, or the origin
+        # gone at the end of a run): told as what they are; a version that stays unbacked warns
+        log.log(
+            logging.WARNING if failures >= UNBACKED_QUIET else logging.INFO,
+            "v%d not fetched from any upstream (%s); older versions meanwhile, v%d again in %.0fs",
             version,
-            exc,
+            exc if failures >= UNBACKED_QUIET else "not served there yet",
             version,
             wait,
         )
+        log.debug("v%d unbacked: %s", version, exc)
         self.catalog.count("versions_unbacked_total")
 
     def _replicate_loop(self) -> None:

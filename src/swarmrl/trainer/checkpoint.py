@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,11 +110,14 @@ class Checkpointer:
             path.mkdir(parents=True)
         self.parallel.barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save(
-            {"model": model_state, "optim": optim_state},
-            checkpoint_id=str(path),
-            no_dist=not self.parallel.sharded,
-        )
+        with warnings.catch_warnings():
+            # one process saving alone is what no_dist asks for; torch warns about it anyway
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.save(
+                {"model": model_state, "optim": optim_state},
+                checkpoint_id=str(path),
+                no_dist=not self.parallel.sharded,
+            )
         torch.save(_rng_state(), path / f"rng-rank{self.parallel.rank}.pt")
         self.parallel.barrier()  # every rank's part is on disk
         if self.parallel.leader:

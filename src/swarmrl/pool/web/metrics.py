@@ -3,7 +3,8 @@ and the latency of every request it answers.
 
 Per pool (label ``pool``): ``swarmrl_pool_nodes{state}``, ``swarmrl_pool_leases_active``,
 ``swarmrl_pool_submissions{status}`` (submissions now in each status: pending, accepted,
-rejected …), ``swarmrl_pool_policy_version``, ``swarmrl_pool_credited_tokens`` and
+rejected …), ``swarmrl_pool_submission_counts{count}`` (taken_in, checked, accepted, rejected,
+expired, invalidated, trained so far: the words of ``swarmrl.ledger.counts``), ``swarmrl_pool_policy_version``, ``swarmrl_pool_credited_tokens`` and
 ``swarmrl_pool_locked_tokens``; per route: the histogram
 ``swarmrl_orchestrator_request_seconds{method, route, status}`` (``route`` is the path template,
 ``/pools/{pool_id}/lease``, so node ids never become labels). Each app has its own registry.
@@ -20,6 +21,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from swarmrl.ledger.export import LedgerTally
 from swarmrl.pool.trust import service
 from swarmrl.pool.trust.service import Context
 
@@ -31,11 +33,18 @@ class PoolCollector:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.tally = LedgerTally(ctx.engine)
 
     def collect(self) -> Iterator[Metric]:
         nodes = GaugeMetricFamily("swarmrl_pool_nodes", "nodes by state", labels=["pool", "state"])
         subs = GaugeMetricFamily(
             "swarmrl_pool_submissions", "submissions by status", labels=["pool", "status"]
+        )
+        counts = GaugeMetricFamily(
+            "swarmrl_pool_submission_counts",
+            "submissions taken in, checked, accepted, rejected, expired, invalidated, trained "
+            "(docs/observability.md)",
+            labels=["pool", "count"],
         )
         scalars = {
             "leases_active": "leases handed out and not yet done or expired",
@@ -54,6 +63,10 @@ class PoolCollector:
                 nodes.add_metric([pool_id, state], n)
             for status, n in sorted(m.submissions_by_status.items()):
                 subs.add_metric([pool_id, status], n)
+            counted = self.tally.counts(pool_id)
+            counted.trained = m.submissions_by_status.get("trained", 0)
+            for word, n in counted.as_dict().items():
+                counts.add_metric([pool_id, word], n)
             values = {
                 "leases_active": m.leases_active,
                 "policy_version": m.current_version,
@@ -64,6 +77,7 @@ class PoolCollector:
                 gauges[key].add_metric([pool_id], value)
         yield nodes
         yield subs
+        yield counts
         yield from gauges.values()
 
 

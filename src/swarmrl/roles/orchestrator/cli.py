@@ -32,6 +32,7 @@ from swarmrl.roles.orchestrator.fronts import FrontGroup
 from swarmrl.roles.orchestrator.workers import WorkerGroup, require_postgres
 
 if TYPE_CHECKING:
+    from swarmrl.ledger.export import LedgerTally
     from swarmrl.pool.trust.service import Context
     from swarmrl.protocol.pool import PoolSpec
 
@@ -118,6 +119,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     specs = pool_specs(args)  # arguments are checked before the first log line
     keypair = load_keypair(args.key)
     config = pool_config(args)
+    from swarmrl.ledger.export import LedgerTally
     from swarmrl.pool.rejections import Conflict
     from swarmrl.pool.server import ORCHESTRATOR_LIMITS, make_context, serve_forever
     from swarmrl.pool.trust import service
@@ -135,12 +137,13 @@ def main(verb: str, argv: Sequence[str]) -> int:
                 )
     mounts = {} if args.no_ui else {"/ui": dashboard_app(ctx, args)}
     pools = [spec.pool_id for _, spec in specs]
+    tally = LedgerTally(ctx.engine)
     reporter = StatusReporter(
         "orchestrator",
         args.name,
         args.status_dir,
         2.0,  # each refresh queries the database: every 2 s is live enough for a display
-        refresh=lambda r: report_pools(r, ctx, pools),
+        refresh=lambda r: report_pools(r, ctx, pools, tally),
     )
     fronts = (
         FrontGroup(args.fronts, config, ORCHESTRATOR_LIMITS.keep_alive_s) if args.fronts else None
@@ -161,8 +164,12 @@ def main(verb: str, argv: Sequence[str]) -> int:
     return 0
 
 
-def report_pools(reporter: StatusReporter, ctx: Context, pool_ids: list[str]) -> None:
-    """The status numbers of the hosted pools, summed: version, nodes, submissions."""
+def report_pools(
+    reporter: StatusReporter, ctx: Context, pool_ids: list[str], tally: LedgerTally
+) -> None:
+    """The status numbers of the hosted pools, summed: version, nodes, the submissions waiting
+    for a check (``pending``) and the submission counts in the words of
+    ``swarmrl.ledger.counts`` (taken_in, checked, accepted, ...; trained from the statuses)."""
     from swarmrl.pool.trust import service
 
     total: dict[str, float] = {}
@@ -171,9 +178,10 @@ def report_pools(reporter: StatusReporter, ctx: Context, pool_ids: list[str]) ->
         m = service.metrics(ctx, pool_id)
         version = max(version, m.current_version)
         subs = m.submissions_by_status
-        for key in ("pending", "accepted", "leased", "rejected", "trained", "dropped"):
-            total[key] = total.get(key, 0.0) + subs.get(key, 0)
-        total["submissions"] = total.get("submissions", 0.0) + sum(subs.values())
+        counts = tally.counts(pool_id)
+        counts.trained = subs.get("trained", 0)
+        for key, n in [("pending", subs.get("pending", 0)), *counts.as_dict().items()]:
+            total[key] = total.get(key, 0.0) + (n or 0)
         total["nodes"] = total.get("nodes", 0.0) + sum(m.nodes_by_state.values())
         total["banned"] = total.get("banned", 0.0) + m.nodes_by_state.get("banned", 0)
     reporter.set(version=version, **total)

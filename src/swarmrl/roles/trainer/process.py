@@ -489,6 +489,7 @@ def role_hooks(
         log.info("held-out %s: accuracy %.3f", name, result["accuracy"])
         if name != "control":
             status.set(accuracy=result["accuracy"])
+            status.add(evals=1)  # the console tells each evaluation once (launch.display)
         summary.write("running")
 
     def on_rl_end(learner: Learner) -> None:

@@ -205,10 +205,19 @@ def run(
                         outcome="accepted" if verdict.accept else "rejected",
                         severity="none" if verdict.accept else verdict.severity,
                     )
-                    verdict_of = "accepted" if verdict.accept else "rejected"
-                    status.add(**{f"{verdict_of}.{sub.node_id}": 1})  # per node: the display
+                    if verdict.accept or verdict.severity != "soft":  # a replay's own verdict
+                        outcome = "accepted" if verdict.accept else "rejected"
+                        # the words of swarmrl.ledger.counts; per node for the display
+                        status.add(**{"checked": 1, f"checked.{sub.node_id}": 1})
+                        status.add(**{f"{outcome}.{sub.node_id}": 1})
                     if verdict.accept:
                         status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
+                        log.info(
+                            "accepted %s from node %s (%d tokens replayed)",
+                            sub.submission_id,
+                            sub.node_id,
+                            verdict.measured_tokens,
+                        )
                         if result.rewards:
                             status.set(reward_mean=sum(result.rewards) / len(result.rewards))
                         continue

@@ -286,7 +286,6 @@ class WorkerNode:
         )
         if reply.outcome == "finished":
             self.log.info("the run is finished (%s); stopping", reply.reason or "no reason given")
-            self.status.event("run finished")
             self.finished.set()
             self.stop.set()
             return

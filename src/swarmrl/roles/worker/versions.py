@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 from swarmrl.config.swarm import SwarmSection
-from swarmrl.errors import PeerError, WaitTimeout
+from swarmrl.errors import PeerError, PeerUnavailable, WaitTimeout
 from swarmrl.rolekit.toolkit import StatusReporter, retry
 from swarmrl.shardcast import WeightClient
 
@@ -64,6 +65,7 @@ class VersionFollower:
 
     def run(self) -> None:
         """Follow the weight sources until ``stop``."""
+        self._first_version()
         while not self.stop.is_set():
             try:
                 retry(
@@ -79,6 +81,28 @@ class VersionFollower:
                 continue  # no newer version yet (or sources away): ask again
             except PeerError as exc:
                 self.log.warning("weight source sent bad data (%s); refetching", exc)
+                self.stop.wait(self.swarm.retry_s)
+
+    def _first_version(self) -> None:
+        """Wait for the first version: sources that list none yet, or are not up yet, are how a
+        run begins (the trainer is still warming up), so this is told once as a wait, not as a
+        failure; still none after ``give_up_s`` warns once with the sources' answer (a wrong
+        address looks the same at first). Returns once a version is held (or on ``stop``);
+        :meth:`run` follows on."""
+        started, told, warned = time.monotonic(), False, False
+        while not self.stop.is_set() and self.weights.held_version() is None:
+            try:
+                self._fetch_latest()
+                return
+            except PeerUnavailable as exc:
+                if not told:
+                    self.log.info("waiting for the first policy version to be published")
+                    told = True
+                waited = time.monotonic() - started
+                if not warned and waited > self.swarm.give_up_s:
+                    self.log.warning("no policy version after %.0f s: %s", waited, exc)
+                    warned = True
+                self.log.debug("no first version yet: %s", exc)
                 self.stop.wait(self.swarm.retry_s)
 
     def _fetch_latest(self) -> None:

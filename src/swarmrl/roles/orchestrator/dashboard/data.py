@@ -25,13 +25,15 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from copy import deepcopy
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 from swarmrl.identity.keys import canonical_json
+from swarmrl.ledger.counts import LedgerCounts, SubmissionCounts
 from swarmrl.ledger.export import head_count, read_entries_from, read_page
 from swarmrl.ledger.verify import ChainCheck
 from swarmrl.pool.state import db
@@ -50,8 +52,9 @@ class NodeRow:
     """One node with what the nodes page adds to the pool's view of it."""
 
     view: NodeView
-    accepted: int = 0
-    rejected: int = 0
+    # taken in, checked, accepted, rejected, ... (swarmrl.ledger.counts) from the part of the
+    # ledger verified so far; trained from the pool's statuses
+    counts: SubmissionCounts = field(default_factory=SubmissionCounts)
     ban_reason: str | None = None
 
 
@@ -144,6 +147,7 @@ class LedgerCheck:
         self.chunk, self.pause_s = chunk, pause_s
         self._check = ChainCheck(orchestrator_key)
         self._lock = threading.Lock()
+        self._feeding = threading.Lock()  # a feed and a copy of the counts exclude each other
         self._thread: threading.Thread | None = None
 
     def status(self) -> ChainStatus:
@@ -156,6 +160,11 @@ class LedgerCheck:
             return ChainStatus("verified", f"{total} entries, hash chain and signatures")
         self._start()
         return ChainStatus("checking", f"{report.entries} of {total} entries verified so far")
+
+    def counts(self) -> LedgerCounts:
+        """Submission counts (``swarmrl.ledger.counts``) of the entries verified so far."""
+        with self._feeding:
+            return deepcopy(self._check.report.counts)
 
     def _start(self) -> None:
         with self._lock:
@@ -171,8 +180,9 @@ class LedgerCheck:
             if not entries:
                 return
             for entry in entries:
-                if not check.feed(canonical_json(entry)):
-                    return
+                with self._feeding:
+                    if not check.feed(canonical_json(entry)):
+                        return
             time.sleep(self.pause_s)
 
 
@@ -314,14 +324,13 @@ class RunData:
                 .where(subs.c.pool_id == pool_id)
                 .group_by(subs.c.node_id, subs.c.status)
             ).all()
+        verified = self._verified_counts()
+        for node_id, row in rows.items():
+            row.counts = replace(verified.node(node_id), trained=0)
         for node_id, status, n in counts:
             row = rows.get(node_id)
-            if row is None:
-                continue
-            if status == "rejected":
-                row.rejected += int(n)
-            elif status in ("accepted", "leased", "trained"):
-                row.accepted += int(n)
+            if row is not None and status == "trained":
+                row.counts.trained = int(n)
         for row in rows.values():  # a hard invalidation's reason, through the ledger's indexes
             if row.view.state != "banned":
                 continue
@@ -366,6 +375,13 @@ class RunData:
                     self._pages.popitem(last=False)
         older = entries[-1]["seq"] if len(entries) == limit and entries[-1]["seq"] > 0 else None
         return LedgerPage(entries, total, older)
+
+    def _verified_counts(self) -> LedgerCounts:
+        """The submission counts of the ledger entries verified so far (none without a key)."""
+        if self.ledger_check is None:
+            return LedgerCounts()
+        self.ledger_check.status()  # goes on checking entries added since
+        return self.ledger_check.counts()
 
     def verify_ledger(self) -> ChainStatus:
         """The chain's verification so far (checking goes on in the background)."""

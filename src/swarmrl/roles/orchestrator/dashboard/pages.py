@@ -102,6 +102,10 @@ def overview(data: RunData, base: str) -> str:
     return layout("run overview", "", body, head=head, base=base)
 
 
+# submission counts per node, in the words of swarmrl.ledger.counts
+COUNT_COLUMNS = ("taken_in", "checked", "accepted", "rejected", "invalidated", "trained")
+
+
 def _node_cells(row: NodeRow, pool_id: str, now: float) -> list[str]:
     v = row.view
     state = f'<span class="state {escape(v.state)}">{escape(v.state)}</span>'
@@ -114,8 +118,7 @@ def _node_cells(row: NodeRow, pool_id: str, now: float) -> list[str]:
         state,
         _fmt(v.measured_tokens_per_s),
         _fmt(v.model_version),
-        str(row.accepted),
-        str(row.rejected),
+        *(str(getattr(row.counts, word)) for word in COUNT_COLUMNS),
         f"{v.reputation:.2f}",
         beat,
         logs,
@@ -135,10 +138,17 @@ class LedgerQuery:
 def nodes(data: RunData, base: str) -> str:
     now = time.time()
     parts = [] if data.has_pool else [f"<p>{escape(data.no_pool)}</p>"]
+    chain = data.verify_ledger() if data.has_pool else None
+    if chain is not None and chain.state != "verified":  # the counts come from verified entries
+        parts.append(
+            f"<p>submission counts from the ledger's verified entries only: {escape(chain.state)}"
+            f" ({escape(chain.detail)})</p>"
+        )
     for pool in data.pools():
         pool_id = pool.spec.pool_id
         rows = [_node_cells(r, pool_id, now) for r in data.nodes(pool_id)]
-        headers = ["node", "state", "tokens/s", "version", "accepted", "rejected"]
+        headers = ["node", "state", "tokens/s", "version"]
+        headers += [word.replace("_", " ") for word in COUNT_COLUMNS]
         headers += ["reputation", "last heartbeat", "logs (admin)"]
         parts.append(f"<h2>pool {escape(pool_id)}</h2>" + _table(headers, rows, "nodes"))
     roles = [
