@@ -152,7 +152,7 @@ def test_overview_draws_curves_with_points_and_follows_the_run(live, browser):
     _open(browser, live["url"], "overview")
     assert browser.find_element(By.ID, "step-count").text == "3"
     charts = browser.find_elements(By.CSS_SELECTOR, ".chart .uplot canvas")
-    assert len(charts) == 4
+    assert len(charts) == 5  # reward, loss, time, staleness, mismatch
     # what the reward canvas plots: steps 0..2 on x and the rows' rewards, as points
     plotted = browser.execute_script(
         "const u = window.swarmrlPlots['chart-reward'];"

@@ -118,3 +118,23 @@ def test_mismatch_is_measured_and_the_corrections_act_on_it(tiny):
     assert truncated.loss == pytest.approx(untruncated.loss * 1.1 / math.exp(shift), rel=1e-4)
     on_policy, _ = step(correction="tis_sequence")
     assert 0.0 < on_policy.corrected_fraction  # the 3-token sequences' product 2.46 > cap 2
+
+
+def test_the_correction_uses_each_samples_age(tiny):
+    shift = 0.3  # r = exp(0.3) ≈ 1.35 on every loss token: under cap 2, above 2^0.25 ≈ 1.19
+    batch = _batch(tiny, shift=shift)
+    # the second and third groups were generated 1 and 2 versions before the trained one
+    batch.age = torch.tensor([[0.0]] * 3 + [[1.0]] * 3 + [[2.0]] * 3)
+    aged_tokens = float(batch.loss_mask[3:].sum()) / batch.loss_tokens
+    old_tokens = float(batch.loss_mask[6:].sum()) / batch.loss_tokens
+
+    def step(**kw):
+        rl = RLConfig(lr=1e-2, correction="tis_token", correction_cap=2.0, **kw)
+        model = copy.deepcopy(tiny)
+        return policy_step(model, make_optimizer(model, rl), batch, rl)
+
+    assert step().corrected_fraction == 0.0  # decay 1: age changes nothing
+    # γ = 0.5: cap 2^0.5 ≈ 1.41 at age 1 keeps 1.35, cap 2^0.25 ≈ 1.19 at age 2 truncates it
+    assert step(correction_decay=0.5).corrected_fraction == pytest.approx(old_tokens)
+    # γ = 0: every sample of age ≥ 1 is capped at 1
+    assert step(correction_decay=0.0).corrected_fraction == pytest.approx(aged_tokens)

@@ -227,3 +227,34 @@ def test_bad_loss_settings_fail_at_start_naming_the_key():
     config = load_config([], ["rl.loss='dr_grpo'"])
     assert config.rl.advantage_mode == "mean"  # Dr. GRPO: no std division
     assert load_config([], []).rl.advantage_mode == "std"
+
+
+def test_corrections_tighten_with_each_samples_age():
+    # r = 1.8, 1.1, 1.3 on both rows; row 0 is fresh (age 0), row 1 is older
+    behaviour = torch.zeros((2, 3))
+    old = torch.log(torch.tensor([[1.8, 1.1, 1.3], [1.8, 1.1, 1.3]]))
+    mask = torch.ones((2, 3))
+    kw = {"cap": 2.0, "band": (0.5, 2.0), "decay": 0.5}
+    # tis, age 1: cap 2^0.5 = 1.414 truncates the 1.8 that the fresh row keeps
+    w, flag = correction_weights(
+        "tis_token", old, behaviour, mask, **kw, age=torch.tensor([[0.0], [1.0]])
+    )
+    assert w.tolist() == [pytest.approx([1.8, 1.1, 1.3]), pytest.approx([2**0.5, 1.1, 1.3])]
+    assert flag.tolist() == [[False] * 3, [True, False, False]]
+    # mask, age 2: band [0.5^0.25, 2^0.25] = [0.841, 1.189] keeps 1.1 only
+    w, flag = correction_weights(
+        "mask_token", old, behaviour, mask, **kw, age=torch.tensor([[0.0], [2.0]])
+    )
+    assert w.tolist() == [[1.0, 1.0, 1.0], [0.0, 1.0, 0.0]]
+    assert flag.tolist() == [[False] * 3, [True, False, True]]
+    # the sequence ratio 1.8·1.1·1.3 = 2.574 against cap 2^0.25 = 1.189 at age 2
+    w, _ = correction_weights(
+        "tis_sequence", old, behaviour, mask, **kw, age=torch.tensor([[0.0], [2.0]])
+    )
+    assert w.tolist() == [pytest.approx([2.0] * 3), pytest.approx([2**0.25] * 3)]
+    # decay 1 (the default): age changes nothing; decay 0: an aged sample gets no weight above 1
+    aged = torch.tensor([[3.0], [3.0]])
+    same, _ = correction_weights("tis_token", old, behaviour, mask, cap=2.0, age=aged)
+    assert same.tolist() == [pytest.approx([1.8, 1.1, 1.3])] * 2
+    zero, _ = correction_weights("tis_token", old, behaviour, mask, cap=2.0, age=aged, decay=0.0)
+    assert zero.tolist() == [[1.0, 1.0, 1.0]] * 2

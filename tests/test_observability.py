@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from swarmrl.config import SwarmConfig
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
@@ -16,7 +18,9 @@ from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import InvalidateRequest, PoolSpec
 from swarmrl.rolekit.metrics import serve_metrics
 from swarmrl.rolekit.toolkit import StatusReporter, add_role_args
+from swarmrl.roles.trainer.process import Origin, Summary, role_hooks
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
+from swarmrl.trainer.loop import ROW_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,6 +105,9 @@ def test_every_role_takes_metrics_port_and_the_docs_name_every_metric():
         "swarmrl_pool_nodes",
         "swarmrl_orchestrator_request_seconds",
         "swarmrl_trainer_loss",
+        "swarmrl_trainer_mismatch_kl",
+        "swarmrl_trainer_corrected_fraction",
+        "swarmrl_trainer_staleness_max",
         "swarmrl_trainer_versions_published_total",
         "swarmrl_trainer_idle_seconds_total",
         "swarmrl_worker_tokens_per_s",
@@ -112,3 +119,32 @@ def test_every_role_takes_metrics_port_and_the_docs_name_every_metric():
     dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
     assert "swarmrl_pool_nodes" in exprs and "swarmrl_trainer_reward_mean" in exprs
+
+
+def test_the_trainer_exports_each_steps_mismatch_and_staleness(tmp_path: Path):
+    reporter = StatusReporter("trainer", "trainer", tmp_path)
+    url = serve_metrics(reporter, "127.0.0.1", 0)
+    origin = Origin(tmp_path / "origin", KeyPair.generate(), SwarmConfig(), "127.0.0.1", 0)
+    try:
+        summary = Summary(tmp_path / "summary.json", origin)
+        hooks = role_hooks(
+            logging.getLogger("test"), reporter, tmp_path / "steps.jsonl", [], summary, tmp_path
+        )
+        row = dict.fromkeys(ROW_KEYS, 0.0) | {
+            "step": 0,
+            "policy_version": 2,
+            "mismatch_kl": 0.0125,
+            "corrected_fraction": 0.25,
+            "staleness": 0.5,
+            "staleness_max": 2,
+            "staleness_shares": {"0": 0.75, "2": 0.25},
+        }
+        hooks.on_step(row)
+        got = _scrape(url)
+    finally:
+        origin.stop()
+    assert got["swarmrl_trainer_mismatch_kl"][0][2] == 0.0125
+    assert got["swarmrl_trainer_corrected_fraction"][0][2] == 0.25
+    assert got["swarmrl_trainer_staleness_max"][0][2] == 2
+    assert got["type:swarmrl_trainer_mismatch_kl"] == "gauge"
+    assert json.loads((tmp_path / "steps.jsonl").read_text())["staleness_shares"]["2"] == 0.25

@@ -14,7 +14,8 @@ from swarmrl.model import build_char_tokenizer, create_tiny_model
 from swarmrl.rl import token_logprobs
 from swarmrl.trainer.batch import Completion, Group, collate
 from swarmrl.trainer.colocated import run_colocated
-from swarmrl.trainer.loop import ROW_KEYS, Hooks
+from swarmrl.trainer.loop import ROW_KEYS, Hooks, rollout_metrics
+from swarmrl.trainer.source import StepRollouts
 from swarmrl.trainer.step import StepAccumulator, make_optimizer, policy_step
 
 TASK = Task(problem_id=0, split="train", index=0, prompt="1+1=", answer="2")
@@ -315,3 +316,18 @@ def test_batched_prompt_encoding_gives_the_one_layout_ids():
     for row, task in zip(data.input_ids.tolist(), tasks, strict=True):
         ids = encode_prompt(tokenizer, task) + tokenizer.encode(task.answer)
         assert row[: len(ids) + 1] == [*ids, tokenizer.eos_token_id]
+
+
+def test_collate_gives_each_row_its_age_and_the_row_logs_the_ages():
+    def aged(version):
+        return Completion([1, 5], [6, 2], [-0.5, -0.5], 1.0, policy_version=version)
+
+    groups = [Group(TASK, [aged(7), aged(7)]), Group(TASK, [aged(6), aged(4)])]
+    batch = collate(groups, 0, policy_version=7)
+    assert batch.age.flatten().tolist() == [0.0, 0.0, 1.0, 3.0]
+    assert batch.rows(2, 4).age.flatten().tolist() == [1.0, 3.0]
+    assert collate(groups, 0).age is None  # no version: no ages (the correction takes 0)
+    row = rollout_metrics(StepRollouts(groups), 7)
+    assert row["staleness"] == 1.0 and row["staleness_max"] == 3
+    assert row["staleness_shares"] == {"0": 0.5, "1": 0.25, "3": 0.25}
+    assert rollout_metrics(StepRollouts([]), 7)["staleness_shares"] == {}

@@ -58,6 +58,14 @@ class RLConfig(Section):
     correction_cap: float = Field(2.0, gt=0, description="tis_*: cap on the importance weight")
     correction_low: float = Field(0.5, ge=0, description="mask_*: lowest ratio r kept")
     correction_high: float = Field(2.0, gt=0, description="mask_*: highest ratio r kept")
+    correction_decay: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="γ: a sample k versions old (its staleness) is corrected with every bound "
+        "raised to γ^k (cap, correction_low, correction_high move toward 1 in log space); "
+        "1 = age changes nothing, 0 = samples of age ≥ 1 keep no weight above 1",
+    )
     kl_coef: float = Field(0.0, ge=0, description="β of the KL penalty to the reference policy")
     kl: Literal["none", "k1", "k3", "squared"] = Field(
         "k3",

@@ -10,6 +10,8 @@ turns groups into one right-padded batch::
                                tokens are output but never loss tokens)
     behaviour_logp  [B, T-1]   behaviour log-prob of that token (0 elsewhere)
     advantages      [B, 1]     group advantage of the sequence (every token shares it)
+    age             [B, 1]     versions between the one trained and the one that generated
+                               the sequence (its staleness; 0 when collated without a version)
 
 Knows nothing about how rollouts were produced (colocated engine or a swarm of workers).
 """
@@ -73,6 +75,7 @@ class TrainBatch:
     loss_mask: torch.Tensor  # [B, T-1] float
     behaviour_logp: torch.Tensor  # [B, T-1] float
     advantages: torch.Tensor  # [B, 1] float
+    age: torch.Tensor | None = None  # [B, 1] float versions of staleness; None: all 0
 
     @property
     def loss_tokens(self) -> int:
@@ -84,6 +87,7 @@ class TrainBatch:
             self.loss_mask.to(device),
             self.behaviour_logp.to(device),
             self.advantages.to(device),
+            None if self.age is None else self.age.to(device),
         )
 
     def rows(self, start: int, stop: int) -> TrainBatch:
@@ -92,13 +96,18 @@ class TrainBatch:
             self.loss_mask[start:stop],
             self.behaviour_logp[start:stop],
             self.advantages[start:stop],
+            None if self.age is None else self.age[start:stop],
         )
 
 
 def collate(
-    groups: Sequence[Group], pad_id: int, advantage: Literal["std", "mean"] = "std"
+    groups: Sequence[Group],
+    pad_id: int,
+    advantage: Literal["std", "mean"] = "std",
+    policy_version: int | None = None,
 ) -> TrainBatch:
-    """One padded batch of every completion of ``groups`` (groups must be the same size)."""
+    """One padded batch of every completion of ``groups`` (groups must be the same size);
+    ``policy_version``: the version being trained, which sets each row's ``age``."""
     sizes = {len(g.rewards) for g in groups}
     if len(sizes) != 1:
         raise ValueError(f"groups must all have the same size, got sizes {sorted(sizes)}")
@@ -124,4 +133,7 @@ def collate(
             raise ValueError(f"completion {i}: one model_mask entry per output token needed")
         mask[i, p - 1 : p - 1 + n] = sampled
         behaviour[i, p - 1 : p - 1 + n][sampled.bool()] = torch.tensor(c.behaviour_logprobs)
-    return TrainBatch(ids, mask, behaviour, adv)
+    age = None
+    if policy_version is not None:
+        age = torch.tensor([[float(policy_version - c.policy_version)] for c in completions])
+    return TrainBatch(ids, mask, behaviour, adv, age)

@@ -166,7 +166,7 @@ class Learner:
 
     def _rows(self, groups: list[Group]) -> TrainBatch:
         """This rank's rows of ``groups``, on the device."""
-        batch = collate(groups, self.pad_id, self.config.rl.advantage_mode)
+        batch = collate(groups, self.pad_id, self.config.rl.advantage_mode, self.version)
         return self.parallel.rows(batch).to(self.device)
 
     def save_checkpoint(self, checkpointer: Checkpointer, step: int, source_state: Any) -> None:

@@ -45,6 +45,8 @@ ROW_KEYS = (
     "groups_kept",  # groups trained on
     "tokens",  # sampled output tokens of the drawn completions (environment tokens excluded)
     "staleness",  # mean over trained completions of policy_version − generating version
+    "staleness_max",  # the largest of those ages (0 when nothing was trained)
+    "staleness_shares",  # {"age": share of trained completions of that age}, ages as strings
     "loss",  # None when the step had nothing to train on
     "clip_fraction",
     "grad_norm",
@@ -56,6 +58,16 @@ ROW_KEYS = (
     "update_s",  # s of the optimizer step plus handing the new version to the source
     "tokens_per_s",  # tokens / (rollout_s + update_s)
     "wall_time",  # s since the first step began
+)
+# the row's numbers a trainer role also reports in its status and Prometheus (when not None)
+STATUS_KEYS = (
+    "loss",
+    "kl",
+    "clip_fraction",
+    "mismatch_kl",
+    "corrected_fraction",
+    "staleness",
+    "staleness_max",
 )
 _STEP_STATS = (
     "loss",
@@ -182,11 +194,13 @@ def train_step(learner: Learner, source: RolloutSource, step: int, start: float)
 
 
 def rollout_metrics(rollouts: StepRollouts, policy_version: int) -> dict[str, Any]:
-    """Reward, accuracy, group counts, tokens and staleness of one step's rollouts."""
+    """Reward, accuracy, group counts, tokens and the staleness (age in versions) of one
+    step's trained completions: mean, max and the share of each age."""
     # one per group member: an episode's later segments are not completions of their own
     drawn = [c for g in rollouts.seen or rollouts.groups for c in g.completions if not c.continues]
     trained = [c for g in rollouts.groups for c in g.completions if not c.continues]
     n = max(len(drawn), 1)
+    ages = [policy_version - c.policy_version for c in trained]
     return {
         "reward_mean": sum(c.reward for c in drawn) / n,
         "accuracy": sum(c.correct for c in drawn) / n,
@@ -195,11 +209,9 @@ def rollout_metrics(rollouts: StepRollouts, policy_version: int) -> dict[str, An
         "tokens": sum(
             c.sampled_tokens for g in rollouts.seen or rollouts.groups for c in g.completions
         ),
-        "staleness": (
-            sum(policy_version - c.policy_version for c in trained) / len(trained)
-            if trained
-            else 0.0
-        ),
+        "staleness": sum(ages) / len(ages) if ages else 0.0,
+        "staleness_max": max(ages, default=0),
+        "staleness_shares": {str(a): ages.count(a) / len(ages) for a in sorted(set(ages))},
     }
 
 

@@ -84,6 +84,7 @@ class Parallel:
             _pad_rows(part.loss_mask, missing),
             _pad_rows(part.behaviour_logp, missing),
             _pad_rows(part.advantages, missing),
+            None if part.age is None else _pad_rows(part.age, missing),
         )
 
 

@@ -4,7 +4,8 @@
     old      = behaviour_logp, or with an off-policy correction the trainer's own logp (no grad)
     ℓ        = rl.loss(logp, old, A)              (swarmrl.rl.loss / swarmrl.rl.losses; default:
                                                    the two-sided clip of ρ = π_θ/π_b)
-    ℓ        ← w · ℓ  +  β · KL(logp, ref_logp)   (w: rl.correction, swarmrl.rl.correction)
+    ℓ        ← w · ℓ  +  β · KL(logp, ref_logp)   (w: rl.correction, swarmrl.rl.correction,
+                                                   its bounds tightened by each row's age)
     L        = Σ ℓ·mask / N                       (over the whole batch; N = Σ mask but for
                                                    dr_grpo and gspo, swarmrl.rl.losses)
     g        = ∇L, clipped to global norm ``grad_clip``; AdamW step
@@ -145,6 +146,8 @@ class StepAccumulator:
                 rl.correction_cap,
                 (rl.correction_low, rl.correction_high),
                 rl.max_log_ratio,
+                mb.age,
+                rl.correction_decay,
             )
             if corrected:
                 token_loss = weight * token_loss

@@ -57,7 +57,7 @@ from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.trainer.checkpoint import Checkpointer
 from swarmrl.trainer.learner import Learner, resolve_device
-from swarmrl.trainer.loop import Hooks, TrainingResult, train
+from swarmrl.trainer.loop import STATUS_KEYS, Hooks, TrainingResult, train
 from swarmrl.trainer.parallel import (
     FollowerSource,
     LeaderSource,
@@ -467,11 +467,7 @@ def role_hooks(
             reward_mean=row["reward_mean"],
             accuracy_rollouts=row["accuracy"],
             idle_fraction=waited[0] / max(waited[1], 1e-9),
-            **{
-                k: row[k]
-                for k in ("loss", "kl", "clip_fraction", "staleness")
-                if row[k] is not None
-            },
+            **{k: row[k] for k in STATUS_KEYS if row[k] is not None},
         )
         status.add(idle_seconds=row["rollout_s"], update_seconds=row["update_s"])
         rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}

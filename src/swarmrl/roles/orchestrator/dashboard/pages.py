@@ -83,7 +83,7 @@ def overview(data: RunData, base: str) -> str:
         held_out.append([f"step {_fmt(point.get('step'))}", _fmt(point.get("accuracy"))])
     charts = "".join(
         f'<div class="chart" id="chart-{name}"></div>'
-        for name in ("reward", "loss", "time", "staleness")
+        for name in ("reward", "loss", "time", "staleness", "mismatch")
     )
     # "</" cannot appear inside the JSON (escaped), so the script element cannot be closed early
     steps_json = json.dumps(rows).replace("</", "<\\/")

@@ -5,7 +5,8 @@ const CHARTS = [
   { id: "chart-reward", title: "reward and accuracy", keys: ["reward_mean", "accuracy"] },
   { id: "chart-loss", title: "loss, KL, clip fraction", keys: ["loss", "kl", "clip_fraction"] },
   { id: "chart-time", title: "step time (s)", keys: ["rollout_s", "update_s"] },
-  { id: "chart-staleness", title: "staleness (versions)", keys: ["staleness"] },
+  { id: "chart-staleness", title: "staleness (versions): mean, max", keys: ["staleness", "staleness_max"] },
+  { id: "chart-mismatch", title: "off-policy mismatch: KL, corrected fraction", keys: ["mismatch_kl", "corrected_fraction"] },
 ];
 const COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
 const plots = {};

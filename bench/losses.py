@@ -1,0 +1,128 @@
+"""The loss family side by side: every ``rl.loss`` on the colocated arith task (the embedded
+config), the same warm start, the same steps, the same seeds.
+
+The warm start is trained (or reused from ``run.cache_dir``) once and pinned by ``model.path``,
+so no arm pays for SFT and every arm starts from the same policy; each seed sets ``run.seed``
+(rollout sampling and the held-out sampled evaluation). Per loss and seed: held-out greedy
+accuracy before and after ``--steps`` RL steps, and seconds per RL step (``rl_seconds`` ÷
+steps: evaluations excluded). Per loss, the median over seeds with the range, and the median
+of the per-seed differences to the default ``clip`` of the same run (accuracy: points;
+time: ratio).
+
+    python bench/losses.py --steps 10 --seeds 0 1 2 [--losses clip dapo] [--set key=value ...]
+
+Prints a Markdown table and writes every run's figures to ``--out``. Timings are of whatever
+else the machine is doing at the same time; the arms run one after another, interleaved by
+seed and each seed starting one loss later, so neither a change in load nor the process's first
+run falls on one loss alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from swarmrl.config import EMBEDDED_DEFAULT, load_config
+
+LOSSES = ("clip", "dr_grpo", "dapo", "gspo", "cispo", "tr_mask")
+# what a loss needs beyond ``rl.loss`` to be itself (docs/learning.md "Losses")
+LOSS_SETTINGS = {"dapo": ["rl.eps_high=0.28"], "gspo": ["rl.eps_low=3e-4", "rl.eps_high=4e-4"]}
+QUICK = ["eval.control=false", "eval.every=0", "run.threads=1"]
+
+
+def warm_start(overrides: list[str]) -> str:
+    """Train (or reuse, from run.cache_dir) the warm start once; every arm loads it by path."""
+    from swarmrl.envs import build_env
+    from swarmrl.trainer.warmstart import ensure_warm_start
+
+    config = load_config([EMBEDDED_DEFAULT], overrides)
+    return str(ensure_warm_start(config, build_env(config.env)).path)
+
+
+def one_run(overrides: list[str], loss: str, seed: int) -> dict:
+    from swarmrl.trainer.colocated import run_colocated
+
+    config = load_config(
+        [EMBEDDED_DEFAULT],
+        [
+            *overrides,
+            f"rl.loss={json.dumps(loss)}",
+            f"run.seed={seed}",
+            *LOSS_SETTINGS.get(loss, []),
+        ],
+    )
+    result = run_colocated(config).result
+    return {
+        "loss": loss,
+        "seed": seed,
+        "accuracy_before": result.evals["before"]["accuracy"],
+        "accuracy_after": result.evals["after"]["accuracy"],
+        "s_per_step": result.rl_seconds / max(result.steps, 1),
+        "mismatch_kl": [row["mismatch_kl"] for row in result.history],
+    }
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    med = statistics.median(values)
+    if len(values) == 1:
+        return format(med, fmt)
+    return f"{format(med, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
+
+
+def table(runs: list[dict], losses: list[str], steps: int) -> list[str]:
+    """Markdown rows: per loss, medians over seeds and the per-seed differences to clip."""
+    by = {(r["loss"], r["seed"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    lines = [
+        f"| loss | held-out before → after {steps} steps, median (range) | "
+        "Δ after vs clip, points | s/step | s/step ÷ clip |",
+        "|---|---|---|---|---|",
+    ]
+    for loss in losses:
+        mine = [by[loss, s] for s in seeds]
+        delta = ratio = "—"
+        if "clip" in losses:
+            clip = [by["clip", s] for s in seeds]
+            delta = _spread(
+                [
+                    100 * (m["accuracy_after"] - c["accuracy_after"])
+                    for m, c in zip(mine, clip, strict=True)
+                ],
+                "+.1f",
+            )
+            ratio = _spread(
+                [m["s_per_step"] / c["s_per_step"] for m, c in zip(mine, clip, strict=True)], ".2f"
+            )
+        before = _spread([100 * m["accuracy_before"] for m in mine], ".1f")
+        after = _spread([100 * m["accuracy_after"] for m in mine], ".1f")
+        per_step = _spread([m["s_per_step"] for m in mine], ".2f")
+        lines.append(f"| {loss} | {before} % → {after} % | {delta} | {per_step} | {ratio} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/losses.json")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    started = time.perf_counter()
+    base = [*QUICK, f"rl.steps={args.steps}", *args.overrides]
+    pinned = [*base, f"model.path={json.dumps(warm_start(base))}"]
+    runs = [
+        one_run(pinned, loss, seed)
+        for i, seed in enumerate(args.seeds)
+        for loss in args.losses[i % len(args.losses) :] + args.losses[: i % len(args.losses)]
+    ]
+    Path(args.out).write_text(json.dumps({"overrides": pinned, "runs": runs}, indent=2) + "\n")
+    print("\n".join(table(runs, args.losses, args.steps)))
+    print(f"total {time.perf_counter() - started:.0f} s; figures in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
