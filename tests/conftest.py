@@ -25,8 +25,6 @@ directories to be tested on what a run really writes.
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +35,7 @@ import sqlalchemy as sa
 from swarmrl.config.run import user_cache_dir
 from swarmrl.errors import ServiceUnavailable
 from swarmrl.testing.postgres import private_postgres
+from swarmrl.testing.runs import SERVE_SHORT, SWARM_SHORT, short_run
 
 # read by hypothesis when it first stores something, which is after this module is imported
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(user_cache_dir()) / "hypothesis"))
@@ -100,75 +99,12 @@ def module_db_url(request: pytest.FixtureRequest) -> Iterator[str]:
         yield from _fresh_database(request.getfixturevalue("pg_server"))
 
 
-# a tiny model, a few warm-start and RL steps: seconds; the long context lets a served request
-# generate for a while (``swarmrl serve`` tests stop one midway)
-SHORT_RUN = [
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_layers=1",
-    "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64",
-    "model.tiny.max_position_embeddings=4096",
-    "sft.steps=5",
-    "sft.batch_size=16",
-    "sft.train_examples=200",
-    "rl.steps=2",
-    "rl.prompts_per_step=4",
-    "rl.group_size=2",
-    "eval.n=8",
-    "eval.control=false",
-]
-
-
 @pytest.fixture(scope="session")
 def colocated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run directory ``swarmrl run configs/arith.toml --colocated`` wrote (short run)."""
-    root = tmp_path_factory.mktemp("colocated-run")
-    sets = [*SHORT_RUN, f'run.cache_dir="{root / "cache"}"', f'run.run_dir="{root / "runs"}"']
-    config = Path(__file__).resolve().parents[1] / "configs" / "arith.toml"
-    argv = [sys.executable, "-m", "swarmrl.cli", "run", str(config), "--colocated", "--quiet"]
-    done = subprocess.run(
-        argv + [arg for s in sets for arg in ("--set", s)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    (run_dir,) = (root / "runs").iterdir()
+    """The run directory ``swarmrl run configs/arith.toml --colocated`` wrote (a tiny model,
+    ``swarmrl.testing.runs.SERVE_SHORT``)."""
+    run_dir, _ = short_run(tmp_path_factory.mktemp("colocated-run"), SERVE_SHORT, "--colocated")
     return run_dir
-
-
-REPO = Path(__file__).resolve().parents[1]
-# short swarm and colocated runs of configs/arith.toml (``runs``): a tiny model, two RL steps
-SHORT = [
-    "env.digits=1",
-    "model.tiny.hidden_size=64",
-    "model.tiny.num_layers=2",
-    "model.tiny.intermediate_size=128",
-    "sft.steps=60",
-    "sft.batch_size=64",
-    "rl.steps=2",
-    "rl.prompts_per_step=4",
-    "rl.group_size=4",
-    "rl.max_backfill_rounds=0",
-    "eval.n=20",
-    "eval.control=false",
-    "eval.every=100",
-    "swarm.workers=1",
-    "swarm.rollouts_per_lease=8",
-]
-
-
-def _short_run(root: Path, *extra: str) -> Path:
-    """``swarmrl run configs/arith.toml`` with the short settings; the run directory."""
-    runs = root / "runs"
-    sets = [*SHORT, f"run.cache_dir={root / 'cache'}", f"run.run_dir={runs}"]
-    before = set(runs.glob("*")) if runs.exists() else set()
-    command = [sys.executable, "-m", "swarmrl.cli", "run", "configs/arith.toml", "--quiet"]
-    for item in sets:
-        command += ["--set", item]
-    subprocess.run([*command, *extra], cwd=REPO, check=True, timeout=400, capture_output=True)
-    (made,) = set(runs.glob("*")) - before
-    return made
 
 
 @pytest.fixture(scope="session")
@@ -176,4 +112,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The run directories ``swarmrl run configs/arith.toml`` wrote, as a swarm (``swarm``) and
     with ``--colocated`` (``colocated``), with the short settings (the warm start shared)."""
     root = tmp_path_factory.mktemp("dashboard-runs")
-    return {"swarm": _short_run(root), "colocated": _short_run(root, "--colocated")}
+    swarm, _ = short_run(root, SWARM_SHORT)
+    colocated, _ = short_run(root, SWARM_SHORT, "--colocated")
+    return {"swarm": swarm, "colocated": colocated}
+
+
+@pytest.fixture(scope="module")
+def tiny_arith() -> tuple:
+    """(config, env, tokenizer, model): 2-digit arith and a one-layer tiny model, seeded."""
+    import torch
+
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+    from swarmrl.envs import build_env
+    from swarmrl.model import build_char_tokenizer, create_tiny_model
+
+    torch.manual_seed(0)
+    config = load_config(
+        [EMBEDDED_DEFAULT],
+        ["env.digits=2", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+         "model.tiny.intermediate_size=64"],
+    )  # fmt: skip
+    env = build_env(config.env)
+    tokenizer = build_char_tokenizer(env.alphabet)
+    model = create_tiny_model(config.model.tiny, tokenizer).eval()
+    return config, env, tokenizer, model

@@ -20,29 +20,12 @@ import httpx
 import pytest
 
 from swarmrl.serving import ThreadServer
+from swarmrl.testing.runs import SWARM_SHORT, short_run
 from swarmrl.tools.dashboard import run_app
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 5
-SHORT = [
-    "env.digits=1",
-    "model.tiny.hidden_size=64",
-    "model.tiny.num_layers=2",
-    "model.tiny.intermediate_size=128",
-    "sft.steps=60",
-    "sft.batch_size=64",
-    f"rl.steps={STEPS}",
-    "rl.prompts_per_step=4",
-    "rl.group_size=4",
-    "rl.max_backfill_rounds=0",
-    "eval.n=20",
-    "eval.control=false",
-    "eval.every=100",
-    "swarm.workers=1",
-    "swarm.rollouts_per_lease=8",
-]
 WORDS = ("taken_in", "checked", "accepted", "rejected", "expired", "invalidated", "trained")
 # what a line of a normal run's role logs must not say
 FAULT = re.compile(r"fail|error|warning|traceback|refused|unavailable|dropping", re.IGNORECASE)
@@ -50,17 +33,10 @@ FAULT = re.compile(r"fail|error|warning|traceback|refused|unavailable|dropping",
 
 @pytest.fixture(scope="session")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """``swarmrl run configs/arith.toml`` (short), piped: its run directory and console."""
-    root = tmp_path_factory.mktemp("counts-run")
-    runs = root / "runs"
-    command = [sys.executable, "-m", "swarmrl.cli", "run", "configs/arith.toml"]
-    for item in [*SHORT, f"run.cache_dir={root / 'cache'}", f"run.run_dir={runs}"]:
-        command += ["--set", item]
-    done = subprocess.run(
-        command, cwd=REPO, check=True, timeout=400, capture_output=True, text=True
-    )
-    (made,) = runs.glob("*")
-    return made, done.stdout
+    """``swarmrl run configs/arith.toml`` (short, ``STEPS`` steps), piped: its run directory and
+    console."""
+    settings = [s for s in SWARM_SHORT if not s.startswith("rl.steps=")] + [f"rl.steps={STEPS}"]
+    return short_run(tmp_path_factory.mktemp("counts-run"), settings, quiet=False)
 
 
 def _report_counts(run_dir: Path) -> dict[str, int]:

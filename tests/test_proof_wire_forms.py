@@ -8,13 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from swarmrl.config import EMBEDDED_DEFAULT, load_config
-from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.model import build_char_tokenizer, create_tiny_model
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
 from swarmrl.protocol.proofs import proof_to_wire
@@ -28,24 +24,10 @@ POOL = "forms"
 DIGEST = "ab" * 32
 
 
-@pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    config = load_config(
-        [EMBEDDED_DEFAULT],
-        ["env.digits=2", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
-         "model.tiny.intermediate_size=64"],
-    )  # fmt: skip
-    env = build_env(config.env)
-    tokenizer = build_char_tokenizer(env.alphabet)
-    model = create_tiny_model(config.model.tiny, tokenizer).eval()
-    return config, env, tokenizer, model
-
-
-def _through_the_pool(tmp_path: Path, setup, encode) -> tuple[list[str], str, bool]:
+def _through_the_pool(tmp_path: Path, tiny_arith, encode) -> tuple[list[str], str, bool]:
     """One unit proved by a worker, its proofs sent as ``encode(bundle)`` returns them, stored by
     a real orchestrator, claimed and judged by a validator; (reasons, node state, trainable)."""
-    config, env, tokenizer, model = setup
+    config, env, tokenizer, model = tiny_arith
     orch, owner, validator, worker = (KeyPair.generate() for _ in range(4))
     spec = PoolSpec(
         pool_id=POOL,
@@ -84,17 +66,19 @@ def _through_the_pool(tmp_path: Path, setup, encode) -> tuple[list[str], str, bo
 
 
 @pytest.mark.parametrize("form", ["json", "hex"])
-def test_an_honest_unit_is_accepted_in_every_proof_form(tmp_path, setup, form):
-    reasons, state, trained = _through_the_pool(tmp_path, setup, lambda b: proof_to_wire(b, form))
+def test_an_honest_unit_is_accepted_in_every_proof_form(tmp_path, tiny_arith, form):
+    reasons, state, trained = _through_the_pool(
+        tmp_path, tiny_arith, lambda b: proof_to_wire(b, form)
+    )
     assert reasons == []
     assert state == "healthy"
     assert trained
 
 
-def test_hex_that_spells_no_bundle_is_rejected_with_its_reason(tmp_path, setup):
+def test_hex_that_spells_no_bundle_is_rejected_with_its_reason(tmp_path, tiny_arith):
     reasons, state, trained = _through_the_pool(
         tmp_path,
-        setup,
+        tiny_arith,
         lambda b: proof_to_wire(b, "hex")[:-8],  # the bundle's JSON cut short
     )
     assert reasons and "ProofBundle invalid" in reasons[0]

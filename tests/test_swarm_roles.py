@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.envs import build_env
 from swarmrl.errors import VersionGone
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.model import build_char_tokenizer, create_tiny_model
+from swarmrl.model import create_tiny_model
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import PendingSubmission, WorkUnit
 from swarmrl.protocol.seeds import sample_seed
@@ -24,20 +22,6 @@ from swarmrl.toploc.bundle import build_bundles
 DIGEST = "ab" * 32
 
 
-@pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    config = load_config(
-        [EMBEDDED_DEFAULT],
-        ["env.digits=2", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
-         "model.tiny.intermediate_size=64"],
-    )  # fmt: skip
-    env = build_env(config.env)
-    tokenizer = build_char_tokenizer(env.alphabet)
-    model = create_tiny_model(config.model.tiny, tokenizer).eval()
-    return config, env, tokenizer, model
-
-
 def _work(tasks: list[int], g: int = 3) -> WorkUnit:
     return WorkUnit(
         lease_id="l1", pool_id="swarm", node_id="n" * 32, task_indices=tasks, samples_per_task=g,
@@ -46,8 +30,8 @@ def _work(tasks: list[int], g: int = 3) -> WorkUnit:
     )  # fmt: skip
 
 
-def _submit(setup, state_dict=None, tasks=(5, 17)):
-    config, env, tokenizer, model = setup
+def _submit(tiny_arith, state_dict=None, tasks=(5, 17)):
+    config, env, tokenizer, model = tiny_arith
     worker = KeyPair.generate()
     engine = TorchEngine(create_tiny_model(config.model.tiny, tokenizer), tokenizer)
     engine.load_state_dict(state_dict or model.state_dict())
@@ -69,15 +53,15 @@ def _submit(setup, state_dict=None, tasks=(5, 17)):
     return pending, versions.__getitem__, config
 
 
-def test_samples_follow_the_lease_and_seed_rule(setup):
-    pending, _, _ = _submit(setup)
+def test_samples_follow_the_lease_and_seed_rule(tiny_arith):
+    pending, _, _ = _submit(tiny_arith)
     assert [s.task_index for s in pending.samples] == [5, 5, 5, 17, 17, 17]
     seeds = [s.proof["seed"] for s in pending.samples]
     assert seeds == [sample_seed(12345, i) for i in range(6)]
 
 
-def test_honest_submission_is_accepted_with_behaviour_logprobs(setup):
-    pending, versions, config = _submit(setup)
+def test_honest_submission_is_accepted_with_behaviour_logprobs(tiny_arith):
+    pending, versions, config = _submit(tiny_arith)
     result = judge(pending, build_env(config.env), versions, config.toploc)
     assert result.verdict is not None and result.verdict.accept, result.verdict
     behaviour = result.verdict.behaviour_logprobs
@@ -87,17 +71,17 @@ def test_honest_submission_is_accepted_with_behaviour_logprobs(setup):
     assert result.verdict.measured_tokens == sum(len(s.output_tokens) for s in pending.samples)
 
 
-def test_corrupted_weights_are_rejected_hard(setup):
-    _, _, _, model = setup
-    pending, versions, config = _submit(setup, corrupt_weights(model.state_dict(), seed=1))
+def test_corrupted_weights_are_rejected_hard(tiny_arith):
+    _, _, _, model = tiny_arith
+    pending, versions, config = _submit(tiny_arith, corrupt_weights(model.state_dict(), seed=1))
     result = judge(pending, build_env(config.env), versions, config.toploc)
     assert result.verdict is not None and not result.verdict.accept
     assert result.verdict.severity == "hard"
     assert any("hidden_states" in r or "sampling" in r for r in result.verdict.reasons)
 
 
-def test_samples_for_other_tasks_are_rejected(setup):
-    pending, versions, config = _submit(setup)
+def test_samples_for_other_tasks_are_rejected(tiny_arith):
+    pending, versions, config = _submit(tiny_arith)
     swapped = [*pending.samples[3:], *pending.samples[:3]]  # answers task 17 where 5 was leased
     pending = pending.model_copy(update={"samples": swapped})
     result = judge(pending, build_env(config.env), versions, config.toploc)
@@ -105,9 +89,9 @@ def test_samples_for_other_tasks_are_rejected(setup):
     assert "where the lease assigned 5" in result.verdict.reasons[0]
 
 
-def test_a_submission_whose_version_was_pruned_everywhere_is_dropped_softly(setup):
+def test_a_submission_whose_version_was_pruned_everywhere_is_dropped_softly(tiny_arith):
     """Nobody can replay a pruned version: a soft drop (late), not a hang, a crash or a ban."""
-    pending, _, config = _submit(setup)
+    pending, _, config = _submit(tiny_arith)
 
     def pruned(version: int) -> LoadedVersion:
         raise VersionGone(f"v{version} has been pruned by every source that answered")
@@ -124,14 +108,20 @@ def test_a_soft_verdict_counts_as_expired_not_as_a_rejection():
     from swarmrl.launch.facts import verdict_counts
 
     def verdict(node: str, accept: bool, severity: str = "hard") -> dict:
-        return {"kind": "verdict", "node_id": node, "body": {"accept": accept, "severity": severity}}
+        return {
+            "kind": "verdict",
+            "node_id": node,
+            "body": {"accept": accept, "severity": severity},
+        }
 
     ledger = [
         verdict("a", True), verdict("a", False, "soft"), verdict("a", False, "soft"),
         verdict("b", False, "hard"), {"kind": "slash", "node_id": "b", "body": {}},
     ]  # fmt: skip
     counts = verdict_counts(ledger)
-    outcomes = {n: {k: c[k] for k in ("accepted", "rejected", "expired")} for n, c in counts.items()}
+    outcomes = {
+        n: {k: c[k] for k in ("accepted", "rejected", "expired")} for n, c in counts.items()
+    }
     assert outcomes == {
         "a": {"accepted": 1, "rejected": 0, "expired": 2},
         "b": {"accepted": 0, "rejected": 1, "expired": 0},

@@ -7,13 +7,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 
-from swarmrl.config import EMBEDDED_DEFAULT, load_config
-from swarmrl.envs import build_env
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.model import build_char_tokenizer, create_tiny_model
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import PendingSubmission, WorkUnit
 from swarmrl.protocol.proofs import ChunkReport, ProofVerdict
@@ -24,20 +20,6 @@ from swarmrl.toploc.bundle import build_bundles
 from swarmrl.toploc.evidence import NodeEvidence, unit_measures
 
 DIGEST = "ab" * 32
-
-
-@pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    config = load_config(
-        [EMBEDDED_DEFAULT],
-        ["env.digits=2", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
-         "model.tiny.intermediate_size=64"],
-    )  # fmt: skip
-    env = build_env(config.env)
-    tokenizer = build_char_tokenizer(env.alphabet)
-    model = create_tiny_model(config.model.tiny, tokenizer).eval()
-    return config, env, tokenizer, model
 
 
 class ShiftedEngine:
@@ -54,10 +36,10 @@ class ShiftedEngine:
         ]
 
 
-def _units_until_rejected(setup, shift: float, units: int) -> tuple[int | None, list[str]]:
+def _units_until_rejected(tiny_arith, shift: float, units: int) -> tuple[int | None, list[str]]:
     """Judge up to ``units`` units of one node with a validator keeping evidence; the number
     of the first rejected unit (1-based; None if none) and its reasons."""
-    config, env, tokenizer, model = setup
+    config, env, tokenizer, model = tiny_arith
     worker = KeyPair.generate()
     engine = TorchEngine(model, tokenizer)
     versions = {0: LoadedVersion(0, DIGEST, engine, tokenizer, Path("."))}
@@ -90,22 +72,22 @@ def _units_until_rejected(setup, shift: float, units: int) -> tuple[int | None, 
     return None, []
 
 
-def test_a_node_whose_every_unit_is_slightly_off_is_rejected_within_20_units(setup):
-    config = setup[0]
+def test_a_node_whose_every_unit_is_slightly_off_is_rejected_within_20_units(tiny_arith):
+    config = tiny_arith[0]
     shift = 0.8 * config.toploc.logprob_tolerance  # every unit passes alone
-    rejected_at, reasons = _units_until_rejected(setup, shift, units=20)
+    rejected_at, reasons = _units_until_rejected(tiny_arith, shift, units=20)
     assert rejected_at is not None, "a node consistently off was accepted 20 units running"
     assert rejected_at > 5  # no single unit decides it
     assert reasons[0].startswith("evidence: logprobs consistently off")
 
 
-def test_an_honest_node_gathers_no_evidence(setup):
-    rejected_at, reasons = _units_until_rejected(setup, 0.0, units=30)
+def test_an_honest_node_gathers_no_evidence(tiny_arith):
+    rejected_at, reasons = _units_until_rejected(tiny_arith, 0.0, units=30)
     assert rejected_at is None, reasons
 
 
-def test_unit_measures_are_each_sample_normalised_by_its_threshold(setup):
-    toploc = setup[0].toploc.model_copy(
+def test_unit_measures_are_each_sample_normalised_by_its_threshold(tiny_arith):
+    toploc = tiny_arith[0].toploc.model_copy(
         update={
             "logprob_tolerance": 0.01,
             "max_mantissa_mean": 10.0,

@@ -5,7 +5,8 @@
 - ``shardcast``: throw-away stores, keys and checkpoints for weight-distribution tests.
 - ``hosts``: several hosts on one machine (network namespaces, tbf-capped links, CPU quotas);
 - ``linkproxy``: a TCP proxy adding delay, jitter, resets and a byte rate to a link;
-- ``netprobe``: the small TCP probes (sink, sender, echo) run inside those hosts.
+- ``netprobe``: the small TCP probes (sink, sender, echo) run inside those hosts;
+- ``runs``: short real ``swarmrl run``s for testing the tools that read run directories.
 
 Nothing in the production roles imports this package.
 """
