@@ -21,6 +21,7 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -300,7 +301,11 @@ def check_samples(
         where = f"sample {i} (task {s.task_index})"
         if len(s.output_tokens) != len(s.logprobs):
             raise Invalid(f"{where}: {len(s.output_tokens)} tokens but {len(s.logprobs)} logprobs")
-        if len(s.output_tokens) > spec.sampling.max_new_tokens:
+        if s.episode is not None:
+            _check_episode(where, s, spec.sampling.max_new_tokens, max_proof_bytes)
+        elif s.turn_proofs is not None:
+            raise Invalid(f"{where}: turn_proofs belong to an episode; this sample has none")
+        elif len(s.output_tokens) > spec.sampling.max_new_tokens:
             raise Invalid(f"{where}: {len(s.output_tokens)} tokens > max_new_tokens")
         if len(s.prompt_tokens) > MAX_PROMPT_TOKENS:
             raise Invalid(f"{where}: prompt longer than {MAX_PROMPT_TOKENS} tokens")
@@ -320,16 +325,54 @@ def check_samples(
                 f"{where}: policy version {s.policy_version} is stale "
                 f"(need ≥ {max(oldest, work.min_version)}: {why})"
             )
-        document = proof_from_wire(s.proof)  # hex counts the bytes it spells, as validators read it
-        proof_bytes = (
-            0
-            if document is None
-            else len(document if isinstance(document, bytes) else canonical_json(document))
-        )
+        proof_bytes = _proof_bytes(s.proof)
         if proof_bytes > max_proof_bytes:
             raise Invalid(f"{where}: proof of {proof_bytes} bytes > {max_proof_bytes}")
         tokens += len(s.output_tokens)
     return tokens
+
+
+def _proof_bytes(proof: Any) -> int:
+    """A wire proof's size as validators read it (hex counts the bytes it spells)."""
+    document = proof_from_wire(proof)
+    if document is None:
+        return 0
+    return len(document if isinstance(document, bytes) else canonical_json(document))
+
+
+def _check_episode(where: str, s: Sample, max_new_tokens: int, max_proof_bytes: int) -> None:
+    """An episode's fields agree with each other (``swarmrl.protocol.pool.Sample``): its
+    model turns are the sample's output tokens and log-probs, its first context the prompt,
+    one proof per model call; each call within ``max_new_tokens``. Whether its environment
+    turns are the environment's is the validator's and the trainer's check."""
+    episode = s.episode
+    assert episode is not None
+    if episode.reward is not None:
+        raise Invalid(f"{where}: an episode's reward is the trusted side's; send none")
+    if s.proof is not None:
+        raise Invalid(f"{where}: an episode's proofs go in turn_proofs, one per model call")
+    calls = episode.calls()
+    for k, call in enumerate(calls):
+        if len(call.output_tokens) > max_new_tokens:
+            raise Invalid(
+                f"{where}: model turn {k} has {len(call.output_tokens)} tokens > max_new_tokens"
+            )
+    if [t for c in calls for t in c.output_tokens] != s.output_tokens:
+        raise Invalid(f"{where}: output_tokens are not the episode's model turns in order")
+    if [x for c in calls for x in c.logprobs] != s.logprobs:
+        raise Invalid(f"{where}: logprobs are not the episode's model-turn log-probs in order")
+    first = episode.segments[0]
+    if first.tokens[: first.turns[0].end] != s.prompt_tokens:
+        raise Invalid(f"{where}: prompt_tokens are not the episode's first context")
+    if not all(_in_range(seg.tokens) for seg in episode.segments):
+        raise Invalid(f"{where}: episode token ids must lie in [0, 2^31)")
+    if s.turn_proofs is not None:
+        if len(s.turn_proofs) != len(calls):
+            raise Invalid(f"{where}: {len(s.turn_proofs)} turn proofs for {len(calls)} model calls")
+        for k, proof in enumerate(s.turn_proofs):
+            size = _proof_bytes(proof)
+            if size > max_proof_bytes:
+                raise Invalid(f"{where}: proof of model turn {k}: {size} bytes > {max_proof_bytes}")
 
 
 def _in_range(tokens: list[int]) -> bool:
