@@ -313,3 +313,39 @@ def test_a_model_turn_over_the_token_limit_is_refused(setup, honest):
     long = next(s for s in samples if max(len(c.output_tokens) for c in s.episode.calls()) > 1)
     with pytest.raises(Invalid, match="max_new_tokens"):
         check_samples(spec, tight, [long, *[s for s in samples if s is not long]], 0, 1 << 20)
+
+
+# --- one replay per segment ---------------------------------------------------------------
+
+
+def test_a_segments_calls_are_replayed_by_one_prefill_with_the_same_result(setup, honest):
+    from swarmrl.toploc.prefill import prefill_many
+
+    _, _, _, engine, _, _ = setup
+    _, samples = honest
+    pairs, keys = [], []
+    for i, s in enumerate(samples):
+        for call in s.episode.calls():
+            pairs.append((call.prompt_tokens, call.output_tokens))
+            keys.append(i)
+    pairs.append(([1, 5, 6], [7, 2]))  # shares a key with sample 0's calls, extends none
+    keys.append(0)
+    alone = prefill_many(engine, pairs)
+    shared = prefill_many(engine, pairs, shared=keys)
+    forwards = []
+    real = engine.backbone.forward
+    engine.backbone.forward = lambda tokens, *a, **k: (
+        forwards.append(tokens.shape),
+        real(tokens, *a, **k),
+    )[1]
+    try:
+        prefill_many(engine, pairs, shared=keys)
+    finally:
+        engine.backbone.forward = real
+    rows = sum(shape[0] for shape in forwards)
+    assert rows == len(samples) + 1 < len(pairs)  # one row per episode, and the odd pair alone
+    for a, b in zip(alone, shared, strict=True):
+        assert a.logits.shape == b.logits.shape
+        assert a.hidden_states.shape == b.hidden_states.shape
+        assert torch.allclose(a.logits, b.logits, atol=1e-4)
+        assert torch.allclose(a.hidden_states, b.hidden_states, atol=1e-4)

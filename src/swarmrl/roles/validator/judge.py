@@ -29,7 +29,7 @@ Knows nothing about HTTP; the caller fetches versions and posts verdicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +86,8 @@ def _scorer(
     return score
 
 
-Item = tuple[int, tuple[Any, SampleClaim, Assignment]]  # (sample index, what the verifier checks)
+# (sample index, what the verifier checks, replay-sharing key: an episode segment's calls share)
+Item = tuple[int, tuple[Any, SampleClaim, Assignment], Hashable | None]
 
 
 def _sample_items(
@@ -118,9 +119,9 @@ def _sample_items(
             logprobs=sample.logprobs,
             finish_reason=sample.finish_reason,
         )
-        items.append((i, (proof_from_wire(sample.proof), claim, assignment)))  # either wire form
+        items.append((i, (proof_from_wire(sample.proof), claim, assignment), None))  # either form
     # the verifier scores (prompt, output) token pairs; prompts identify tasks here
-    by_prompt = {tuple(a.prompt_tokens): tasks[i] for i, (_, _, a) in items}
+    by_prompt = {tuple(a.prompt_tokens): tasks[i] for i, (_, _, a), _ in items}
     return items, _scorer(env, tokenizer, by_prompt)
 
 
@@ -157,6 +158,9 @@ def _episode_items(
         if rejection is not None or state is None:
             return _reject(pending, [f"sample {i}: episode: {rejection}"])
         proofs = sample.turn_proofs or [None] * len(state.calls)
+        segment_of = [
+            s for s, seg in enumerate(episode.segments) for t in seg.turns if t.role == "model"
+        ]
         for k, (call, limit) in enumerate(zip(state.calls, state.limits, strict=True)):
             sampling = work.sampling.model_copy(update={"max_new_tokens": limit})
             assignment = Assignment(
@@ -174,7 +178,8 @@ def _episode_items(
                 logprobs=call.logprobs,
                 finish_reason="eos" if ended else "length",
             )
-            items.append((i, (proof_from_wire(proofs[k]), claim, assignment)))
+            # one replay per segment: its calls' sequences extend one another
+            items.append((i, (proof_from_wire(proofs[k]), claim, assignment), (i, segment_of[k])))
         rewards[i] = env.score_episode(task, seed, state.transcript).reward
     return items
 
@@ -238,7 +243,8 @@ def judge(
             scorer=scorer,
         )
         thresholds = verifier.config
-        for (i, _), verdict in zip(items, verifier.check_many([x for _, x in items]), strict=True):
+        checked_items = verifier.check_many([x for _, x, _ in items], [k for _, _, k in items])
+        for (i, _, _), verdict in zip(items, checked_items, strict=True):
             verdicts.setdefault(i, []).append(verdict)
     calls = [v for i in range(len(pending.samples)) for v in verdicts[i]]
     own_failures = [v for v in calls if not v.accepted and v.codes == {"replay"}]
