@@ -21,7 +21,7 @@ from swarmrl.errors import ForgedEpisode, Invalid
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model
-from swarmrl.pool.flow.work import check_samples
+from swarmrl.pool.flow.samples import check_samples
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import Episode, EpisodeSegment, EpisodeTurn
 from swarmrl.protocol.pool import PendingSubmission, PoolSpec, Sample, WorkUnit
