@@ -349,3 +349,22 @@ def test_a_segments_calls_are_replayed_by_one_prefill_with_the_same_result(setup
         assert a.hidden_states.shape == b.hidden_states.shape
         assert torch.allclose(a.logits, b.logits, atol=1e-4)
         assert torch.allclose(a.hidden_states, b.hidden_states, atol=1e-4)
+
+
+# --- environments whose turns cannot be recomputed ---------------------------------------------
+
+
+def test_an_environment_the_trusted_side_cannot_recompute_is_refused_in_one_line(setup):
+    from swarmrl.envs.multiturn import require_recomputable
+    from swarmrl.errors import ConfigError
+
+    _, env, _, _, _, _ = setup
+    require_recomputable(env)  # guess: every reply a pure function of its inputs
+
+    class Searching(GuessEnv):  # a tool that reads the outside world
+        name = "searching"
+        recomputable = False
+
+    with pytest.raises(ConfigError) as refused:
+        require_recomputable(Searching())
+    assert "\n" not in str(refused.value) and "--colocated" in str(refused.value)
