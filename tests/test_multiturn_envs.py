@@ -17,7 +17,6 @@ from swarmrl.envs.multiturn import (
 )
 from swarmrl.envs.sandbox import Limits, Sandbox
 from swarmrl.errors import ConfigError, SandboxError, ToolError
-from swarmrl.launch.cli import main
 
 
 def test_tool_calls_parse_in_both_formats() -> None:
@@ -98,9 +97,9 @@ def test_multiturn_config_keys_build_the_tasks() -> None:
         build_env(SwarmConfig.model_validate(budget).env)
 
 
-def test_configs_load_and_the_swarm_refuses_episodes_with_one_line() -> None:
+def test_configs_load_and_tool_arith_runs_as_a_swarm_with_a_forger() -> None:
     for name in ("tool_arith", "guess"):
         config = load_config([f"configs/{name}.toml"], [])
         assert config.env.name == name
-    with pytest.raises(ConfigError, match="--colocated"):
-        main("run", ["configs/tool_arith.toml"])
+    # the swarm run itself: tests/test_episode_swarm_e2e.py
+    assert load_config(["configs/tool_arith.toml"], []).swarm.cheaters == ["forge_env_after:2"]

@@ -111,6 +111,72 @@ def test_bad_proofs_are_refused_and_validation_keeps_running(pool, case):
     honest_flow_still_works(server, keys)
 
 
+def _episode_of(sample: dict) -> dict:
+    """The one-turn episode that agrees with a synthetic sample's fields."""
+    prompt, output = sample["prompt_tokens"], sample["output_tokens"]
+    return {
+        "seed": 1,
+        "segments": [
+            {
+                "tokens": prompt + output,
+                "turns": [
+                    {"role": "context", "start": 0, "end": len(prompt)},
+                    {"role": "model", "start": len(prompt), "end": len(prompt) + len(output)},
+                ],
+                "logprobs": sample["logprobs"],
+            }
+        ],
+    }
+
+
+def _turns(episode: dict, turns: list) -> dict:
+    episode["segments"][0]["turns"] = turns
+    return episode
+
+
+BAD_EPISODES = {  # each a change of the one-turn episode that agrees with the sample
+    "gap between turns": lambda e: _turns(
+        e, [{"role": "context", "start": 0, "end": 7}, {"role": "model", "start": 8, "end": 10}]
+    ),
+    "overlapping turns": lambda e: _turns(
+        e, [{"role": "context", "start": 0, "end": 8}, {"role": "model", "start": 7, "end": 10}]
+    ),
+    "no context first": lambda e: _turns(e, [{"role": "model", "start": 0, "end": 10}]),
+    "lone surrogate role": lambda e: _turns(
+        e, [{"role": "context", "start": 0, "end": 8}, {"role": "@SURROGATE@", "start": 8,
+            "end": 10}]
+    ),  # fmt: skip
+    "NaN log-prob": lambda e: {**e, "segments": [{**e["segments"][0], "logprobs": "@NAN@"}]},
+    "negative token": lambda e: {**e, "segments": [{**e["segments"][0], "tokens": [-1] * 10}]},
+    "no segments": lambda e: {**e, "segments": []},
+    "reward claimed": lambda e: {**e, "reward": 1.0},
+    "huge seed": lambda e: {**e, "seed": 2**70},
+    "extra field": lambda e: {**e, "turn_mask": [1]},
+    "260 levels deep": lambda e: {**e, "segments": "@DEEP@"},
+    "proofs of no episode": None,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EPISODES))
+def test_bad_episodes_are_refused_and_the_pool_keeps_working(pool, case):
+    server, keys = pool
+    work = PoolClient(server.url, keys["node"]).lease(POOL).work
+    samples = [s.model_dump(mode="json") for s in synthetic_samples(work, 0)]
+    change = BAD_EPISODES[case]
+    if change is None:
+        samples[0]["turn_proofs"] = [samples[0]["proof"]]
+    else:
+        samples[0]["proof"] = None
+        samples[0]["episode"] = change(_episode_of(samples[0]))
+    body = json.dumps({"lease_id": work.lease_id, "samples": samples})
+    body = body.replace('"@NAN@"', "[NaN, -0.1]").replace('"@DEEP@"', DEEP)
+    body = body.replace("@SURROGATE@", "\\ud800")
+    response = send(server, keys["node"], "POST", f"/pools/{POOL}/submissions", body.encode())
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] in ("malformed", "invalid")
+    honest_flow_still_works(server, keys)
+
+
 def _meta(**labels):
     return {"metadata": {"engine": "torch", "memory_gb": 1, "accelerator": "cpu", "labels": labels}}
 

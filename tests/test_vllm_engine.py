@@ -16,13 +16,20 @@ from swarmrl.config import SwarmConfig
 from swarmrl.config.inference import InferenceConfig
 from swarmrl.config.model import TinyModelConfig
 from swarmrl.config.toploc import ToplocConfig
+from swarmrl.envs import Score
+from swarmrl.envs.multiturn import MultiTurnEnvironment, Reply
 from swarmrl.errors import EngineUnavailable
 from swarmrl.identity import KeyPair
 from swarmrl.inference import interface
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
 from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import PendingSubmission, WorkUnit
+from swarmrl.rolekit.policy import LoadedVersion
+from swarmrl.roles.validator.judge import judge
+from swarmrl.roles.worker.rollouts import generate_episodes
 from swarmrl.testing import cheats
+from swarmrl.toploc.bundle import build_bundles
 from swarmrl.toploc.verify import Verifier
 from swarmrl.trainer.engines import policy_engine
 
@@ -227,3 +234,70 @@ def test_a_vllm_worker_on_a_lora_version_agrees_with_a_torch_validator(world, tm
     finally:
         engine.load_checkpoint(world["root"] / "v1")
         versions.close()
+
+
+class _LengthEcho(MultiTurnEnvironment):
+    """A multi-turn task in this module's alphabet: after each model turn the environment
+    answers ``=N `` (N: the turn's length), for three model turns; a turn holding the sum wins."""
+
+    name = "length_echo"
+    alphabet = "0123456789+-*= "
+    max_turns = 3
+    token_budget = 40
+
+    def space_size(self) -> int:
+        return 40
+
+    def problem(self, problem_id: int) -> tuple[str, str]:
+        return f"{problem_id}+{problem_id}=", str(2 * problem_id)
+
+    def reply(self, task, seed, transcript) -> Reply:
+        return Reply(f"={len(transcript[-1].text)} ")
+
+    def score_episode(self, task, seed, transcript) -> Score:
+        turns = [m.text for m in transcript if m.speaker == "model"]
+        won = any(task.answer in t for t in turns)
+        return Score(float(won), {"correct": won, "turns": len(turns)})
+
+    def demonstration_turns(self, task, flawed=False) -> list[str]:
+        return [task.answer]
+
+
+@needs_vllm
+def test_episodes_on_vllm_replay_exactly_and_a_torch_validator_accepts_them(world):
+    """Each model call of an episode is one seeded generation (``derive_seed("turn", episode
+    seed, k)``), so the vLLM worker's episodes are the torch engine's token for token, run
+    after run, and a torch validator replaying every call accepts them."""
+    env, worker = _LengthEcho(), KeyPair.from_seed(bytes(32))
+    params = SamplingParams(
+        temperature=1.0, max_new_tokens=5, stop_token_ids=(TOKENIZER.eos_token_id,)
+    )
+    work = WorkUnit(
+        lease_id="l", pool_id="swarm", node_id=worker.node_id, task_indices=[3, 7, 11],
+        samples_per_task=2, sampling=params, seed=77, min_version=0, deadline=1e12,
+        origin_node_id=worker.node_id, origin_counter=0,
+    )  # fmt: skip
+
+    def prove(generations, p):
+        bundles = build_bundles(
+            generations, keypair=worker, policy_version=0, model_digest=DIGEST, params=p
+        )
+        return [b.model_dump(mode="json") for b in bundles]
+
+    ours = generate_episodes(world["vllm"], env, TOKENIZER, work, 0, prove)
+    again = generate_episodes(world["vllm"], env, TOKENIZER, work, 0, prove)
+    ref = generate_episodes(world["torch"], env, TOKENIZER, work, 0, None)
+    assert max(len(s.episode.calls()) for s in ours) >= 2
+    assert [s.episode for s in ours] == [s.episode for s in again]
+    for a, b in zip(ours, ref, strict=True):
+        assert a.episode.segments[0].tokens == b.episode.segments[0].tokens
+        assert a.episode.segments[0].turns == b.episode.segments[0].turns
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    pending = PendingSubmission(
+        submission_id="s", node_id=worker.node_id, node_key=worker.public_key_hex,
+        request_signature="0" * 128, body_digest="0" * 64, request_timestamp_ms=0,
+        request_nonce="0" * 32, work=work, samples=ours,
+    )  # fmt: skip
+    loaded = LoadedVersion(0, DIGEST, world["torch"], TOKENIZER, world["root"] / "v1")
+    verdict = judge(pending, env, lambda v: loaded, ToplocConfig()).verdict
+    assert verdict is not None and verdict.accept, verdict

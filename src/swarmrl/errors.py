@@ -24,6 +24,8 @@
     │   ├── OversizedRequest        oversized_request: a request body over the size limit
     │   ├── BadProof                bad_proof: proof bundle null, truncated, oversized, inconsistent
     │   ├── CorruptData             corrupt_data: bytes whose digest does not match the signed one
+    │   ├── ForgedEpisode           forged_episode: an episode's environment turns or turn
+    │   │                           structure differ from the trusted recomputation
     │   └── Rejected                rejected: a request that breaks a rule of the pool. The pool
     │       │                       raises it where it decides; ``swarmrl.pool.client`` raises the
     │       │                       same type, read from the answer's code, at the requester
@@ -143,6 +145,13 @@ class CorruptData(PeerError):
     """Bytes whose digest does not match the signed one."""
 
     code = "corrupt_data"
+
+
+class ForgedEpisode(PeerError):
+    """An episode whose environment turns or turn structure differ from the trusted side's
+    recomputation (a forged tool result, environment tokens claimed as sampled)."""
+
+    code = "forged_episode"
 
 
 class Rejected(PeerError):

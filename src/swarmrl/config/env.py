@@ -8,8 +8,6 @@ from pydantic import Field
 
 from swarmrl.config.base import Section, path_key
 
-MULTI_TURN_ENVS = ("tool_arith", "guess")  # env names whose rollouts are episodes
-
 
 class LengthBudgetConfig(Section):
     """Thinking-budget wrapper: r = r_task − alpha·|target − length| (mode-dependent)."""

@@ -12,7 +12,8 @@ from pydantic import Field, field_validator
 
 from swarmrl.config.base import Section
 
-CHEAT_PATTERN = re.compile(r"^(corrupt_weights_after):(\d+)$")
+CHEAT_PATTERN = re.compile(r"^(corrupt_weights_after|forge_env_after):(\d+)$")
+CHEATS = "'corrupt_weights_after:N' or 'forge_env_after:N'"
 
 
 class SwarmSection(Section):
@@ -33,7 +34,9 @@ class SwarmSection(Section):
         "",
         description=(
             "TEST-ONLY misbehaviour of this worker: '' = honest; 'corrupt_weights_after:N' = "
-            "after N submissions generate with corrupted weights (proofs then fail replay)"
+            "after N submissions generate with corrupted weights (proofs then fail replay); "
+            "'forge_env_after:N' = after N submissions forge the environment's turns of "
+            "multi-turn episodes (every number in a tool result or feedback changed)"
         ),
     )
     rollouts_per_lease: int = Field(
@@ -125,7 +128,7 @@ class SwarmSection(Section):
     @classmethod
     def _cheat_known(cls, value: str) -> str:
         if value and not CHEAT_PATTERN.match(value):
-            raise ValueError("cheat must be '' or 'corrupt_weights_after:N'")
+            raise ValueError(f"cheat must be '' or {CHEATS}")
         return value
 
     @field_validator("cheaters")
@@ -133,7 +136,7 @@ class SwarmSection(Section):
     def _cheaters_known(cls, values: list[str]) -> list[str]:
         for value in values:
             if not CHEAT_PATTERN.match(value):
-                raise ValueError(f"cheaters entry {value!r} must be 'corrupt_weights_after:N'")
+                raise ValueError(f"cheaters entry {value!r} must be {CHEATS}")
         return values
 
 
@@ -141,3 +144,9 @@ def cheat_after(cheat: str) -> int | None:
     """Submissions an honest-looking worker makes before cheating; None = never cheats."""
     match = CHEAT_PATTERN.match(cheat)
     return int(match.group(2)) if match else None
+
+
+def cheat_kind(cheat: str) -> str | None:
+    """``corrupt_weights_after`` or ``forge_env_after``; None = never cheats."""
+    match = CHEAT_PATTERN.match(cheat)
+    return match.group(1) if match else None

@@ -45,7 +45,7 @@ from typing import Literal
 
 from swarmrl.envs.base import Environment, Score, Task
 from swarmrl.envs.sandbox import Sandbox
-from swarmrl.errors import ToolError
+from swarmrl.errors import ConfigError, ToolError
 
 Speaker = Literal["model", "env"]
 _COMPACT = re.compile(r"^([A-Za-z]+)\((.*)\)$", re.S)
@@ -166,6 +166,11 @@ class MultiTurnEnvironment(Environment):
 
     max_turns: int = 4  # model turns per episode
     token_budget: int = 256  # model + environment tokens after the prompt
+    # every environment turn is a pure function of (task, seed, transcript), so the trusted side
+    # can recompute what an untrusted worker claims; False for a tool that reads the outside
+    # world (a search, a clock, a web page): such an environment is refused in a pool of
+    # untrusted workers (:func:`require_recomputable`)
+    recomputable: bool = True
 
     @abstractmethod
     def reply(self, task: Task, seed: int, transcript: Sequence[Message]) -> Reply:
@@ -182,6 +187,18 @@ class MultiTurnEnvironment(Environment):
 
     def score(self, task: Task, completion_text: str, num_tokens: int | None = None) -> Score:
         return self.score_episode(task, 0, [Message("model", completion_text)])
+
+
+def require_recomputable(env: Environment) -> None:
+    """:class:`ConfigError` in one line for a multi-turn environment whose turns the trusted
+    side cannot recompute (``recomputable``): untrusted workers' claims about it could not be
+    checked. Single-turn environments and recomputable ones pass."""
+    if isinstance(env, MultiTurnEnvironment) and not env.recomputable:
+        raise ConfigError(
+            f"env {env.name!r} has environment turns the trusted side cannot recompute (a tool "
+            "that reads the outside world); it cannot run on untrusted workers: run it with "
+            "--colocated"
+        )
 
 
 def model_turns(transcript: Sequence[Message]) -> list[str]:

@@ -20,8 +20,6 @@ from typing import Any
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 from swarmrl.config.args import add_override_args
-from swarmrl.config.env import MULTI_TURN_ENVS
-from swarmrl.errors import ConfigError
 
 VERB_HELP = {
     "demo": "run the embedded default swarm on this machine (one cheating worker included)",
@@ -115,15 +113,13 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
 
 
 def run_swarm_cli(config: SwarmConfig, quiet: bool) -> Path:
+    from swarmrl.envs import build_env
+    from swarmrl.envs.multiturn import require_recomputable
     from swarmrl.launch.facts import summary_text
     from swarmrl.launch.report import new_run_dir
     from swarmrl.launch.swarm import run_swarm
 
-    if config.env.name in MULTI_TURN_ENVS:
-        raise ConfigError(
-            f"env.name = {config.env.name!r} is multi-turn: workers and validators do not run "
-            "episodes yet; run it with --colocated"
-        )
+    require_recomputable(build_env(config.env, scores=False))
     _quiet_libraries()
     run_dir = new_run_dir(config)
     try:

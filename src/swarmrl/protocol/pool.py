@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from swarmrl.protocol.bounded import PeerProof, PeerText
+from swarmrl.protocol.episodes import Episode
 from swarmrl.protocol.sampling import FinishReason, SamplingParams
 
 POOL_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -244,8 +245,22 @@ class LeaseReply(Message):
         return self
 
 
+MAX_TURN_PROOFS = 256
+
+
 class Sample(Message):
-    """One completion. Shapes: ``prompt_tokens`` [P], ``output_tokens`` [T], ``logprobs`` [T]."""
+    """One completion, or one multi-turn episode. Shapes: ``prompt_tokens`` [P],
+    ``output_tokens`` [T], ``logprobs`` [T].
+
+    An episode (``episode`` set, see ``swarmrl.protocol.episodes``) keeps the same fields with
+    these meanings: ``prompt_tokens`` is the task's prompt (the first segment's context),
+    ``output_tokens`` and ``logprobs`` are the model turns' tokens and log-probs concatenated in
+    order (what was sampled; environment tokens are in ``episode`` only), ``finish_reason`` is
+    the last model turn's, ``proof`` is None and ``turn_proofs`` holds one proof bundle per model
+    call, each over that call's whole prompt (earlier turns and environment turns included) and
+    its sampled tokens. The episode's seed is the one the lease assigns the sample; its
+    ``reward`` is left None (rewards are the trusted side's).
+    """
 
     task_index: int = Field(ge=0, lt=2**40)
     prompt_tokens: list[int] = Field(max_length=1_000_000)
@@ -257,6 +272,14 @@ class Sample(Message):
         None,
         description="proof bundle (swarmrl.protocol.proofs.ProofBundle) as a bounded JSON "
         "object, or as its JSON text's UTF-8 bytes in hex (proofs.proof_to_wire); None = no proof",
+    )
+    episode: Episode | None = Field(
+        None, description="the turns of a multi-turn episode (class docstring); None: one turn"
+    )
+    turn_proofs: list[PeerProof] | None = Field(
+        None,
+        max_length=MAX_TURN_PROOFS,
+        description="an episode's proof bundles, one per model call in order (as ``proof``)",
     )
 
 

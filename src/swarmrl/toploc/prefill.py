@@ -13,7 +13,7 @@ Per row the result equals ``engine.prefill`` up to float rounding of batched ker
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -66,13 +66,47 @@ def _prefill_batch(engine: Any, pairs: Sequence[Pair]) -> list[Prefill]:
     return out
 
 
+def _carriers(
+    pairs: Sequence[Pair], ready: Sequence[int], shared: Sequence[Hashable | None]
+) -> tuple[list[Pair], dict[int, tuple[int, int]]]:
+    """The pairs that carry a group of ``shared`` pairs, and for each carried pair ``(carrier
+    index, carrier's prompt length)``: the members whose sequence is a prefix of the group's
+    longest (checked here, token by token); the others are replayed on their own."""
+    members: dict[Hashable, list[int]] = {}
+    for i in ready:
+        if shared[i] is not None:
+            members.setdefault(shared[i], []).append(i)
+    carriers: list[Pair] = []
+    plan: dict[int, tuple[int, int]] = {}
+    for group in members.values():
+        seqs = {i: list(pairs[i][0]) + list(pairs[i][1])[:-1] for i in group}
+        full = max(seqs.values(), key=len)
+        carried = [i for i in group if seqs[i] == full[: len(seqs[i])]]
+        if len(carried) < 2:
+            continue
+        start = min(len(pairs[i][0]) for i in carried)
+        plan.update({i: (len(carriers), start) for i in carried})
+        carriers.append((full[:start], full[start:] + full[-1:]))  # the last token is not fed
+    return carriers, plan
+
+
 def prefill_many(
-    engine: Any, pairs: Sequence[Pair], max_batch_tokens: int = 4096
+    engine: Any,
+    pairs: Sequence[Pair],
+    max_batch_tokens: int = 4096,
+    shared: Sequence[Hashable | None] | None = None,
 ) -> list[Prefill | Exception]:
     """One :class:`Prefill` per (prompt, output), or the exception that sample raised.
 
     Invalid samples (empty, ids outside the vocabulary) fail alone; a batch whose forward
     fails is retried one sample at a time so one bad row cannot sink the others.
+
+    ``shared``: pairs with the same key whose sequences extend one another (the model calls of
+    one episode segment: each call's prompt holds the calls before it) are replayed by *one*
+    prefill of the longest, each pair's rows sliced out of it. A causal model's states at a
+    position depend on the tokens up to it only, so the slice is the pair's own prefill up to
+    float rounding of the longer pass (what ``calibrate`` measures for batching). Pairs that
+    do not extend one another are replayed each on its own.
     """
     results: list[Prefill | Exception] = [ValueError("not replayed")] * len(pairs)
     if not hasattr(engine, "backbone") and hasattr(engine, "prefill_many"):
@@ -98,18 +132,33 @@ def prefill_many(
             ready.append(i)
         except ValueError as exc:
             results[i] = exc
-    lengths = [len(pairs[i][0]) + len(pairs[i][1]) - 1 for i in ready]
+    carriers, plan = _carriers(pairs, ready, shared) if shared is not None else ([], {})
+    own = [i for i in ready if i not in plan]
+    todo = [pairs[i] for i in own] + carriers
+    replays: list[Prefill | Exception] = [ValueError("not replayed")] * len(todo)
+    lengths = [len(p) + len(o) - 1 for p, o in todo]
     for group in _batches(lengths, max_batch_tokens):
-        members = [ready[g] for g in group]
         try:
-            for i, prefill in zip(
-                members, _prefill_batch(engine, [pairs[i] for i in members]), strict=True
+            for g, prefill in zip(
+                group, _prefill_batch(engine, [todo[g] for g in group]), strict=True
             ):
-                results[i] = prefill
+                replays[g] = prefill
         except (ValueError, IndexError, RuntimeError):
-            for i in members:
+            for g in group:
                 try:
-                    results[i] = engine.prefill(*pairs[i])
+                    replays[g] = engine.prefill(*todo[g])
                 except (ValueError, IndexError, RuntimeError) as exc:
-                    results[i] = exc
+                    replays[g] = exc
+    for j, i in enumerate(own):
+        results[i] = replays[j]
+    for i, (c, start) in plan.items():
+        carried = replays[len(own) + c]
+        if isinstance(carried, Exception):
+            results[i] = carried
+            continue
+        p, n = len(pairs[i][0]), len(pairs[i][1])
+        results[i] = Prefill(
+            logits=carried.logits[p - start : p - start + n],  # [n, vocab]
+            hidden_states=carried.hidden_states[: p + n - 1],  # [P + n - 1, hidden]
+        )
     return results

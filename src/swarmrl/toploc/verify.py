@@ -27,7 +27,7 @@ import binascii
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -145,15 +145,23 @@ class Verifier:
         """The verdict on one sample; never raises on peer input."""
         return self.check_many([(bundle, claim, assignment)])[0]
 
-    def check_many(self, items: Sequence[tuple[Any, Any, Any]]) -> list[ProofVerdict]:
+    def check_many(
+        self,
+        items: Sequence[tuple[Any, Any, Any]],
+        shared: Sequence[Hashable | None] | None = None,
+    ) -> list[ProofVerdict]:
         """Verdicts for many samples; the hidden-state comparison runs as one batch.
+
+        ``shared``: one key per item; items with the same key whose sequences extend one
+        another (an episode segment's model calls) are replayed by one prefill
+        (``swarmrl.toploc.prefill.prefill_many``).
 
         Input that slips past every specific check and still breaks a stage becomes a
         "replay" rejection (the validator's own failure, logged with its traceback) rather
         than an exception: one bad sample must not take the validator down.
         """
         try:
-            return self._check_many(items)
+            return self._check_many(items, shared)
         except Exception as exc:  # recovery intended: see docstring
             log.exception("verifier failed on a batch of %d samples", len(items))
             detail = f"validator error: {type(exc).__name__}: {exc}"[:2000]
@@ -162,11 +170,15 @@ class Verifier:
                 for _ in items
             ]
 
-    def _check_many(self, items: Sequence[tuple[Any, Any, Any]]) -> list[ProofVerdict]:
+    def _check_many(
+        self, items: Sequence[tuple[Any, Any, Any]], shared: Sequence[Hashable | None] | None
+    ) -> list[ProofVerdict]:
         cases = [self._screen(b, c, a) for b, c, a in items]
+        keys = [None] * len(cases) if shared is None else list(shared)
         todo = [c for c in cases if not c.reasons]
+        todo_keys = [k for c, k in zip(cases, keys, strict=True) if not c.reasons]
         pairs = [(c.claim.prompt_tokens, c.claim.output_tokens) for c in todo]  # type: ignore[union-attr]
-        replays = prefill_many(self.engine, pairs, self.config.replay_batch_tokens)
+        replays = prefill_many(self.engine, pairs, self.config.replay_batch_tokens, todo_keys)
         for case, replay in zip(todo, replays, strict=True):
             self._take_replay(case, replay)
         live = [c for c in cases if not c.reasons and c.prefill is not None]

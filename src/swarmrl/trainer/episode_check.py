@@ -65,17 +65,30 @@ def check_episode(
 ) -> EpisodeRejection | None:
     """None when ``episode`` is exactly what ``env`` gives for its model turns, else the first
     reason it is not (module docstring). ``max_new_tokens``: the sampling limit per call."""
+    return replay_episode(env, tokenizer, task, episode, max_new_tokens)[0]
+
+
+def replay_episode(
+    env: MultiTurnEnvironment,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    episode: Episode,
+    max_new_tokens: int,
+) -> tuple[EpisodeRejection | None, EpisodeState | None]:
+    """:func:`check_episode`'s verdict and, when it passes, the recomputed episode: its
+    transcript (what the reward is computed from), each call's prompt and token limit (what
+    each call's proof and sampling are checked against)."""
     calls = episode.calls()
     if len(calls) > env.max_turns:
         return EpisodeRejection(
             "over_turns", f"{len(calls)} model turns, the limit is {env.max_turns}"
-        )
+        ), None
     if episode.budget_tokens() > env.token_budget:
         return EpisodeRejection(
             "over_budget",
             f"{episode.budget_tokens()} model + environment tokens, the budget is "
             f"{env.token_budget}",
-        )
+        ), None
     stops = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
     for k, call in enumerate(calls):
         early = [j for j, t in enumerate(call.output_tokens[:-1]) if t in stops]
@@ -83,7 +96,7 @@ def check_episode(
             return EpisodeRejection(
                 "model_past_stop",
                 f"model turn {k} continues after its stop token at token {early[0]}",
-            )
+            ), None
     state = EpisodeState.start(env, tokenizer, task, episode.seed, max_new_tokens)
     for k, call in enumerate(calls):
         if state.ended:
@@ -93,9 +106,10 @@ def check_episode(
                 "over_budget",
                 f"model turn {k} has {len(call.output_tokens)} tokens, the call allowed "
                 f"{state.next_max}",
-            )
+            ), None
         state.record(env, tokenizer, call.output_tokens, call.logprobs, max_new_tokens)
-    return compare(state.episode(), episode, continues=not state.ended)
+    rejection = compare(state.episode(), episode, continues=not state.ended)
+    return rejection, (None if rejection else state)
 
 
 def _flat(episode: Episode) -> list[tuple[int, str, list[int]]]:

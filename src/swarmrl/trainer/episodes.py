@@ -28,7 +28,7 @@ Knows nothing about the optimizer or where episodes are sent.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from swarmrl.envs import Task
 from swarmrl.envs.multiturn import Message, MultiTurnEnvironment
 from swarmrl.inference.interface import Engine
+from swarmrl.inference.types import Generation
 from swarmrl.model.prompts import decode_completion, encode_prompt, has_chat_template
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import Episode, ModelCall, episode_from_calls
@@ -81,6 +82,7 @@ class EpisodeState:
     seed: int
     transcript: list[Message] = field(default_factory=list)
     calls: list[ModelCall] = field(default_factory=list)
+    limits: list[int] = field(default_factory=list)  # [calls] tokens each call was allowed
     next_prompt: list[int] | None = None  # None: the episode has ended
     next_max: int = 0  # tokens the next call may sample
     used: int = 0  # budget tokens so far (model + environment turns)
@@ -122,6 +124,7 @@ class EpisodeState:
             raise ValueError("the episode has ended")
         prompt, output = self.next_prompt, list(output)
         self.calls.append(ModelCall(prompt, output, list(logprobs)))
+        self.limits.append(self.next_max)
         self.transcript.append(Message("model", decode_completion(tokenizer, output)))
         self.used += len(output)
         self.next_prompt = None
@@ -142,6 +145,11 @@ class EpisodeState:
         self.next_max = min(max_new_tokens, env.token_budget - self.used)
 
 
+# called with each engine call's episodes, its generations and the parameters it sampled with
+# (``max_new_tokens`` set to that call's limit), before the episodes record them
+OnTurn = Callable[[list["EpisodeState"], list[Generation], SamplingParams], None]
+
+
 def run_episodes(
     env: MultiTurnEnvironment,
     engine: Engine,
@@ -149,9 +157,11 @@ def run_episodes(
     tasks: Sequence[Task],
     seeds: Sequence[int],
     params: SamplingParams,
+    on_turn: OnTurn | None = None,
 ) -> list[EpisodeState]:
     """One episode per ``(task, seed)``, every unfinished one advanced a turn per engine call
-    (one call per distinct token limit, usually one)."""
+    (one call per distinct token limit, usually one). ``on_turn``: sees every engine call's
+    generations, with hidden states (a worker builds each call's proof there)."""
     states = [
         EpisodeState.start(env, tokenizer, t, s, params.max_new_tokens)
         for t, s in zip(tasks, seeds, strict=True)
@@ -162,11 +172,15 @@ def run_episodes(
             return states
         for limit in sorted({s.next_max for s in active}):
             batch = [s for s in active if s.next_max == limit]
+            call_params = params.model_copy(update={"max_new_tokens": limit})
             gens = engine.generate(
                 [s.next_prompt or [] for s in batch],
-                params.model_copy(update={"max_new_tokens": limit}),
+                call_params,
                 [s.call_seed() for s in batch],
+                return_hidden=on_turn is not None,
             )
+            if on_turn is not None:
+                on_turn(batch, gens, call_params)
             for state, gen in zip(batch, gens, strict=True):
                 state.record(env, tokenizer, gen.output_tokens, gen.logprobs, params.max_new_tokens)
 

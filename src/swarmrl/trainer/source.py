@@ -28,9 +28,14 @@ from typing import Protocol
 from transformers import PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment, Task
+from swarmrl.envs.multiturn import MultiTurnEnvironment
+from swarmrl.errors import ForgedEpisode
 from swarmrl.model.prompts import decode_completion
-from swarmrl.protocol.pool import TrainableSubmission
+from swarmrl.protocol.episodes import ModelCall, episode_from_calls
+from swarmrl.protocol.pool import Sample, TrainableSubmission
 from swarmrl.trainer.batch import Completion, Group
+from swarmrl.trainer.episode_check import replay_episode
+from swarmrl.trainer.episodes import episode_completions
 
 
 @dataclass
@@ -86,13 +91,23 @@ def scored_completion(
 
 
 def submission_groups(
-    sub: TrainableSubmission, env: Environment, tokenizer: PreTrainedTokenizerBase, group_size: int
+    sub: TrainableSubmission,
+    env: Environment,
+    tokenizer: PreTrainedTokenizerBase,
+    group_size: int,
+    max_new_tokens: int,
 ) -> list[Group]:
     """One accepted pool submission as per-task groups (G completions each), rewards recomputed.
 
     Behaviour log-probs are the validator's replay of the generating version, or, for an
     unchecked submission that a later passed spot check released, the worker's declared ones
     (``swarmrl.pool.flow.spotcheck``); a submission served without any yields no groups.
+
+    Episodes (a multi-turn ``env``) are recomputed here too, checked or not: the trainer trains
+    on the environment turns it computes itself and scores the recomputed transcript, so a
+    forged environment turn never trains even in work no validator replayed; an episode that
+    differs from its recomputation raises :class:`ForgedEpisode` (``max_new_tokens``: the
+    sampling limit per call the units were leased with).
     """
     if sub.behaviour_logprobs is None:
         return []
@@ -103,6 +118,11 @@ def submission_groups(
         for sample, behaviour in zip(
             sub.samples[rows], sub.behaviour_logprobs[rows], strict=True
         ):  # the orchestrator checked the shapes; a mismatch here is a bug, so it raises
+            if isinstance(env, MultiTurnEnvironment):
+                group.completions += trusted_episode(
+                    env, tokenizer, group.task, sample, behaviour, max_new_tokens
+                )
+                continue
             group.completions.append(
                 scored_completion(
                     env,
@@ -116,6 +136,35 @@ def submission_groups(
             )
         groups.append(group)
     return groups
+
+
+def trusted_episode(
+    env: MultiTurnEnvironment,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    sample: Sample,
+    behaviour: Sequence[float],
+    max_new_tokens: int,
+) -> list[Completion]:
+    """The completions of an episode sample (one per segment) as the trusted side recomputes
+    it from its model turns, with ``behaviour`` [model tokens] as its log-probs and the reward
+    of the recomputed transcript; :class:`ForgedEpisode` where the claim differs."""
+    if sample.episode is None:
+        raise ForgedEpisode(f"task {task.problem_id}: a multi-turn task's sample has no episode")
+    rejection, state = replay_episode(env, tokenizer, task, sample.episode, max_new_tokens)
+    if rejection is not None or state is None:
+        raise ForgedEpisode(f"task {task.problem_id}: {rejection}")
+    calls, used = [], 0
+    for call in state.calls:
+        n = len(call.output_tokens)
+        calls.append(
+            ModelCall(call.prompt_tokens, call.output_tokens, list(behaviour[used : used + n]))
+        )
+        used += n
+    score = env.score_episode(task, state.seed, state.transcript)
+    episode = episode_from_calls(calls, state.seed, score.reward)
+    correct = bool(score.details.get("correct", score.reward == 1.0))
+    return episode_completions(episode, sample.policy_version, correct)
 
 
 def group_version(group: Group) -> int:

@@ -17,26 +17,22 @@ Verdicts live in ``swarmrl.pool.flow.judging``, trainer batches in
 from __future__ import annotations
 
 import json
-import math
 import uuid
-from collections import Counter
 from collections.abc import Callable
 
 import sqlalchemy as sa
 
 from swarmrl.errors import PeerError, ReplayedRequest
 from swarmrl.fastsql import Fast
-from swarmrl.identity.keys import canonical_json
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.ledger.chain import Entry
 from swarmrl.pool.flow import admission, progress, spotcheck
+from swarmrl.pool.flow.samples import check_samples
 from swarmrl.pool.flow.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.rejections import (
     Conflict,
     Expired,
-    Invalid,
     NotFound,
-    StaleWork,
     Unauthorized,
 )
 from swarmrl.pool.state import db
@@ -51,15 +47,10 @@ from swarmrl.pool.trust.service import (
 from swarmrl.protocol.pool import (
     LeaseReply,
     PoolSpec,
-    Sample,
     Submission,
     SubmissionReceipt,
     WorkUnit,
 )
-from swarmrl.protocol.proofs import proof_from_wire
-
-MAX_TOKEN_ID = 2**31 - 1
-MAX_PROMPT_TOKENS = 1 << 17
 
 
 def _new_id() -> str:
@@ -277,73 +268,6 @@ _SET_THROUGHPUT = Fast(
 
 
 # --- submissions -----------------------------------------------------------------------------
-
-
-def check_samples(
-    spec: PoolSpec, work: WorkUnit, samples: list[Sample], version: int, max_proof_bytes: int
-) -> int:
-    """Refuse samples that do not answer ``work`` within limits; returns output tokens."""
-    expected = Counter(
-        {t: c * work.samples_per_task for t, c in Counter(work.task_indices).items()}
-    )
-    got = Counter(s.task_index for s in samples)
-    if got != expected:
-        missing = sorted((expected - got).elements())[:5]
-        extra = sorted((got - expected).elements())[:5]
-        raise Invalid(
-            f"samples do not match the lease: want {work.samples_per_task} per leased task; "
-            f"missing {missing}, unexpected {extra}"
-        )
-    oldest = version - spec.async_level
-    tokens = 0
-    for i, s in enumerate(samples):
-        where = f"sample {i} (task {s.task_index})"
-        if len(s.output_tokens) != len(s.logprobs):
-            raise Invalid(f"{where}: {len(s.output_tokens)} tokens but {len(s.logprobs)} logprobs")
-        if len(s.output_tokens) > spec.sampling.max_new_tokens:
-            raise Invalid(f"{where}: {len(s.output_tokens)} tokens > max_new_tokens")
-        if len(s.prompt_tokens) > MAX_PROMPT_TOKENS:
-            raise Invalid(f"{where}: prompt longer than {MAX_PROMPT_TOKENS} tokens")
-        if not (_in_range(s.prompt_tokens) and _in_range(s.output_tokens)):
-            raise Invalid(f"{where}: token ids must lie in [0, 2^31)")
-        if not _finite_non_positive(s.logprobs):
-            raise Invalid(f"{where}: logprobs must be finite and ≤ 0")
-        if s.policy_version > version:
-            raise Conflict(f"{where}: policy version {s.policy_version} > current {version}")
-        if s.policy_version < max(oldest, work.min_version):
-            why = (
-                "the lease's min_version"
-                if work.min_version > oldest
-                else f"current {version} − async_level {spec.async_level}"
-            )
-            raise StaleWork(
-                f"{where}: policy version {s.policy_version} is stale "
-                f"(need ≥ {max(oldest, work.min_version)}: {why})"
-            )
-        document = proof_from_wire(s.proof)  # hex counts the bytes it spells, as validators read it
-        proof_bytes = (
-            0
-            if document is None
-            else len(document if isinstance(document, bytes) else canonical_json(document))
-        )
-        if proof_bytes > max_proof_bytes:
-            raise Invalid(f"{where}: proof of {proof_bytes} bytes > {max_proof_bytes}")
-        tokens += len(s.output_tokens)
-    return tokens
-
-
-def _in_range(tokens: list[int]) -> bool:
-    """Every token id lies in [0, MAX_TOKEN_ID] (``min``/``max`` loop in C, not per token)."""
-    return not tokens or (min(tokens) >= 0 and max(tokens) <= MAX_TOKEN_ID)
-
-
-def _finite_non_positive(logprobs: list[float]) -> bool:
-    """Every value is finite and ≤ 0. A sum is NaN or infinite where any value is, so a finite
-    sum with a maximum ≤ 0 settles it in C; otherwise (some value is bad, or a sum of huge
-    finite values overflowed) each value is looked at."""
-    if not logprobs or (math.isfinite(sum(logprobs)) and max(logprobs) <= 0):
-        return True
-    return all(math.isfinite(x) and x <= 0 for x in logprobs)
 
 
 HELD_UNTIL = 1e18  # unlock_at of a credit held while its node is on probation

@@ -347,6 +347,7 @@ def _run(
                 "versions": announce.published,
                 "acks": source.acks,
                 "stale_dropped": source.stale_dropped,
+                "forged": source.forged,
             }
             hooks = role_hooks(
                 log, status, work / "steps.jsonl", history, summary, run_dir / "policy"
@@ -554,6 +555,7 @@ class Summary:
         # the run over time (swarmrl.launch.flow): rl_started_at (Unix s), versions
         # [(Unix s, version)] as announced, acks [(Unix s, submissions acknowledged)],
         # stale_dropped [submission ids acknowledged with every group dropped as too stale];
+        # forged [submission ids whose episodes failed the trainer's recomputation: untrained];
         # written with stale_groups (informative groups held over that went too stale)
         self.flow: dict[str, Any] = {}
 

@@ -45,7 +45,7 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
-from swarmrl.errors import InfraError, PeerError, WaitTimeout
+from swarmrl.errors import ForgedEpisode, InfraError, PeerError, WaitTimeout
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import TrainableSubmission
 from swarmrl.rl import is_informative
@@ -100,6 +100,8 @@ class PoolSource:
         # pool counts it trained, yet nothing of it was
         self._useful: set[str] = set()
         self.stale_dropped: list[str] = []
+        # submissions whose episodes differ from the trusted recomputation: never trained
+        self.forged: list[str] = []
         # informative groups held over that went too stale before a step took them (their
         # submission counts as trained when another of its groups was)
         self.stale_groups = 0
@@ -291,7 +293,14 @@ class PoolSource:
         if sid in self._served:
             return  # served again after its lease ran out while we still held it
         self._served.add(sid)
-        groups = submission_groups(sub, self.env, self.tokenizer, rl.group_size)
+        try:
+            groups = submission_groups(
+                sub, self.env, self.tokenizer, rl.group_size, rl.sampling.max_new_tokens
+            )
+        except ForgedEpisode as exc:  # unchecked work a passed check released: not trained
+            self.log.warning("submission %s is not trained: %s", sid, exc)
+            self.forged.append(sid)
+            groups = []
         self._outstanding[sid] = len(groups) + 1  # + 1 so that a group-less one finishes too
         for group in groups:
             seen.append(group)
@@ -311,7 +320,7 @@ class PoolSource:
             self._finished.append(submission_id)
             if submission_id in self._useful:
                 self._useful.discard(submission_id)
-            else:
+            elif submission_id not in self.forged:
                 self.stale_dropped.append(submission_id)
 
     def state(self) -> dict[str, Any]:
@@ -331,6 +340,7 @@ class PoolSource:
             "served": sorted(self._served),
             "useful": sorted(self._useful),
             "stale_dropped": list(self.stale_dropped),
+            "forged": list(self.forged),
             "stale_groups": self.stale_groups,
         }
 
@@ -342,6 +352,7 @@ class PoolSource:
         self._served = set(state["served"])
         self._useful = set(state.get("useful", ()))  # absent in older checkpoints
         self.stale_dropped = list(state.get("stale_dropped", ()))
+        self.forged = list(state.get("forged", ()))
         self.stale_groups = int(state.get("stale_groups", 0))
 
     def _take(

@@ -7,6 +7,16 @@ that version's weights (fetched through shardcast) by ``swarmrl.toploc.Verifier`
 hidden-state proofs, the Gumbel-max sampling, termination and log-probs, and recomputes the
 reward with the environment.
 
+An episode of a multi-turn task (``swarmrl.protocol.pool.Sample``'s episode form) is first
+recomputed from the task, its seed (``sample_seed``, the same rule) and its model turns
+(``swarmrl.trainer.episode_check``): an environment turn that differs (a forged tool result),
+environment tokens claimed as sampled, reordered, dropped or extra turns, or an episode past
+its turn or token budget is a rejection with its reason. Then each model call is one item for
+the verifier, against the recomputed prompt (the whole sequence before it, environment turns
+included), the recomputed token limit and the call's seed ``derive_seed("turn", seed, k)``: the
+proofs cover the whole sequence, the sampling and termination checks the model tokens only.
+The episode's reward is the environment's score of the recomputed transcript.
+
 A submission is accepted only if every sample is; the validator's replayed log-probs become the
 trusted behaviour log-probs the trainer's importance ratio uses. A rejection is hard (the node
 is banned) unless the validator itself failed ("replay" only), in which case no verdict is
@@ -19,21 +29,24 @@ Knows nothing about HTTP; the caller fetches versions and posts verdicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import Environment, Task
+from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.errors import VersionGone
 from swarmrl.model.prompts import decode_completion, encode_prompt
-from swarmrl.protocol.pool import PendingSubmission, Severity, Verdict
+from swarmrl.protocol.pool import PendingSubmission, Sample, Severity, Verdict
 from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, proof_from_wire
-from swarmrl.protocol.seeds import sample_seed
+from swarmrl.protocol.seeds import derive_seed, sample_seed
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.evidence import NodeEvidence, unit_measures
 from swarmrl.toploc.verify import Verifier
+from swarmrl.trainer.episode_check import replay_episode
 
 MAX_REASONS = 8
 
@@ -73,6 +86,111 @@ def _scorer(
     return score
 
 
+# (sample index, what the verifier checks, replay-sharing key: an episode segment's calls share)
+Item = tuple[int, tuple[Any, SampleClaim, Assignment], Hashable | None]
+
+
+def _sample_items(
+    pending: PendingSubmission,
+    loaded: LoadedVersion,
+    tasks: list[Task],
+    indices: list[int],
+    env: Environment,
+) -> tuple[list[Item], Callable[[Sequence[int], Sequence[int]], float]]:
+    """One verifier item per single-turn sample of ``indices``, and the scorer of their tasks."""
+    work, tokenizer = pending.work, loaded.tokenizer
+    items: list[Item] = []
+    prompts: dict[int, list[int]] = {}  # by task index: a task's G samples share a prompt
+    for i in indices:
+        sample = pending.samples[i]
+        if sample.task_index not in prompts:
+            prompts[sample.task_index] = encode_prompt(tokenizer, tasks[i])
+        assignment = Assignment(
+            policy_version=loaded.version,
+            model_digest=loaded.root_digest,
+            prompt_tokens=list(prompts[sample.task_index]),
+            sampling=work.sampling,
+            seed=sample_seed(work.seed, i),
+            worker_key=pending.node_key,
+        )
+        claim = SampleClaim(
+            prompt_tokens=sample.prompt_tokens,
+            output_tokens=sample.output_tokens,
+            logprobs=sample.logprobs,
+            finish_reason=sample.finish_reason,
+        )
+        items.append((i, (proof_from_wire(sample.proof), claim, assignment), None))  # either form
+    # the verifier scores (prompt, output) token pairs; prompts identify tasks here
+    by_prompt = {tuple(a.prompt_tokens): tasks[i] for i, (_, _, a), _ in items}
+    return items, _scorer(env, tokenizer, by_prompt)
+
+
+def _episode_items(
+    pending: PendingSubmission,
+    env: MultiTurnEnvironment,
+    loaded: LoadedVersion,
+    tasks: list[Task],
+    indices: list[int],
+    rewards: dict[int, float],
+) -> list[Item] | Judgement:
+    """One verifier item per model call of each episode of ``indices``, checked against the
+    episode the trusted side recomputes (``swarmrl.trainer.episode_check``): each call's prompt
+    and token limit are the recomputed ones, its seed ``derive_seed("turn", episode seed, k)``.
+    Fills ``rewards`` from the recomputed transcripts. A rejection (a forged environment turn,
+    a wrong seed, a missing episode) is returned as the judgement."""
+    work, tokenizer = pending.work, loaded.tokenizer
+    stops = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    stops |= set(work.sampling.stop_token_ids)
+    items: list[Item] = []
+    for i in indices:
+        sample, task = pending.samples[i], tasks[i]
+        episode = sample.episode
+        if episode is None:
+            return _reject(pending, [f"sample {i}: the task is multi-turn; no episode was sent"])
+        seed = sample_seed(work.seed, i)
+        if episode.seed != seed:
+            return _reject(
+                pending, [f"sample {i}: episode seed {episode.seed} where the lease gives {seed}"]
+            )
+        rejection, state = replay_episode(
+            env, tokenizer, task, episode, work.sampling.max_new_tokens
+        )
+        if rejection is not None or state is None:
+            return _reject(pending, [f"sample {i}: episode: {rejection}"])
+        proofs = sample.turn_proofs or [None] * len(state.calls)
+        segment_of = [
+            s for s, seg in enumerate(episode.segments) for t in seg.turns if t.role == "model"
+        ]
+        for k, (call, limit) in enumerate(zip(state.calls, state.limits, strict=True)):
+            sampling = work.sampling.model_copy(update={"max_new_tokens": limit})
+            assignment = Assignment(
+                policy_version=loaded.version,
+                model_digest=loaded.root_digest,
+                prompt_tokens=call.prompt_tokens,
+                sampling=sampling,
+                seed=derive_seed("turn", seed, k),
+                worker_key=pending.node_key,
+            )
+            ended = bool(call.output_tokens) and call.output_tokens[-1] in stops
+            claim = SampleClaim(
+                prompt_tokens=call.prompt_tokens,
+                output_tokens=call.output_tokens,
+                logprobs=call.logprobs,
+                finish_reason="eos" if ended else "length",
+            )
+            # one replay per segment: its calls' sequences extend one another
+            items.append((i, (proof_from_wire(proofs[k]), claim, assignment), (i, segment_of[k])))
+        rewards[i] = env.score_episode(task, seed, state.transcript).reward
+    return items
+
+
+def _call_logprobs(sample: Sample) -> list[list[float]]:
+    """The log-probs a worker reported, one list per model call (one call for a single turn)."""
+    if sample.episode is None:
+        return [sample.logprobs]
+    return [c.logprobs for c in sample.episode.calls()]
+
+
 def judge(
     pending: PendingSubmission,
     env: Environment,
@@ -102,70 +220,63 @@ def judge(
     by_version: dict[int, list[int]] = {}
     for i, sample in enumerate(pending.samples):
         by_version.setdefault(sample.policy_version, []).append(i)
-    verdicts: dict[int, ProofVerdict] = {}
+    verdicts: dict[int, list[ProofVerdict]] = {}  # by sample: one per model call
+    rewards: dict[int, float] = {}  # episodes' rewards, from the recomputed transcripts
     thresholds = toploc  # as the verifier applies them (a calibration file's, where set)
     for version, indices in by_version.items():
         try:
             loaded = version_of(version)
         except VersionGone as exc:
             return _reject(pending, [f"cannot be replayed: {exc}"], severity="soft")
-        tokenizer = loaded.tokenizer
-
-        items = []
-        prompts: dict[int, list[int]] = {}  # by task index: a task's G samples share a prompt
-        for i in indices:
-            sample = pending.samples[i]
-            if sample.task_index not in prompts:
-                prompts[sample.task_index] = encode_prompt(tokenizer, tasks[i])
-            assignment = Assignment(
-                policy_version=version,
-                model_digest=loaded.root_digest,
-                prompt_tokens=list(prompts[sample.task_index]),
-                sampling=work.sampling,
-                seed=sample_seed(work.seed, i),
-                worker_key=pending.node_key,
-            )
-            claim = SampleClaim(
-                prompt_tokens=sample.prompt_tokens,
-                output_tokens=sample.output_tokens,
-                logprobs=sample.logprobs,
-                finish_reason=sample.finish_reason,
-            )
-            items.append((proof_from_wire(sample.proof), claim, assignment))  # either wire form
-        # the verifier scores (prompt, output) token pairs; prompts identify tasks here
-        by_prompt = {
-            tuple(a.prompt_tokens): tasks[i] for i, (_, _, a) in zip(indices, items, strict=True)
-        }
-
+        if isinstance(env, MultiTurnEnvironment):
+            checked = _episode_items(pending, env, loaded, tasks, indices, rewards)
+            if isinstance(checked, Judgement):
+                return checked
+            items, scorer = checked, None  # an episode's reward is its whole transcript's
+        else:
+            items, scorer = _sample_items(pending, loaded, tasks, indices, env)
         verifier = Verifier(
             loaded.engine,
             toploc,
-            eos_token_ids=[tokenizer.eos_token_id],
-            vocab_size=len(tokenizer),
-            scorer=_scorer(env, tokenizer, by_prompt),
+            eos_token_ids=[loaded.tokenizer.eos_token_id],
+            vocab_size=len(loaded.tokenizer),
+            scorer=scorer,
         )
         thresholds = verifier.config
-        for i, verdict in zip(indices, verifier.check_many(items), strict=True):
-            verdicts[i] = verdict
-    ordered = [verdicts[i] for i in range(len(pending.samples))]
-    own_failures = [v for v in ordered if not v.accepted and v.codes == {"replay"}]
+        checked_items = verifier.check_many([x for _, x, _ in items], [k for _, _, k in items])
+        for (i, _, _), verdict in zip(items, checked_items, strict=True):
+            verdicts.setdefault(i, []).append(verdict)
+    calls = [v for i in range(len(pending.samples)) for v in verdicts[i]]
+    own_failures = [v for v in calls if not v.accepted and v.codes == {"replay"}]
     if own_failures:
         return Judgement(None, [], failure=own_failures[0].reasons[0].detail)
+    episodes = isinstance(env, MultiTurnEnvironment)
     reasons = [
-        f"sample {i}: {r.code}: {r.detail}" for i, v in enumerate(ordered) for r in v.reasons
+        f"sample {i}" + (f" turn {k}" if episodes else "") + f": {r.code}: {r.detail}"
+        for i in range(len(pending.samples))
+        for k, v in enumerate(verdicts[i])
+        for r in v.reasons
     ]
     if reasons:
         return _reject(pending, reasons)
     if evidence is not None:
-        reported = [s.logprobs for s in pending.samples]
-        flagged = evidence.add(pending.node_id, unit_measures(ordered, reported, thresholds))
+        reported = [_call_logprobs(s) for s in pending.samples]
+        flat = [lp for per_sample in reported for lp in per_sample]
+        flagged = evidence.add(pending.node_id, unit_measures(calls, flat, thresholds))
         if flagged is not None:
             return _reject(pending, [flagged])
-    behaviour = [list(v.behaviour_logprobs or []) for v in ordered]
+    behaviour = [
+        [x for v in verdicts[i] for x in (v.behaviour_logprobs or [])]
+        for i in range(len(pending.samples))
+    ]
     verdict = Verdict(
         submission_id=pending.submission_id,
         accept=True,
         measured_tokens=sum(len(b) for b in behaviour),
         behaviour_logprobs=behaviour,
     )
-    return Judgement(verdict, [v.reward or 0.0 for v in ordered])
+    scored = [
+        rewards[i] if episodes else (verdicts[i][0].reward or 0.0)
+        for i in range(len(pending.samples))
+    ]
+    return Judgement(verdict, scored)

@@ -19,6 +19,7 @@ from pathlib import Path
 from swarmrl.config import SwarmConfig
 from swarmrl.config.swarm import SwarmSection
 from swarmrl.envs import build_env
+from swarmrl.envs.multiturn import require_recomputable
 from swarmrl.errors import PeerError, PeerUnavailable, VersionGone, WaitTimeout
 from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
@@ -140,6 +141,7 @@ def run(
     swarm = config.swarm
     keypair = load_keypair(args.key)
     env = build_env(config.env)
+    require_recomputable(env)  # this validator could not check such episodes
     stop = threading.Event()
     work_dir = Path(args.work_dir or f"validator-{status.status.name}")
     weights = WeightClient(

@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmrl.config import SwarmConfig
-from swarmrl.config.swarm import cheat_after
+from swarmrl.config.swarm import cheat_after, cheat_kind
 from swarmrl.envs import build_env
+from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.errors import (
+    ConfigError,
     InfraError,
     NodeBanned,
     NotFound,
@@ -54,9 +56,10 @@ from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
-from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit
+from swarmrl.roles.worker.rollouts import corrupt_weights, generate_episodes, generate_unit
 from swarmrl.roles.worker.versions import VersionFollower
 from swarmrl.shardcast import WeightClient
+from swarmrl.testing.forged import forging
 from swarmrl.toploc.bundle import build_bundles
 
 WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per kind of reason
@@ -114,7 +117,15 @@ class WorkerNode:
         self.submitted = 0
         self.units_by_version: dict[int, int] = {}
         self.cheat_after = cheat_after(config.swarm.cheat)
-        self.corrupted = False
+        if cheat_kind(config.swarm.cheat) == "forge_env_after" and not isinstance(
+            self.env, MultiTurnEnvironment
+        ):
+            raise ConfigError(
+                f"swarm.cheat = {config.swarm.cheat!r} forges environment turns: env.name = "
+                f"{config.env.name!r} is single-turn"
+            )
+        self.cheating = False  # the test-only misbehaviour has started
+        self.corrupted = False  # generating with corrupted weights
 
     # -- weights --------------------------------------------------------------------------
     def _take_newest(self) -> None:
@@ -343,9 +354,12 @@ class WorkerNode:
         assert self.policy is not None
         self.status.set(state="generating")
         start = time.perf_counter()
-        samples = generate_unit(
+        generate = (
+            generate_episodes if isinstance(self.env, MultiTurnEnvironment) else generate_unit
+        )
+        samples = generate(
             self.policy.engine,
-            self.env,
+            self.env,  # type: ignore[arg-type]
             self.policy.tokenizer,
             work,
             self.policy.version,
@@ -389,12 +403,18 @@ class WorkerNode:
         )
         if (
             self.cheat_after is not None
-            and not self.corrupted
+            and not self.cheating
             and self.submitted >= self.cheat_after
         ):
-            self.log.warning("TEST-ONLY cheat: generating with corrupted weights from now on")
-            self.corrupted = True
-            self._corrupt()
+            self.cheating = True
+            if cheat_kind(self.config.swarm.cheat) == "forge_env_after":
+                assert isinstance(self.env, MultiTurnEnvironment)  # checked at start
+                self.log.warning("TEST-ONLY cheat: forging the environment's turns from now on")
+                self.env = forging(self.env)
+            else:
+                self.log.warning("TEST-ONLY cheat: generating with corrupted weights from now on")
+                self.corrupted = True
+                self._corrupt()
         return None
 
     def _wait(self, reason: str, retry_after_s: float) -> None:

@@ -1,0 +1,44 @@
+"""TEST-ONLY: a worker that forges the environment's turns of its multi-turn episodes.
+
+The worker runs the environment, so what it submits as a tool result or game feedback is a
+claim. :func:`forging` returns the environment such a worker would use: the same task, limits
+and rules, but each environment turn changed before the model reads it: every number in it
+moved by one (a tool result that is not the tool's: ``[201954]`` → ``[201955]``, a game's
+range that lies), and where the turn has no number, ``<`` and ``>`` swapped (lower and higher). The model's later
+turns then read the forged text, as they would under a real forger; the trusted side's
+recomputation of each environment turn (``swarmrl.trainer.episode_check``) is what catches it.
+
+Knows nothing about pools or proofs.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Sequence
+
+from swarmrl.envs import Task
+from swarmrl.envs.multiturn import Message, MultiTurnEnvironment, Reply
+
+_NUMBER = re.compile(r"\d+")
+_SWAP = {"<": ">", ">": "<"}
+
+
+def forge_text(text: str) -> str:
+    """``text`` as a forger rewrites it (module docstring)."""
+    if _NUMBER.search(text):
+        return _NUMBER.sub(lambda m: str(int(m.group()) + 1), text)
+    return re.sub(r"[<>]", lambda m: _SWAP[m.group()], text)
+
+
+def forging(env: MultiTurnEnvironment) -> MultiTurnEnvironment:
+    """A copy of ``env`` whose every environment turn is forged (module docstring)."""
+    honest = env.reply
+    forged = copy.copy(env)
+
+    def reply(task: Task, seed: int, transcript: Sequence[Message]) -> Reply:
+        answer = honest(task, seed, transcript)
+        return Reply(forge_text(answer.text), answer.done)
+
+    forged.reply = reply  # type: ignore[method-assign]
+    return forged
