@@ -82,9 +82,10 @@ def judge(
 ) -> Judgement:
     """The verdict on ``pending``; ``version_of(v)`` returns version ``v`` loaded.
 
-    ``evidence``: the node records this validator keeps (``swarmrl.toploc.evidence``); an
-    accepted unit adds its measurements to its node's, and the unit that makes the record
-    exceed its limit is rejected hard with the evidence as its reason."""
+    An accepting verdict carries the unit's measurements (``swarmrl.toploc.evidence``) for the
+    pool's record of the node. ``evidence``: records kept in this process instead (a judge
+    without a pool); the unit that makes its node's exceed the limit is rejected hard with the
+    evidence as its reason."""
     work = pending.work
     g = work.samples_per_task
     tasks: list[Task] = []
@@ -156,9 +157,10 @@ def judge(
     ]
     if reasons:
         return _reject(pending, reasons)
+    reported = [s.logprobs for s in pending.samples]
+    measures = unit_measures(ordered, reported, thresholds)  # the pool adds them to the node's
     if evidence is not None:
-        reported = [s.logprobs for s in pending.samples]
-        flagged = evidence.add(pending.node_id, unit_measures(ordered, reported, thresholds))
+        flagged = evidence.add(pending.node_id, measures)
         if flagged is not None:
             return _reject(pending, [flagged])
     behaviour = [list(v.behaviour_logprobs or []) for v in ordered]
@@ -167,5 +169,6 @@ def judge(
         accept=True,
         measured_tokens=sum(len(b) for b in behaviour),
         behaviour_logprobs=behaviour,
+        evidence=measures or None,
     )
     return Judgement(verdict, [v.reward or 0.0 for v in ordered])
