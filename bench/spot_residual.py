@@ -15,7 +15,8 @@ A validator claims every selected unit and replays it (the synthetic model of
 ``swarmrl.testing.pool_nodes`` is a function of the unit's seed, so a falsified unit really
 differs: one output token changed), and the trainer takes and acknowledges every batch. For
 each strategy it reports the falsified units that reached the trainer per identity (mean and
-per caught identity), the validator's replays per unit trained, and the expectation
+per caught identity), the validator's replays per unit trained, the share of trained units that
+trained on the worker's own log-probs (released unchecked), and the expectation
 (1 − f)(1 − p)/p at the floor p (docs/pool.md, "When unchecked work trains"; an identity's rate
 starts at 1 and falls by ``--decay`` per passed check, so fresh identities stay below it).
 
@@ -49,6 +50,12 @@ class Identity:
     falsified_trained: int = 0
     replays: int = 0  # units of it the validator replayed
     banned: bool = False
+
+    @property
+    def trained_unchecked(self) -> int:
+        """Units trained with the worker's own declared log-probs (released, never replayed):
+        every trained unit but the checks that passed."""
+        return self.trained - (self.replays - self.banned)
 
 
 @dataclass
@@ -143,7 +150,8 @@ def main() -> None:
     rows = []
     print(f"floor p = {p}, decay {args.decay}, {args.identities} identities per strategy")
     header = ("strategy", "caught", "units", "falsified", "falsified trained / identity",
-              "/ caught", "max", "(1-f)(1-p)/p", "replays / unit trained")  # fmt: skip
+              "/ caught", "max", "(1-f)(1-p)/p", "replays / unit trained",
+              "trained unchecked")  # fmt: skip
     print(" | ".join(header))
     for s in strategies:
         ids = s.identities
@@ -162,6 +170,9 @@ def main() -> None:
             "max": max(residual),
             "expected_at_floor": (1 - s.f) * (1 - p) / p,
             "replays_per_unit_trained": sum(i.replays for i in ids) / trained if trained else None,
+            "trained_unchecked_share": (
+                sum(i.trained_unchecked for i in ids) / trained if trained else None
+            ),
             "identities": [asdict(i) for i in ids],
         }
         rows.append(row)
@@ -171,7 +182,9 @@ def main() -> None:
                  "-" if per_caught is None else f"{per_caught:.2f}", str(row["max"]),
                  f"{row['expected_at_floor']:.2f}",
                  "-" if row["replays_per_unit_trained"] is None
-                 else f"{row['replays_per_unit_trained']:.2f}")  # fmt: skip
+                 else f"{row['replays_per_unit_trained']:.2f}",
+                 "-" if row["trained_unchecked_share"] is None
+                 else f"{row['trained_unchecked_share']:.0%}")  # fmt: skip
         print(" | ".join(cells))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "strategies": rows}, indent=1))
