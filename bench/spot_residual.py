@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission, Verdict
@@ -139,7 +140,11 @@ def main() -> None:
         max_leases_in_flight=64,
     )  # fmt: skip
     rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory() as tmp, local_orchestrator(Path(tmp), orch) as server:
+    config = PoolConfig(join_burst=100_000)  # every identity joins at once, unthrottled
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        local_orchestrator(Path(tmp), orch, config) as server,
+    ):
         PoolClient(server.url, orch).create_pool(spec)
         for strategy in strategies:
             for _ in range(args.identities):
