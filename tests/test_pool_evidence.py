@@ -12,6 +12,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from swarmrl.cli import main as swarmrl_main
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
@@ -62,7 +63,7 @@ def _accept(url: str, validator: KeyPair, sid: str, measures: dict[str, float]):
     return checker.verdict(POOL, verdict)
 
 
-def test_two_validators_add_to_one_record_that_a_restart_keeps(tmp_path, db_url):
+def test_two_validators_add_to_one_record_that_a_restart_keeps(tmp_path, db_url, capsys):
     orch, owner, va, vb, off, fair = (KeyPair.generate() for _ in range(6))
     config = PoolConfig(db_url=db_url) if db_url else None
     receipts = []
@@ -101,6 +102,9 @@ def test_two_validators_add_to_one_record_that_a_restart_keeps(tmp_path, db_url)
     assert report.ok, report.reason
     assert (report.evidence_verdicts, report.evidence_flagged) == (13 + 16, 1)
     assert report.contributions[off.node_id].banned
+    argv = ["ledger", "verify", str(engine_out), "--orchestrator-key", orch.public_key_hex]
+    assert swarmrl_main(argv) == 0
+    assert "evidence: 29 verdicts' measurements re-derive" in capsys.readouterr().out
 
 
 @pytest.fixture
