@@ -2,8 +2,8 @@
 
 SQLite by default (one file, WAL journal) or PostgreSQL by URL, through SQLAlchemy Core. All
 state that must survive a restart lives here: pools, nodes, invites used, leases, submissions,
-credits, per-node evidence, request nonces and the ledger (``swarmrl.ledger.chain``). Rollout bytes live in the
-rollout store, not here. Knows nothing about HTTP or the protocol's rules.
+credits, per-node evidence, request nonces and the ledger (``swarmrl.ledger.chain``). Rollout
+bytes live in the rollout store, not here. Knows nothing about HTTP or the protocol's rules.
 """
 
 from __future__ import annotations
