@@ -22,7 +22,7 @@ from swarmrl.ledger.verify import verify_export
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
 from swarmrl.pool.state.db import make_engine, sqlite_url
-from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "ev"
@@ -44,7 +44,10 @@ def _spec(owner: KeyPair, validators: list[KeyPair]) -> PoolSpec:
 
 def _submit(url: str, node: KeyPair) -> str:
     client = PoolClient(url, node)
-    work = client.lease(POOL).work
+    client.heartbeat(POOL, Heartbeat(status="ok"))  # a slow loop outlasts a beat
+    reply = client.lease(POOL)
+    assert reply.work is not None, reply.reason
+    work = reply.work
     sub = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
     return client.submit(POOL, sub).submission_id
 

@@ -12,7 +12,13 @@ from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import PendingSubmission, PoolSpec, Submission, WorkUnit
+from swarmrl.protocol.pool import (
+    Heartbeat,
+    PendingSubmission,
+    PoolSpec,
+    Submission,
+    WorkUnit,
+)
 from swarmrl.protocol.proofs import ChunkReport, ProofVerdict
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
@@ -145,7 +151,10 @@ def test_two_validators_and_a_restarted_orchestrator_keep_one_record(tmp_path, t
                 if "rejected" in statuses:
                     break
                 node = PoolClient(server.url, worker)
-                work = node.lease("evidence").work
+                node.heartbeat("evidence", Heartbeat(status="ok"))  # a slow loop outlasts a beat
+                reply = node.lease("evidence")
+                assert reply.work is not None, reply.reason
+                work = reply.work
                 samples = generate_unit(shifted, env, tokenizer, work, 0, prove)
                 node.submit("evidence", Submission(lease_id=work.lease_id, samples=samples))
                 checker = PoolClient(server.url, validators[n % 2])
