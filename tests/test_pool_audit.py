@@ -1,5 +1,6 @@
 """The orchestrator refuses to start on a database that disagrees with its ledger: a cut tail,
-an emptied ledger, an unbanned node, inflated credits, a rejected unit turned accepted; and
+an emptied ledger, an unbanned node, inflated credits, a rejected unit turned accepted, a node's
+evidence reset; and
 what a node signed is kept, so anyone can re-check its signature."""
 
 import shutil
@@ -52,6 +53,7 @@ def history(tmp_path_factory):
                 accept=ok,
                 measured_tokens=2 if ok else 0,
                 behaviour_logprobs=lp,
+                evidence={"logprobs": 0.9} if ok else None,  # the node's record: S = 0.4
             )
             checker.verdict(POOL, v)
     return tmp / "run", orch
@@ -64,6 +66,8 @@ TAMPERING = {
     "credits x1000": "UPDATE credits SET tokens = tokens * 1000",
     "rejected made accepted": "UPDATE submissions SET status = 'accepted' WHERE status = 'rejected'",
     "edited ledger body": "UPDATE ledger SET body = replace(body, '\"tokens\":2', '\"tokens\":9')",
+    "evidence reset": "UPDATE node_evidence SET value = 0, units = 0, total = 0",
+    "evidence deleted": "DELETE FROM node_evidence",
 }
 
 

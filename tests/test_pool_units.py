@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from swarmrl.pool.flow.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.flow.samples import check_samples
+from swarmrl.pool.flow.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.rejections import Invalid
 from swarmrl.pool.state.store import RolloutStore
 from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, WorkUnit

@@ -10,12 +10,20 @@ import pytest
 
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
+from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import PendingSubmission, WorkUnit
+from swarmrl.protocol.pool import (
+    Heartbeat,
+    PendingSubmission,
+    PoolSpec,
+    Submission,
+    WorkUnit,
+)
 from swarmrl.protocol.proofs import ChunkReport, ProofVerdict
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
 from swarmrl.roles.worker.rollouts import generate_unit
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
 from swarmrl.toploc.bundle import build_bundles
 from swarmrl.toploc.evidence import NodeEvidence, unit_measures
 
@@ -107,3 +115,67 @@ def test_unit_measures_are_each_sample_normalised_by_its_threshold(tiny_arith):
     flagged = evidence.add("n", {"logprobs": 1.25})  # S = 1.2 > 1
     assert flagged is not None and "over 3 accepted units" in flagged
     assert evidence.add("m", {"logprobs": 1.25}) is None  # another node starts at 0
+
+
+def test_two_validators_and_a_restarted_orchestrator_keep_one_record(tmp_path, tiny_arith):
+    """The shifted worker's units go through a real orchestrator, restarted after 4 of them,
+    and are judged by two validators in turn, each keeping nothing: the pool's one record of
+    the node rejects it where one record over every verdict's measurements says, which neither
+    validator's half of them would have."""
+    config, env, tokenizer, model = tiny_arith
+    orch, owner, worker = (KeyPair.generate() for _ in range(3))
+    validators = [KeyPair.generate(), KeyPair.generate()]
+    spec = PoolSpec(
+        pool_id="evidence", owner_key=owner.public_key_hex, task_count=40, samples_per_task=2,
+        open=True, sampling=SamplingParams(max_new_tokens=6), validated_fraction=1.0,
+        validators=[v.public_key_hex for v in validators],
+        evidence_drift=config.toploc.evidence_drift, evidence_limit=config.toploc.evidence_limit,
+    )  # fmt: skip
+    engine = TorchEngine(model, tokenizer)
+    shifted = ShiftedEngine(engine, 0.8 * config.toploc.logprob_tolerance)
+    versions = {0: LoadedVersion(0, DIGEST, engine, tokenizer, Path("."))}
+
+    def prove(generations, params):
+        bundles = build_bundles(
+            generations, keypair=worker, policy_version=0, model_digest=DIGEST, params=params
+        )
+        return [b.model_dump(mode="json") for b in bundles]
+
+    measured, statuses, reasons = [], [], []
+    for units in (range(4), range(4, 20)):  # the orchestrator restarts between the two
+        with local_orchestrator(tmp_path / "run", orch) as server:
+            if not measured:
+                PoolClient(server.url, orch).create_pool(spec)
+                PoolClient(server.url, worker).join("evidence", CPU_NODE)
+            for n in units:
+                if "rejected" in statuses:
+                    break
+                node = PoolClient(server.url, worker)
+                node.heartbeat("evidence", Heartbeat(status="ok"))  # a slow loop outlasts a beat
+                reply = node.lease("evidence")
+                assert reply.work is not None, reply.reason
+                work = reply.work
+                samples = generate_unit(shifted, env, tokenizer, work, 0, prove)
+                node.submit("evidence", Submission(lease_id=work.lease_id, samples=samples))
+                checker = PoolClient(server.url, validators[n % 2])
+                (pending,) = checker.claim("evidence")
+                verdict = judge(pending, env, versions.__getitem__, config.toploc).verdict
+                assert verdict is not None and verdict.accept, verdict  # passes on its own
+                assert verdict.evidence is not None
+                measured.append(verdict.evidence)
+                receipt = checker.verdict("evidence", verdict)
+                statuses.append(receipt.status)
+                reasons += receipt.reasons
+            (state,) = [v.state for v in PoolClient(server.url, owner).nodes("evidence")]
+    assert "rejected" in statuses, "a node consistently off was accepted 20 units running"
+    assert statuses == ["accepted"] * (len(statuses) - 1) + ["rejected"]
+    assert 5 < len(measured) <= 20
+    assert reasons[0].startswith("evidence: logprobs consistently off")
+    assert state == "banned"
+
+    def flagged_at(units) -> int | None:
+        record = NodeEvidence.from_config(config.toploc)
+        return next((i + 1 for i, m in enumerate(units) if record.add("n", m) is not None), None)
+
+    assert flagged_at(measured) == len(measured)  # one record over both validators' units
+    assert flagged_at(measured[0::2]) is None and flagged_at(measured[1::2]) is None

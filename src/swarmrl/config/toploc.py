@@ -89,16 +89,19 @@ class ToplocConfig(Section):
     evidence_drift: float = Field(
         0.5,
         ge=0,
-        description="k of the per-node CUSUM (swarmrl.toploc.evidence): the share of a "
-        "threshold an accepted unit's mean measurement may sit at without adding to the node's "
-        "evidence; calibrated thresholds are twice the worst honest value, so honest units "
-        "average below 0.5",
+        le=2,
+        description="k of the per-node CUSUM the pool keeps (swarmrl.ledger.evidence; the pool "
+        "spec's evidence_drift): the share of a threshold an accepted unit's mean measurement "
+        "may sit at without adding to the node's evidence; calibrated thresholds are twice the "
+        "worst honest value, so honest units average below 0.5",
     )
     evidence_limit: float = Field(
         5.0,
         ge=0,
-        description="h of the per-node CUSUM: a node whose evidence exceeds it is rejected "
-        "(about h / (mean - k) units consistently off); 0 = keep no verdict on it",
+        le=1e6,
+        description="h of the per-node CUSUM (the pool spec's evidence_limit): the unit that "
+        "takes a node's evidence past it is rejected (about h / (mean - k) units consistently "
+        "off); 0 = keep no verdict on it",
     )
     max_prompt_tokens: int = Field(4096, gt=0, description="longest accepted prompt, tokens")
     max_bundle_bytes: int = Field(

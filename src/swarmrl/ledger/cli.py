@@ -94,6 +94,10 @@ def main(verb: str, argv: Sequence[str]) -> int:
             f"spot checks: {report.spot_checks_verified} selections re-derived from revealed "
             f"secrets, {report.spot_checks_unrevealed} await their epoch's reveal"
         )
+        console.print(
+            f"evidence: {report.evidence_verdicts} verdicts' measurements re-derive every node's "
+            f"record; {report.evidence_flagged} nodes flagged by it, each banned"
+        )
         return 0
     console.print(
         f"INVALID: first bad {report.first_bad}: {report.reason} "

@@ -7,7 +7,9 @@ change unnoticed either) then one canonical-JSON line per entry (the hashed part
 checks the chain and each ed25519 signature against the orchestrator key, insists each line is
 byte-for-byte canonical (so no byte can change without notice), checks that every revealed
 assignment secret hashes to its earlier commitment, re-derives every spot-check decision whose
-secret is revealed (``swarmrl.ledger.spotchecks``), and names the first bad entry.
+secret is revealed (``swarmrl.ledger.spotchecks``), re-derives every node's evidence record from
+the measurements its verdict entries carry and checks each verdict and ban against it
+(``swarmrl.ledger.evidence``), and names the first bad entry.
 It also sums per-node contributions. Knows nothing about databases (see ``swarmrl.ledger.cli``).
 
 The chain alone cannot show a cut at the very end of a file (a shorter chain is still a valid
@@ -29,6 +31,7 @@ from swarmrl.errors import BadSignature
 from swarmrl.identity.keys import canonical_json, digest_hex, verify_signature
 from swarmrl.ledger.chain import GENESIS_HASH, attestation_message, entry_core, entry_hash
 from swarmrl.ledger.counts import LedgerCounts
+from swarmrl.ledger.evidence import EvidenceReplay
 from swarmrl.ledger.reputation import reputation
 from swarmrl.ledger.spotchecks import SpotCheckReplay
 
@@ -80,6 +83,8 @@ class VerifyReport:
     spot_checks_verified: int = 0  # submission draws recomputed from revealed secrets
     spot_checks_unrevealed: int = 0  # draws whose epoch secret is not revealed yet
     counts: LedgerCounts = field(default_factory=LedgerCounts)  # swarmrl.ledger.counts
+    evidence_verdicts: int = 0  # verdicts whose measurements the evidence records re-derive
+    evidence_flagged: int = 0  # nodes the re-derived records flag (each banned, or not ok)
 
 
 def _tally(contrib: dict[str, Contribution], entry: dict[str, Any]) -> None:
@@ -163,6 +168,7 @@ class ChainCheck:
         self.report = VerifyReport(True, 0)
         self._commits: dict[tuple[Any, Any], str] = {}
         self._spot = SpotCheckReplay()
+        self._evidence = EvidenceReplay()
 
     def feed(self, raw: bytes, where: str = "") -> bool:
         """Check the next entry (its canonical line, without newline); False when it or an
@@ -172,7 +178,11 @@ class ChainCheck:
             return False
         entry, reason = _check_entry(raw, report.entries, report.last_hash, self.orchestrator_key)
         if entry is not None:
-            reason = _check_assignment(self._commits, entry) or self._spot.feed(entry)
+            reason = (
+                _check_assignment(self._commits, entry)
+                or self._spot.feed(entry)
+                or self._evidence.feed(entry)
+            )
         if reason:
             report.ok, report.reason = False, reason
             report.first_bad = f"entry {report.entries}{where}"
@@ -194,6 +204,13 @@ class ChainCheck:
         report.spot_checks_unrevealed = len(self._spot.unrevealed)
         if reason:
             report.ok, report.first_bad, report.reason = False, "spot checks", reason
+            return report
+        banned = {node for node, c in report.contributions.items() if c.banned}
+        reason = self._evidence.finish(banned)
+        report.evidence_verdicts = self._evidence.verdicts
+        report.evidence_flagged = self._evidence.nodes_flagged()
+        if reason:
+            report.ok, report.first_bad, report.reason = False, "evidence", reason
         return report
 
 

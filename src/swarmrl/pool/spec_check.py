@@ -23,6 +23,8 @@ How each spec key follows from the config (``config_terms``)::
     quorum              swarm.quorum
     max_tasks_per_lease swarm.rollouts_per_lease // rl.group_size (at least 1)
     lease_timeout_s     swarm.lease_timeout_s
+    evidence_drift      toploc.evidence_drift
+    evidence_limit      toploc.evidence_limit
 
 The other keys (pool id, owner and validator keys, ``open``, the lease sizing and credit lock)
 are the operator's; they are written with :data:`OPERATOR_DEFAULTS` and never compared.
@@ -80,6 +82,8 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
         max(1, swarm.rollouts_per_lease // group),
     )
     terms["lease_timeout_s"] = ("swarm.lease_timeout_s", swarm.lease_timeout_s)
+    terms["evidence_drift"] = ("toploc.evidence_drift", config.toploc.evidence_drift)
+    terms["evidence_limit"] = ("toploc.evidence_limit", config.toploc.evidence_limit)
     return terms
 
 

@@ -28,6 +28,10 @@ Reason = Annotated[PeerText, StringConstraints(max_length=2000)]
 RecordId = Annotated[PeerText, StringConstraints(min_length=1, max_length=64)]  # lease, submission
 NodeState = Literal["healthy", "unhealthy", "dead", "ejected", "banned"]
 Severity = Literal["hard", "soft"]
+# what a validator measures on each accepted unit, each normalised by the threshold it is judged
+# against (1 = at the threshold) and capped at EVIDENCE_CAP (swarmrl.toploc.evidence)
+EvidenceMeasure = Literal["logprobs", "mantissa", "exponents"]
+EVIDENCE_CAP = 2.0
 
 
 class Message(BaseModel):
@@ -96,6 +100,21 @@ class PoolSpec(Message):
     max_leases_in_flight: int = Field(2, gt=0, le=64, description="open leases per node")
     credit_lock_s: float = Field(
         3600.0, ge=0, le=1e9, description="credits stay locked this long, s"
+    )
+    evidence_drift: float = Field(
+        0.5,
+        ge=0,
+        le=EVIDENCE_CAP,
+        description="k of the per-node CUSUM over accepted units' measurements "
+        "(swarmrl.ledger.evidence): the share of a threshold a unit may sit at without adding "
+        "to its node's evidence",
+    )
+    evidence_limit: float = Field(
+        5.0,
+        ge=0,
+        le=1e6,
+        description="h of the per-node CUSUM: the unit that takes a node's evidence past it is "
+        "rejected (hard); 0 = keep the records and reject nobody for them",
     )
 
 
@@ -353,6 +372,11 @@ class Verdict(Message):
     reasons: list[Reason] = Field(default_factory=list, max_length=64)
     measured_tokens: int = Field(ge=0, lt=2**62, description="tokens the validator replayed")
     behaviour_logprobs: list[list[float]] | None = Field(None, description="[n_samples][T_i]")
+    evidence: dict[EvidenceMeasure, Annotated[float, Field(ge=0, le=EVIDENCE_CAP)]] | None = Field(
+        None,
+        description="accepting only: the unit's measurements, each normalised by its "
+        "threshold (swarmrl.toploc.evidence), added to the node's record by the pool",
+    )
 
 
 class VerdictReceipt(Message):
@@ -361,6 +385,12 @@ class VerdictReceipt(Message):
         description="disputed = a rejection recorded as one vote; the quorum is not complete"
     )
     credited_tokens: int
+    reasons: list[Reason] = Field(
+        default_factory=list,
+        max_length=64,
+        description="why an accepting verdict was recorded as a rejection (the node's evidence "
+        "passed its limit with this unit); empty otherwise",
+    )
 
 
 class VersionUpdate(Message):

@@ -14,32 +14,38 @@ each averaged over the unit's samples, and per measure::
 
     S_0 = 0,   S_n = max(0, S_{n-1} + x_n − k),   flagged when S_n > h
 
-(k = ``evidence_drift``, h = ``evidence_limit``). A node whose units average x̄ > k is flagged
-after about h / (x̄ − k) units.
+(k = ``evidence_drift``, h = ``evidence_limit``; the arithmetic is ``swarmrl.ledger.evidence``).
+A node whose units average x̄ > k is flagged after about h / (x̄ − k) units.
 
-Knows nothing about HTTP, pools or where the record is kept beyond this process's memory.
+A validator sends each accepted unit's measurements with its verdict (``Verdict.evidence``) and
+the pool keeps one record per node in its database, across validators and restarts
+(``swarmrl.pool.trust.evidence``); :class:`NodeEvidence` keeps records in this process's memory
+for a judge without a pool. Knows nothing about HTTP or pools.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import get_args
 
 from swarmrl.config.toploc import ToplocConfig
+from swarmrl.ledger.evidence import Cusum, add_unit
+from swarmrl.protocol.pool import EVIDENCE_CAP, EvidenceMeasure
 from swarmrl.protocol.proofs import ProofVerdict
 
-TOKEN_CAP = 2.0  # a token's log-prob term counts at most this many tolerances
-MEASURES = ("logprobs", "mantissa", "exponents")
+TOKEN_CAP = EVIDENCE_CAP  # a token's or chunk's term counts at most this many thresholds
+MEASURES: tuple[EvidenceMeasure, ...] = get_args(EvidenceMeasure)
 
 
 def unit_measures(
     verdicts: Sequence[ProofVerdict], reported: Sequence[Sequence[float]], config: ToplocConfig
-) -> dict[str, float]:
+) -> dict[EvidenceMeasure, float]:
     """The normalised measurements of one accepted unit (module docstring); ``reported``: each
     sample's log-probs as the worker reported them ([n] per sample). A measure no sample of the
     unit has (no chunk compared, no token) is left out."""
-    per_sample: dict[str, list[float]] = {m: [] for m in MEASURES}
+    per_sample: dict[EvidenceMeasure, list[float]] = {m: [] for m in MEASURES}
     allowed_share = 1.0 - config.min_exponent_matches / config.topk
     for verdict, claimed in zip(verdicts, reported, strict=True):
         replayed = verdict.behaviour_logprobs or []
@@ -63,21 +69,6 @@ def unit_measures(
 
 
 @dataclass
-class Cusum:
-    """One measure's running record of a node: S, the units added and their sum of x."""
-
-    value: float = 0.0
-    units: int = 0
-    total: float = 0.0
-
-    def add(self, x: float, drift: float) -> float:
-        self.value = max(0.0, self.value + x - drift)
-        self.units += 1
-        self.total += x
-        return self.value
-
-
-@dataclass
 class NodeEvidence:
     """The records of every node this validator has judged, by node id."""
 
@@ -89,18 +80,7 @@ class NodeEvidence:
     def from_config(cls, config: ToplocConfig) -> NodeEvidence:
         return cls(config.evidence_drift, config.evidence_limit)
 
-    def add(self, node_id: str, measures: dict[str, float]) -> str | None:
+    def add(self, node_id: str, measures: Mapping[str, float]) -> str | None:
         """Add one accepted unit of ``node_id``; the reason it is flagged (one line), or None.
         A limit of 0 keeps records and flags nobody."""
-        record = self.records.setdefault(node_id, {})
-        flagged = None
-        for name, x in measures.items():
-            cusum = record.setdefault(name, Cusum())
-            value = cusum.add(x, self.drift)
-            if self.limit > 0 and value > self.limit and flagged is None:
-                flagged = (
-                    f"evidence: {name} consistently off over {cusum.units} accepted units "
-                    f"(mean {cusum.total / cusum.units:.2f} of the threshold; CUSUM "
-                    f"{value:.2f} > {self.limit:g} at drift {self.drift:g})"
-                )
-        return flagged
+        return add_unit(self.records.setdefault(node_id, {}), measures, self.drift, self.limit)

@@ -5,6 +5,10 @@ also holds the quorum rule for disputed ones). Every selected submission is judg
 not the trainer can still use it: one that went stale while it waited is still claimed (after
 the fresh ones), so a worker that cheats just before a version bump is judged and penalised
 like any other; being stale, it is never served to the trainer (``swarmrl.pool.flow.batches``).
+An accepting verdict carries the validator's measurements of the unit (``Verdict.evidence``);
+they add to the node's record (``swarmrl.pool.trust.evidence``), and the unit that takes the
+record past its limit is recorded as a hard rejection with the evidence as its reason, so its
+node is banned as for any other; the validator's receipt gives that reason.
 Each function is one database transaction (see ``swarmrl.pool.trust.service``); a claim commits only
 once its reply is built (``swarmrl.pool.state.replies``). Knows nothing about HTTP or what a proof
 bundle holds.
@@ -23,6 +27,7 @@ from swarmrl.pool.flow.work import HELD_UNTIL, credit, on_probation
 from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
 from swarmrl.pool.state import db
 from swarmrl.pool.state.replies import json_object, serialise_rows
+from swarmrl.pool.trust import evidence
 from swarmrl.pool.trust.penalties import invalidate_in
 from swarmrl.pool.trust.service import Context, current_version, node_row
 from swarmrl.protocol.pool import (
@@ -136,11 +141,19 @@ def record_verdict(
                     )
             if verdict.measured_tokens > row.tokens:
                 raise Invalid(f"measured_tokens {verdict.measured_tokens} > {row.tokens} submitted")
+        elif verdict.evidence is not None:
+            raise Invalid("evidence is measured on accepted units only; a rejection gives reasons")
         if not spotcheck.vote(ctx, conn, spec, row, validator_key, verdict):
             return VerdictReceipt(
                 submission_id=row.submission_id, status="disputed", credited_tokens=0
             )
-        record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"})
+        if verdict.accept and verdict.evidence:
+            flagged = evidence.add(conn, spec, row.node_id, verdict.evidence)
+            if flagged is not None:  # this unit takes the node's record past its limit
+                verdict = verdict.model_copy(
+                    update=dict(accept=False, severity="hard", reasons=[flagged], measured_tokens=0)
+                )
+        record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"}, exclude_none=True)
         conn.execute(
             db.submissions.update()
             .where(db.submissions.c.submission_id == row.submission_id)
@@ -189,6 +202,14 @@ def record_verdict(
                 invalidate_in(
                     ctx, conn, pool_id, row.node_id, verdict.severity, reason, row.submission_id
                 )
-    credited = verdict.measured_tokens if verdict.accept else 0
-    status = "accepted" if verdict.accept else "rejected"
-    return VerdictReceipt(submission_id=row.submission_id, status=status, credited_tokens=credited)
+    if verdict.accept:
+        return VerdictReceipt(
+            submission_id=row.submission_id,
+            status="accepted",
+            credited_tokens=verdict.measured_tokens,
+        )
+    # an accepting verdict the node's evidence overruled says why
+    overruled = verdict.reasons if verdict.evidence else []
+    return VerdictReceipt(
+        submission_id=row.submission_id, status="rejected", credited_tokens=0, reasons=overruled
+    )

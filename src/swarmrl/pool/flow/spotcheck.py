@@ -174,7 +174,7 @@ def vote(
     rejects, accepts = counts.get(False, 0), counts.get(True, 0)
     majority = spec.quorum // 2 + 1
     settled = rejects >= majority or accepts > spec.quorum - majority
-    record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"})
+    record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"}, exclude_none=True)
     body = {**record, "validator": validator, "rejects": rejects, "accepts": accepts}
     ctx.ledger.append(conn, "vote", body, pool_id=spec.pool_id, node_id=row.node_id, ts=ctx.clock())
     if not settled:

@@ -2,8 +2,8 @@
 
 SQLite by default (one file, WAL journal) or PostgreSQL by URL, through SQLAlchemy Core. All
 state that must survive a restart lives here: pools, nodes, invites used, leases, submissions,
-credits, request nonces and the ledger (``swarmrl.ledger.chain``). Rollout bytes live in the
-rollout store, not here. Knows nothing about HTTP or the protocol's rules.
+credits, per-node evidence, request nonces and the ledger (``swarmrl.ledger.chain``). Rollout
+bytes live in the rollout store, not here. Knows nothing about HTTP or the protocol's rules.
 """
 
 from __future__ import annotations
@@ -147,6 +147,19 @@ spot_rates = sa.Table(
     sa.Column("pool_id", sa.String(64), primary_key=True),
     sa.Column("node_id", sa.String(32), primary_key=True),
     sa.Column("clean", sa.Integer, nullable=False),
+)
+
+# per-node evidence: one CUSUM per measure over the node's accepted units' measurements, from
+# every validator (swarmrl.pool.trust.evidence, swarmrl.ledger.evidence)
+node_evidence = sa.Table(
+    "node_evidence",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("node_id", sa.String(32), primary_key=True),
+    sa.Column("measure", sa.String(16), primary_key=True),
+    sa.Column("value", sa.Float, nullable=False),  # S
+    sa.Column("units", sa.Integer, nullable=False),
+    sa.Column("total", sa.Float, nullable=False),  # sum of the units' x
 )
 
 # validators' votes on a disputed submission (a rejection awaiting its quorum)

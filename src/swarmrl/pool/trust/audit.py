@@ -15,7 +15,10 @@ whole chain against its key and re-derives from the ledger what those tables mus
   ``slash`` entry names it;
 - a submission's status agrees with its recorded spot-check decision, and unchecked work is
   trainable only after a ``release`` entry names it (the decisions themselves are re-derived
-  by the chain verification, ``swarmrl.ledger.spotchecks``).
+  by the chain verification, ``swarmrl.ledger.spotchecks``);
+- each node's evidence record (``node_evidence``) is the one its verdicts' measurements give
+  (``swarmrl.ledger.evidence``), number for number: a record reset or deleted would let a node
+  start over.
 
 Any disagreement is a :class:`LedgerMismatch` naming the first few, and the orchestrator does not
 start. :func:`check_node_signature` re-checks, from what is stored, that a node really signed a
@@ -35,6 +38,7 @@ import sqlalchemy as sa
 from swarmrl.errors import CorruptData, LedgerMismatch
 from swarmrl.identity.keys import digest_hex, verify_signature
 from swarmrl.identity.requests import request_message
+from swarmrl.ledger.evidence import EvidenceReplay
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.verify import export_lines, verify_lines
 from swarmrl.pool.state import db
@@ -56,9 +60,11 @@ class LedgerFacts:
     checked: dict[str, bool] = field(default_factory=dict)  # submission id → spot-checked
     released: set[str] = field(default_factory=set)  # unchecked, made trainable by a check
     validated_pools: set[str] = field(default_factory=set)  # pools with validators
+    evidence: EvidenceReplay = field(default_factory=EvidenceReplay)  # the per-node records
 
     def add(self, entry: dict[str, Any]) -> None:
         kind, body, pool = entry["kind"], entry["body"], entry["pool_id"]
+        self.evidence.feed(entry)
         who = (pool, entry["node_id"])
         if kind == "pool_created":
             self.pools.add(pool)
@@ -126,6 +132,7 @@ def _disagreements(conn: sa.Connection, facts: LedgerFacts) -> list[str]:
             if s.submission_id not in facts.credits:
                 out.append(f"submission {s.submission_id} is {s.status} without a verdict")
     out += _spot_check_disagreements(subs, facts)
+    out += _evidence_disagreements(conn, facts)
     for c in conn.execute(sa.select(db.credits)).all():
         tokens = facts.credits.get(c.submission_id)
         if tokens != c.tokens:
@@ -154,6 +161,27 @@ def _spot_check_disagreements(subs: list[Any], facts: LedgerFacts) -> list[str]:
         if trainable and s.submission_id not in facts.released:
             out.append(f"submission {s.submission_id} is {s.status} but was never released")
     return out
+
+
+def _evidence_disagreements(conn: sa.Connection, facts: LedgerFacts) -> list[str]:
+    """Each node's evidence rows must be the records the ledger's measurements give."""
+    want = {
+        (pool_id, node, measure): (c.value, c.units, c.total)
+        for pool_id, pool in facts.evidence.pools.items()
+        for node, record in pool.records.items()
+        for measure, c in record.items()
+    }
+    t = db.node_evidence
+    have = {
+        (r.pool_id, r.node_id, r.measure): (float(r.value), int(r.units), float(r.total))
+        for r in conn.execute(sa.select(t)).all()
+    }
+    return [
+        f"evidence {m} of node {node}: (S, units, sum) = {have.get((pool_id, node, m))}, "
+        f"the ledger's measurements give {want.get((pool_id, node, m))}"
+        for pool_id, node, m in sorted(set(want) | set(have), key=str)
+        if want.get((pool_id, node, m)) != have.get((pool_id, node, m))
+    ]
 
 
 def audit(engine: sa.Engine, orchestrator_key: str) -> None:

@@ -200,9 +200,10 @@ def judge(
 ) -> Judgement:
     """The verdict on ``pending``; ``version_of(v)`` returns version ``v`` loaded.
 
-    ``evidence``: the node records this validator keeps (``swarmrl.toploc.evidence``); an
-    accepted unit adds its measurements to its node's, and the unit that makes the record
-    exceed its limit is rejected hard with the evidence as its reason."""
+    An accepting verdict carries the unit's measurements (``swarmrl.toploc.evidence``) for the
+    pool's record of the node. ``evidence``: records kept in this process instead (a judge
+    without a pool); the unit that makes its node's exceed the limit is rejected hard with the
+    evidence as its reason."""
     work = pending.work
     g = work.samples_per_task
     tasks: list[Task] = []
@@ -259,10 +260,10 @@ def judge(
     ]
     if reasons:
         return _reject(pending, reasons)
+    reported = [lp for s in pending.samples for lp in _call_logprobs(s)]  # one per model call
+    measures = unit_measures(calls, reported, thresholds)  # the pool adds them to the node's
     if evidence is not None:
-        reported = [_call_logprobs(s) for s in pending.samples]
-        flat = [lp for per_sample in reported for lp in per_sample]
-        flagged = evidence.add(pending.node_id, unit_measures(calls, flat, thresholds))
+        flagged = evidence.add(pending.node_id, measures)
         if flagged is not None:
             return _reject(pending, [flagged])
     behaviour = [
@@ -274,6 +275,7 @@ def judge(
         accept=True,
         measured_tokens=sum(len(b) for b in behaviour),
         behaviour_logprobs=behaviour,
+        evidence=measures or None,
     )
     scored = [
         rewards[i] if episodes else (verdicts[i][0].reward or 0.0)

@@ -37,7 +37,6 @@ from swarmrl.rolekit.toolkit import (
 )
 from swarmrl.roles.validator.judge import judge
 from swarmrl.shardcast import WeightClient
-from swarmrl.toploc.evidence import NodeEvidence
 
 # Engines kept loaded, by backend. A version beyond that is swapped into the least recently used
 # engine in place: a vLLM engine takes tens of seconds (minutes on a busy CPU) to start and holds
@@ -154,7 +153,6 @@ def run(
     versions = Versions(weights, config, log, stop)
     threading.Thread(target=versions.follow, name="weights", daemon=True).start()
     banned: set[str] = set()
-    evidence = NodeEvidence.from_config(config.toploc)  # per node, across its checked units
     try:
         with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
             status.set(state="waiting for submissions")
@@ -182,7 +180,7 @@ def run(
                 for sub in pending:
                     status.set(state=f"replaying {sub.submission_id[:8]}")
                     started = time.perf_counter()
-                    result = judge(sub, env, versions, config.toploc, evidence)
+                    result = judge(sub, env, versions, config.toploc)
                     status.add(replay_seconds=time.perf_counter() - started, replays=1)
                     if result.verdict is None:
                         log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
@@ -190,7 +188,7 @@ def run(
                         continue
                     verdict = result.verdict
                     try:
-                        retry(
+                        receipt = retry(
                             lambda v=verdict: pool.verdict(args.pool, v),
                             "post verdict",
                             log,
@@ -202,6 +200,10 @@ def run(
                         log.info("verdict on %s not recorded: %s", sub.submission_id, exc)
                         status.add(superseded=1)
                         continue
+                    if verdict.accept and receipt.status == "rejected":  # the node's evidence
+                        verdict = verdict.model_copy(
+                            update=dict(accept=False, severity="hard", reasons=receipt.reasons)
+                        )
                     status.count(
                         "verdicts",
                         outcome="accepted" if verdict.accept else "rejected",
