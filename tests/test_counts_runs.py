@@ -82,11 +82,11 @@ def test_report_console_ledger_and_dashboard_give_one_set_of_counts(run):
     with ThreadServer(app) as server, closing(app.state.pages):
         url = f"{server.url}/ui/"
         for _ in range(30):  # the chain is verified in the background; counts come from it
-            if "chain: <b>verified" in httpx.get(url + "ledger").text:
+            if "chain: <b>verified" in httpx.get(url + "ledger", timeout=60).text:
                 break
             time.sleep(1.1)  # the dashboard's rate limit: 8 at once, then 1 a second
         time.sleep(1.1)
-        reply = httpx.get(url + "nodes", headers={"authorization": f"Bearer {token}"})
+        reply = httpx.get(url + "nodes", headers={"authorization": f"Bearer {token}"}, timeout=60)
     assert reply.status_code == 200, reply.text
     page = reply.text
     assert "verified entries only" not in page  # the counts cover the whole ledger
