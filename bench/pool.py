@@ -87,6 +87,7 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     shares = [n_nodes // args.procs + (i < n_nodes % args.procs) for i in range(args.procs)]
     with multiprocessing.get_context("spawn").Pool(args.procs, initializer=os.setsid) as pool:
         recs = pool.map(drive_process, [(url, k, args, t0, t1) for k in shares if k])
+    t0 = recs[0].t0  # later where the window opens once all nodes joined (pool_load)
     lat: dict[str, list[float]] = {}
     errors: Counter[str] = Counter()
     join_errors: Counter[str] = Counter()
@@ -99,6 +100,9 @@ def run_level(url: str, n_nodes: int, args: argparse.Namespace) -> dict:
     return {
         "nodes": n_nodes,
         "requests": len(all_lat),
+        # answered inside the window, whenever asked (a backlogged server answers fewer than
+        # were asked in it): what the server's CPU in the window was spent on
+        "answered": sum(rec.answered for rec in recs),
         "req_per_s": round(len(all_lat) / args.duration, 1),
         "p50_ms": ms_at(all_lat, 0.50),
         "p99_ms": ms_at(all_lat, 0.99),

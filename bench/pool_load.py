@@ -20,6 +20,11 @@ reference counting; a few minutes' cycles are kept); ``--client-gc`` leaves it o
 difference. A probe task wakes every 10 ms in each client process and records how late it
 woke: "client stall" is the longest such delay in the window, the most the load generator
 itself can have added to any one call.
+
+The window opens at a fixed time given by ``bench/pool.py`` (after ``--warmup``), or, where
+``args.joined_dir`` is set (``bench/pieces.py``), ``args.settle_s`` after the last node of
+every client process joined (:func:`window_after_joins`): a loaded machine may take longer
+than any fixed warm-up to join 5,000 nodes, and a window spent on joins measures them.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -123,6 +130,7 @@ class Recorder:
         self.joined_at = float("nan")  # when this process's last node had joined
         self.join_errors: dict[str, int] = {}  # refused or timed-out joins (retried)
         self.stall_s = 0.0  # the client loop's longest delay inside the window (probe_loop)
+        self.answered = 0  # calls answered inside the window, whenever they started
 
     async def timed(self, kind: str, node: WireNode, path: str, body: bytes) -> Any:
         """``node.call``, timed if it starts in the window; refusals counted, not raised."""
@@ -130,8 +138,12 @@ class Recorder:
         counted = self.t0 <= begun < self.t1
         timings: list[float] | None = self.lat.setdefault(kind, []) if counted else None
         try:
-            return await node.call(path, body, timings)
+            answer = await node.call(path, body, timings)
+            self.answered += self.t0 <= time.time() < self.t1
+            return answer
         except Refused as exc:
+            if exc.__cause__ is None:  # an HTTP answer refusing it, not a broken connection
+                self.answered += self.t0 <= time.time() < self.t1
             if counted:
                 key = f"{kind}: {exc.code}"
                 self.errors[key] = self.errors.get(key, 0) + 1
@@ -212,6 +224,9 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
     joined = await asyncio.gather(*(join(node) for node in nodes))
     nodes = [node for node, ok in zip(nodes, joined, strict=True) if ok]
     rec.joined_at = time.time()
+    if getattr(args, "joined_dir", None):
+        rec.t0, rec.t1 = await window_after_joins(args, rec.joined_at)
+        t1 = rec.t1
     if not args.client_gc:  # module docstring
         gc.collect()
         gc.freeze()
@@ -230,6 +245,22 @@ async def drive(url: str, n_nodes: int, args: argparse.Namespace, t0: float, t1:
         gc.enable()
         gc.unfreeze()
     return rec
+
+
+async def window_after_joins(args: argparse.Namespace, joined_at: float) -> tuple[float, float]:
+    """The window ``args.settle_s`` after the last of ``args.joined_count`` client processes
+    had all its nodes joined (each leaves the time in a file under ``args.joined_dir``), the
+    same in every process: (t0, t1)."""
+    where = Path(args.joined_dir)
+    (where / f"{os.getpid()}.tmp").write_text(repr(joined_at))
+    (where / f"{os.getpid()}.tmp").replace(where / f"{os.getpid()}.joined")
+    deadline = time.time() + 900
+    while len(found := list(where.glob("*.joined"))) < args.joined_count:
+        if time.time() > deadline:
+            raise TimeoutError("the other client processes did not finish joining in 900 s")
+        await asyncio.sleep(0.1)
+    t0 = max(float(f.read_text()) for f in found) + args.settle_s
+    return t0, t0 + args.duration
 
 
 def drive_process(job: tuple) -> Recorder:

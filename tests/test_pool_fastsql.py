@@ -87,3 +87,30 @@ def test_only_sqlite_goes_to_the_driver(engine):
         result = COUNT.run(conn)
         assert isinstance(result, FastResult) == (engine.dialect.name == "sqlite")
         assert isinstance(SOME.run(conn), sa.CursorResult)  # expanding IN: SQLAlchemy's
+
+
+def test_the_public_path_runs_every_statement_through_sqlalchemy(tmp_path):
+    """``pool.fast_sql = false``: the same statements, the same rows, none through the driver."""
+    fast, public = (
+        make_engine(sqlite_url(tmp_path / f"{name}.db"), fast_sql=name == "fast")
+        for name in ("fast", "public")
+    )
+    try:
+        rows = {}
+        for name, engine in (("fast", fast), ("public", public)):
+            with engine.begin() as conn:
+                INSERT.run(conn, [_credit("a"), _credit("b", dropped=True)])
+                assert DROP.run(conn, {"n": "n1"}).rowcount == 2
+            with engine.connect() as conn:
+                result = BY_NODE.run(conn, {"n": "n1"})
+                assert isinstance(result, FastResult) == (name == "fast")
+                rows[name] = [tuple(r) for r in result.all()]
+                assert isinstance(COUNT.run(conn), sa.CursorResult) == (name == "public")
+        assert (
+            rows["fast"]
+            == rows["public"]
+            == [("a", "p", "n1", 7, 1.5, 2.5, True)] + [("b", "p", "n1", 7, 1.5, 2.5, True)]
+        )
+    finally:
+        fast.dispose()
+        public.dispose()

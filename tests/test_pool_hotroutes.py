@@ -5,6 +5,7 @@ so each case is sent twice, once to each, signed for its own path: status, error
 message must match, and nasty input is a 4xx on both. Runs on SQLite and PostgreSQL.
 """
 
+import contextlib
 import json
 import socket
 import struct
@@ -18,6 +19,7 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.web.hotroutes import HotRoutes
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -40,8 +42,29 @@ BEATS = [
 
 @pytest.fixture
 def pool(db_url, tmp_path):
+    with serving(tmp_path, PoolConfig(db_url=db_url)) as served:
+        yield served
+
+
+# the public paths beside each private piece: the ASGI app instead of the direct lane; the
+# FastAPI routes and SQLAlchemy instead of the hot routes and statements handed to the driver
+PUBLIC_PATHS = {
+    "no direct lane": {"direct_lane": False},
+    "no hot routes, no fast sql": {"hot_routes": False, "fast_sql": False},
+}
+
+
+@pytest.fixture(params=list(PUBLIC_PATHS))
+def public_pool(request, tmp_path):
+    with serving(tmp_path, PoolConfig(**PUBLIC_PATHS[request.param])) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serving(tmp_path, config):
+    """An orchestrator with pool ``POOL`` (open) and one node joined: (server, node key)."""
     orch, owner, node = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
-    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+    with local_orchestrator(tmp_path / "run", orch, config) as server:
         spec = PoolSpec(
             pool_id=POOL,
             owner_key=owner.public_key_hex,
@@ -147,10 +170,49 @@ def test_a_hot_answer_leaves_in_one_segment_and_oversized_bodies_are_refused(poo
     """The server answers heartbeats from its parser (``swarmrl.protocol.fastlane``): one
     socket write per answer, not a head and a body apart."""
     server, node = pool
+    assert _segments_per_beat(server, node) == [1, 1, 1]
+    huge = b'{"status": "ok", "log_tail": ["' + b"x" * (PoolConfig().max_body_bytes + 1) + b'"]}'
+    hot, slow = both(server, node, "heartbeat", huge)
+    assert hot == slow and hot[0] == 413
+
+
+def test_the_public_paths_answer_as_the_fastapi_routes_do(public_pool):
+    server, node = public_pool
+    for body in BEATS:
+        hot, slow = both(server, node, "heartbeat", body)
+        assert hot == slow and hot[0] < 500
+    client = PoolClient(server.url, node)
+    work = client.lease(POOL).work
+    assert work is not None
+    sub = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+    assert client.submit(POOL, sub).tokens > 0
+    hot, slow = both(server, node, "submissions", sub.model_dump_json().encode())
+    assert hot == slow and hot[0] == 409  # answered already
+    huge = b'{"status": "ok", "log_tail": ["' + b"x" * (PoolConfig().max_body_bytes + 1) + b'"]}'
+    hot, slow = both(server, node, "heartbeat", huge)
+    assert hot == slow and hot[0] == 413
+
+
+def test_the_public_paths_answer_through_the_asgi_app(public_pool):
+    """Without the direct lane an answer leaves as uvicorn writes it, head and body apart;
+    without the hot routes their middleware is not in the app."""
+    server, node = public_pool
+    config = server.ctx.config
+    middleware = [m.cls for m in server.app.user_middleware]
+    assert (HotRoutes in middleware) == config.hot_routes
+    with_driver = server.ctx.engine.get_execution_options().get("swarmrl_fast_sql", True)
+    assert with_driver == config.fast_sql
+    assert _segments_per_beat(server, node) == [2, 2, 2]
+
+
+def _segments_per_beat(server, node, beats: int = 3) -> list[int]:
+    """TCP segments of each answer to ``beats`` heartbeats sent one after another on one
+    connection."""
     path = f"/pools/{POOL}/heartbeat"
     host, port = server.url.removeprefix("http://").split(":")
+    counts = []
     with socket.create_connection((host, int(port))) as sock:
-        for _ in range(3):
+        for _ in range(beats):
             body = BEATS[0]
             headers = sign_request(node, "POST", path, body) | {"content-type": "application/json"}
             head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -161,10 +223,8 @@ def test_a_hot_answer_leaves_in_one_segment_and_oversized_bodies_are_refused(poo
             )
             _read_answer(sock)
             time.sleep(0.2)  # a second segment, if any, has arrived
-            assert _data_segments_in(sock) - before == 1
-    huge = b'{"status": "ok", "log_tail": ["' + b"x" * (PoolConfig().max_body_bytes + 1) + b'"]}'
-    hot, slow = both(server, node, "heartbeat", huge)
-    assert hot == slow and hot[0] == 413
+            counts.append(_data_segments_in(sock) - before)
+    return counts
 
 
 def _read_answer(sock: socket.socket) -> bytes:

@@ -19,6 +19,15 @@ CFG = ShardcastConfig(shard_size_bytes=16 << 20, keep_versions=2)
 
 @pytest.fixture
 def origin(tmp_path, monkeypatch):
+    yield from _origin(tmp_path, monkeypatch, CFG)
+
+
+@pytest.fixture
+def streaming_origin(tmp_path, monkeypatch):
+    yield from _origin(tmp_path, monkeypatch, CFG.model_copy(update={"zero_copy": False}))
+
+
+def _origin(tmp_path, monkeypatch, cfg):
     calls = []
     real = os.sendfile
 
@@ -30,7 +39,7 @@ def origin(tmp_path, monkeypatch):
     monkeypatch.setattr(zerocopy.os, "sendfile", counting)
     ck = write_checkpoint(tmp_path / "ck", random_weights(9_000_000, 3))
     Publisher(tmp_path / "store", KeyPair.from_seed(b"\x02" * 32), CFG).publish(ck, 1)
-    running = serve_origin(tmp_path / "store", CFG)
+    running = serve_origin(tmp_path / "store", cfg)
     yield running, calls, tmp_path / "store"
     running.stop()
 
@@ -74,6 +83,20 @@ def test_shards_and_ranges_are_sent_by_the_kernel_on_one_connection(origin):
     conn.request("GET", "/v/1/manifest")  # an ordinary answer after zero-copy ones
     assert conn.getresponse().status == 200
     conn.close()
+
+
+def test_without_zero_copy_the_same_bytes_are_streamed(streaming_origin):
+    """``shardcast.zero_copy = false``: whole shards and ranges as before, no sendfile."""
+    running, calls, store_dir = streaming_origin
+    conn = http.client.HTTPConnection(running.host, running.port, timeout=10)
+    big = _big_shards(store_dir)[0]
+    want = _shard_bytes(store_dir, big)
+    for header, start, end in [(None, 0, len(want)), ("bytes=1000-", 1000, len(want))]:
+        conn.request("GET", f"/v/1/shard/{big}", headers={"Range": header} if header else {})
+        resp = conn.getresponse()
+        assert resp.status == (206 if header else 200) and resp.read() == want[start:end]
+    conn.close()
+    assert calls == []
 
 
 def test_a_peer_that_leaves_mid_body_costs_nothing(origin):

@@ -12,6 +12,9 @@ defaults). The column types' conversions (a boolean stored as an integer) are ap
 SQLAlchemy applies them, and the driver's errors are raised as SQLAlchemy's. Rows are named
 tuples, read by attribute as SQLAlchemy's rows are.
 
+An engine (or connection) carrying the execution options :data:`PUBLIC_PATH` runs every
+statement through SQLAlchemy (``pool.fast_sql = false``).
+
 Used by the pool's hot routes and the ledger's append. Knows nothing about the tables.
 """
 
@@ -24,6 +27,8 @@ from typing import Any
 import sqlalchemy as sa
 
 Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+_OPTION = "swarmrl_fast_sql"
+PUBLIC_PATH = {_OPTION: False}  # execution options: no statement goes to the driver directly
 
 
 class Fast:
@@ -41,7 +46,8 @@ class Fast:
         ``conn``: a :class:`FastResult` on SQLite, SQLAlchemy's result elsewhere."""
         first = params[0] if isinstance(params, Sequence) and params else params
         columns = tuple(sorted(first or ())) if self._by_columns else ()
-        key = (conn.dialect.name, columns)
+        direct = conn.get_execution_options().get(_OPTION, True)
+        key = (conn.dialect.name if direct else "", columns)
         if key not in self._plans:
             sqlite = key[0] == "sqlite" and conn.dialect.driver == "pysqlite"
             self._plans[key] = _plan(self.stmt, conn.dialect, columns) if sqlite else None

@@ -48,6 +48,22 @@ class PoolConfig(Section):
         description="the orchestrator runs Python's full garbage collection this often, s, "
         "instead of whenever Python decides (swarmrl.serving.FullCollections); 0 = Python's own",
     )
+    hot_routes: bool = Field(
+        True,
+        description="heartbeats, leases and submissions are answered without FastAPI's routing "
+        "and dependency solving (swarmrl.pool.web.hotroutes); false = by their FastAPI routes "
+        "(and no direct lane)",
+    )
+    direct_lane: bool = Field(
+        True,
+        description="the hot routes are answered straight from uvicorn's parser, in one socket "
+        "write (swarmrl.protocol.fastlane); false = through the ASGI app",
+    )
+    fast_sql: bool = Field(
+        True,
+        description="the hot routes' statements are handed to SQLite's driver directly "
+        "(swarmrl.fastsql); false = every statement through SQLAlchemy",
+    )
     claim_timeout_s: float = Field(300.0, gt=0, description="validator claim expires, s")
     join_rate_per_s: float = Field(
         2.0, gt=0, description="new nodes admitted per second and pool, on average"

@@ -44,6 +44,11 @@ class ShardcastConfig(Section):
         "(falls back to ordinary writes where the filesystem refuses it); relays always write "
         "through the page cache, which they serve from.",
     )
+    zero_copy: bool = Field(
+        default=True,
+        description="Origins and relays send shard and delta bodies with sendfile where the "
+        "server offers it (swarmrl.protocol.zerocopy); false = streamed through ASGI messages.",
+    )
     request_timeout_s: float = Field(
         default=30.0, gt=0, description="Socket timeout of one HTTP request, seconds."
     )

@@ -37,7 +37,7 @@ def make_context(key: KeyPair, run_dir: str | Path, config: PoolConfig | None = 
     config = config or PoolConfig()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(config.db_url or sqlite_url(run_dir / "pool.db"))
+    engine = make_engine(config.db_url or sqlite_url(run_dir / "pool.db"), config.fast_sql)
     try:
         audit(engine, key.public_key_hex)
     except LedgerMismatch:
@@ -78,7 +78,8 @@ class OrchestratorServer(ThreadServer):
             nodelay=True,
             reuse_port=reuse_port,
             backlog=4096,
-            # heartbeats, leases and submissions straight from the parser (pool.hotroutes)
+            # heartbeats, leases and submissions straight from the parser (pool.hotroutes),
+            # unless pool.direct_lane or pool.hot_routes is off (the lane is None then)
             **uvicorn_options(
                 pool_limits(limits, ctx.config.max_body_bytes), lane=app.state.hot_lane
             ),

@@ -19,7 +19,8 @@ version still arriving is served as soon as it is verified; a request for one no
 waits up to ``shard_wait_s`` and then gets ``503`` with ``Retry-After``.
 
 Shard and delta bodies go out with ``sendfile`` (``protocol.zerocopy``): only verified bytes
-are in the catalog's files, so the kernel copies them from the page cache to the socket.
+are in the catalog's files, so the kernel copies them from the page cache to the socket
+(``shardcast.zero_copy = false``, or a server without the extension: streamed in chunks).
 
 Knows nothing about signatures (what is in the catalog was verified before it got there).
 """
@@ -111,9 +112,12 @@ class _FileSliceResponse(Response):
         status: int,
         headers: dict[str, str],
         catalog: Catalog,
+        zero_copy: bool = True,
     ) -> None:
+        """``zero_copy``: use the server's ``sendfile`` where it offers one."""
         super().__init__(status_code=status, headers=headers, media_type="application/octet-stream")
         self.fd, self.offset, self.length, self.catalog = fd, offset, length, catalog
+        self.zero_copy = zero_copy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -124,7 +128,9 @@ class _FileSliceResponse(Response):
                     "headers": self.raw_headers,
                 }
             )
-            zero_copy = scope.get("extensions", {}).get(zerocopy.EXTENSION)
+            zero_copy = (
+                scope.get("extensions", {}).get(zerocopy.EXTENSION) if self.zero_copy else None
+            )
             if scope.get("method") == "HEAD":
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             elif zero_copy is not None:
@@ -317,7 +323,9 @@ def build_app(
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         catalog.count(f"{kind}_requests_total")
-        return _FileSliceResponse(fd, base + start, end - start, status, headers, catalog)
+        return _FileSliceResponse(
+            fd, base + start, end - start, status, headers, catalog, cfg.zero_copy
+        )
 
     async def shard(request: Request) -> Response:
         return await _serve_slice(request, "shard")

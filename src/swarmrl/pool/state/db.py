@@ -15,6 +15,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from swarmrl import fastsql
 from swarmrl.errors import UserError
 from swarmrl.ledger.chain import ledger_metadata
 
@@ -233,8 +234,9 @@ def sqlite_url(path: str | Path) -> str:
 SQLITE_CACHE_KIB = 64 << 10
 
 
-def make_engine(url: str) -> sa.Engine:
-    """Engine for ``url`` with the schema created; SQLite gets WAL and a busy timeout."""
+def make_engine(url: str, fast_sql: bool = True) -> sa.Engine:
+    """Engine for ``url`` with the schema created; SQLite gets WAL and a busy timeout.
+    ``fast_sql`` false: every statement through SQLAlchemy (``swarmrl.fastsql.PUBLIC_PATH``)."""
     try:
         if url.startswith("sqlite"):
             # the connection returned last is taken first: a thread running one transaction
@@ -261,7 +263,7 @@ def make_engine(url: str) -> sa.Engine:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
         raise UserError(f"cannot open database {url!r}: {exc.orig}") from exc
-    return engine
+    return engine if fast_sql else engine.execution_options(**fastsql.PUBLIC_PATH)
 
 
 def _add_batched_through(engine: sa.Engine) -> None:

@@ -12,7 +12,7 @@ convoy on the GIL: each SQLite call releases it and then waits for the busy loop
 over the size cap are refused before they are parsed. The three routes nodes call all the time
 (heartbeat, lease, submission) are answered by ``swarmrl.pool.web.hotroutes`` with the same checks
 in the same order, without FastAPI's per-request machinery; their FastAPI routes document them
-and serve what falls through.
+and serve what falls through (all of them with ``pool.hot_routes = false``).
 
 Knows nothing about how the pool rules are implemented (``swarmrl.pool.trust.service`` /
 ``flow.work``).
@@ -247,14 +247,17 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
             "POST", route, str(status)
         ).observe(s),
     )
-    app.state.hot_lane = lane  # the server answers these from its parser (swarmrl.pool.server)
+    # the server answers these from its parser (swarmrl.pool.server); None: through the app
+    hot_routes = ctx.config.hot_routes
+    app.state.hot_lane = lane if hot_routes and ctx.config.direct_lane else None
     # requests whose signature a front checked (swarmrl.pool.web.bridge): all else checked here
     app.state.bridge_lane = lane.with_verify(
         functools.partial(verifier.verify, signature_checked=True)
     )
     app.state.hot_nonces = hot_nonces  # None: every nonce claimed in the database
     # innermost first: the body limit and the request timer wrap the hot routes too
-    app.add_middleware(HotRoutes, lane=lane)
+    if hot_routes:  # else their FastAPI routes answer them
+        app.add_middleware(HotRoutes, lane=lane)
     app.add_middleware(BodyLimit, limit=ctx.config.max_body_bytes)
     app.add_middleware(RequestTimer, metrics=prometheus)
 
