@@ -167,9 +167,10 @@ class Host:
         self.bed._made.processes.append(proc)
         return proc
 
-    def run(self, argv: list[str], timeout: float = 60.0) -> str:
-        """Run ``argv`` inside this host to completion and return its stdout."""
-        proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def run(self, argv: list[str], timeout: float = 60.0, **kwargs: object) -> str:
+        """Run ``argv`` inside this host to completion and return its stdout (``kwargs``: of
+        ``subprocess.Popen``, e.g. ``cwd``)."""
+        proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
         out, err = proc.communicate(timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} in {self.name} exited {proc.returncode}: {err.decode()}")
