@@ -34,9 +34,10 @@ LINKS = {
 }
 
 
-def small_config(tmp_path: Path) -> Path:
+def small_config(tmp_path: Path, **sections: dict) -> Path:
+    """The page's my.toml: SMALL, then ``sections`` over it."""
     data = read_toml(EMBEDDED_DEFAULT)
-    for section, values in SMALL.items():
+    for section, values in [*SMALL.items(), *sections.items()]:
         data.setdefault(section, {}).update(values)
     data["run"]["cache_dir"] = str(tmp_path / "cache")
     path = tmp_path / "my.toml"

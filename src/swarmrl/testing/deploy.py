@@ -10,19 +10,28 @@ placeholders replaced: the printed public keys (``7a3f…``), the addresses (``1
 namespace's), ``/srv/`` → the host's folder, ``my.toml`` → the config given. Files the page
 says to copy between hosts (invites, the config) are copied.
 
+Links and machines can be made worse per host: ``links`` caps a host's bandwidth (``tbf``);
+``impair`` puts a ``linkproxy`` inside a host in front of every server it talks to (on
+``127.0.0.1`` at the server's port; that host's commands then name ``127.0.0.1`` where the page
+names the server), adding delay, jitter, modelled loss and resets to everything it sends and
+receives; ``cpu`` holds a host's roles to a fraction of a core.
+
 Knows the page's layout and the roles' command lines, nothing about what the roles compute.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from swarmrl.identity import load_keypair
 from swarmrl.testing.hosts import Host, TestBed
@@ -79,9 +88,12 @@ class Deployment:
     root: Path
     config: Path  # stands for the page's my.toml, copied to every host
     links: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    impair: dict[str, dict[str, float]] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
     hosts: dict[str, Host] = field(default_factory=dict)
     placeholders: dict[str, str] = field(default_factory=dict)
     roles: list[Started] = field(default_factory=list)
+    cgroups: dict[str, Path] = field(default_factory=dict)  # role name → its cgroup (``cpu``)
 
     def __post_init__(self) -> None:
         for name, page_address in PAGE_HOSTS.items():
@@ -92,6 +104,15 @@ class Deployment:
                 self.placeholders[page_address] = host.address
             self.folder(name).mkdir(parents=True)
             shutil.copy(self.config, self.folder(name) / "my.toml")
+        servers = [
+            (self.hosts[name].address, port)
+            for name, port in (("orch.lan", 8600), ("trainer.lan", 8470), ("relay.lan", 8471))
+        ]
+        for name, how in self.impair.items():
+            for seed, target in enumerate(servers):
+                self.hosts[name].proxy(
+                    target[1], target, listen_address="127.0.0.1", seed=seed, **how
+                )
 
     def folder(self, host: str) -> Path:
         return self.root / host
@@ -103,7 +124,8 @@ class Deployment:
             arg = self.placeholders.get(arg, arg)
             for page_address, address in self.placeholders.items():
                 if re.fullmatch(r"[\d.]+", page_address):
-                    arg = arg.replace(f"//{page_address}:", f"//{address}:")
+                    local = "127.0.0.1" if host in self.impair else address
+                    arg = arg.replace(f"//{page_address}:", f"//{local}:")
             arg = re.sub(
                 r"(^|=|sqlite:///)/srv/", lambda m: f"{m.group(1)}{self.folder(host)}/srv/", arg
             )
@@ -124,11 +146,14 @@ class Deployment:
         with open(log, "wb") as out:
             proc = self.hosts[host].popen(
                 SWARMRL + self.fill(host, argv),
+                cpu_fraction=self.cpu.get(host),
                 cwd=self.folder(host),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
         started = Started(name, host, proc, log)
+        if host in self.cpu:
+            self.cgroups[name] = self.bed.cgroups()[-1]
         self.roles.append(started)
         return started
 
@@ -144,6 +169,10 @@ class Deployment:
         for (host, file), (placeholder, attribute) in made.items():
             key = load_keypair(self.folder(host) / file)
             self.placeholders[placeholder] = getattr(key, attribute)
+
+    def throttle(self, role: str, fraction: float) -> None:
+        """Hold ``role`` (started on a host of ``cpu``) to ``fraction`` of a core from now on."""
+        self.bed.set_cpu(self.cgroups[role], fraction)
 
     def copy(self, source_host: str, file: str, target_host: str) -> None:
         shutil.copy(self.folder(source_host) / file, self.folder(target_host) / file)
@@ -193,3 +222,75 @@ class Deployment:
 
     def tails(self, lines: int = 15) -> str:
         return "\n".join(f"--- {r.name} ---\n{r.tail(lines)}" for r in self.roles)
+
+
+@dataclass
+class Outcome:
+    """What a run of the worked example left: the report (written again by the page's ``swarmrl
+    report`` once workers and validators stopped) and metrics, each role's log and exit status,
+    and the seconds from the first command to the trainer's exit."""
+
+    report: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    logs: dict[str, str]
+    exits: dict[str, int | None]
+    seconds: float
+    after: list[str]  # what the page's after-the-run commands printed (report, ledger)
+
+    def receipts(self, role: str) -> int:
+        """Submissions the orchestrator acknowledged to worker ``role`` (its log's count)."""
+        return len(re.findall(r"submitted \d+ samples", self.logs[role]))
+
+    def taken_in(self, role: str) -> int:
+        """Submissions the pool holds from worker ``role`` (the report's count)."""
+        node = re.search(r"worker-([0-9a-f]{8})", self.logs[role])
+        rows = [w for w in self.report["swarm"]["workers"] if node and w["name"] == node.group(1)]
+        return int(rows[0]["taken_in"]) if rows else 0
+
+    def seconds_per_step(self) -> float:
+        """The RL loop's wall seconds per step (its last row's ``wall_time`` ÷ steps)."""
+        return float(self.metrics[-1]["wall_time"]) / len(self.metrics)
+
+
+def run_example(
+    page: Path,
+    root: Path,
+    config: Path,
+    *,
+    during: Callable[[Deployment, dict[str, Started]], None] | None = None,
+    timeout_s: float = 80.0,
+    **worse: Any,
+) -> Outcome:
+    """The page's worked example on a fresh bed (``worse``: ``links``, ``impair``, ``cpu`` of
+    :class:`Deployment`), ``during`` called once every role is started (to cut a link, kill a
+    relay…); returns when the trainer exits (raising with every role's log tail if it fails or
+    outlives ``timeout_s``), after waiting up to 20 s for workers and validators to stop."""
+    started_at = time.monotonic()
+    with TestBed() as bed:
+        deployment = Deployment(bed, root, config, **worse)
+        roles = deployment.follow_page(page)
+        if during is not None:
+            during(deployment, roles)
+        trainer = roles["trainer@trainer"]
+        code = deployment.wait(trainer, timeout_s - (time.monotonic() - started_at))
+        seconds = time.monotonic() - started_at
+        if code != 0:
+            raise RuntimeError(f"the trainer exited {code}\n{deployment.tails()}")
+        settle = time.monotonic() + 20
+        for role in roles.values():
+            if role.name.split("@")[0] in ("worker", "validator"):
+                while role.proc.poll() is None and time.monotonic() < settle:
+                    time.sleep(0.2)
+        exits = {name: role.proc.poll() for name, role in roles.items()}
+        # the report again, now that the workers have stopped: what a worker submitted after
+        # the trainer's end (a unit it held through a cut) is in the pool's final account
+        after = deployment.after_run(page)
+    run_dir = deployment.folder("trainer.lan") / "srv" / "swarm"
+    return Outcome(
+        report=json.loads((run_dir / "report.json").read_text()),
+        metrics=[json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()],
+        logs={name: role.log.read_text(errors="replace") for name, role in roles.items()},
+        exits=exits,
+        seconds=seconds,
+        after=after,
+    )
