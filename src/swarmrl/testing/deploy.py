@@ -48,6 +48,7 @@ PAGE_HOSTS = {
 # the long-running roles, in the page's order; the others run to completion
 ROLES = ("orchestrator", "trainer", "relay", "validator", "worker")
 AFTER = ("report", "ledger")  # what the page runs once the run is over
+SERVERS = {"orch.lan": 8600, "trainer.lan": 8470, "relay.lan": 8471}  # the page's ports
 
 
 def _blocks(text: str) -> list[tuple[str, str]]:
@@ -104,11 +105,10 @@ class Deployment:
                 self.placeholders[page_address] = host.address
             self.folder(name).mkdir(parents=True)
             shutil.copy(self.config, self.folder(name) / "my.toml")
-        servers = [
-            (self.hosts[name].address, port)
-            for name, port in (("orch.lan", 8600), ("trainer.lan", 8470), ("relay.lan", 8471))
-        ]
+        servers = [(self.hosts[name].address, port) for name, port in SERVERS.items()]
         for name, how in self.impair.items():
+            if name in SERVERS:  # its own server holds the port the proxy would listen on
+                raise ValueError(f"impair is for hosts that serve nothing, not {name}")
             for seed, target in enumerate(servers):
                 self.hosts[name].proxy(
                     target[1], target, listen_address="127.0.0.1", seed=seed, **how
