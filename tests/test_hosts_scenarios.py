@@ -73,12 +73,18 @@ def test_workers_behind_slow_far_lossy_links_finish_the_run(tmp_path, cache):
 
 def test_a_worker_at_a_tenth_of_a_core_holds_nothing_back(tmp_path, cache):
     """gpu2's worker, once it generates, held to 10 % of one core (started at a full core: at a
-    tenth its interpreter and imports alone outlast this run): its late work is refused as
-    stale or expires, never trained staler than async_level, and the run goes on without it."""
+    tenth its interpreter and imports alone outlast this run): the run ends as it must, nothing
+    it sends late is trained staler than async_level (a unit finished on an old policy is
+    refused as stale and generated again). How many units each worker gets in depends on the
+    machine: on a loaded one the full-speed worker is starved too."""
+    throttled = []
 
     def slow_down(deployment, roles):
         _wait_for(roles["worker@gpu2"], "generating with policy", 60)
         deployment.throttle("worker@gpu2", 0.1)
+        time.sleep(3)
+        stat = (deployment.cgroups["worker@gpu2"] / "cpu.stat").read_text()
+        throttled.append(int(stat.split("nr_throttled ")[1].split()[0]))
 
     outcome = run_example(
         PAGE,
@@ -88,8 +94,7 @@ def test_a_worker_at_a_tenth_of_a_core_holds_nothing_back(tmp_path, cache):
         during=slow_down,
     )
     check_outcome(outcome)
-    slow, fast = outcome.receipts("worker@gpu2"), outcome.receipts("worker@gpu1")
-    assert fast > slow, (fast, slow)
+    assert throttled[0] > 0, "the quota never held the worker back"
 
 
 def _wait_for(role: Started, text: str, timeout_s: float) -> None:
