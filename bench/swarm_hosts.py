@@ -99,7 +99,7 @@ def figures(outcome: Outcome) -> dict[str, float]:
         "wasted": swarm["wasted_share"] or 0.0,
         "rejected": counts["rejected"],
         "staleness_max": max(row["staleness_max"] for row in outcome.metrics),
-        "verified": float("OK: " in outcome.after[-1]),
+        "verified": float(outcome.report["ledger"]["verified"]),
         "lost": lost,
         "slow_receipts": outcome.receipts("worker@gpu2"),
         "fast_receipts": outcome.receipts("worker@gpu1"),

@@ -201,12 +201,15 @@ class Deployment:
                 self.run(host, argv, timeout_s)
         return {role.name: role for role in self.roles}
 
-    def after_run(self, page: Path, timeout_s: float = 120.0) -> list[str]:
-        """Run the page's commands for after the run, in order; their outputs."""
+    def after_run(
+        self, page: Path, verbs: tuple[str, ...] = AFTER, timeout_s: float = 120.0
+    ) -> list[str]:
+        """Run the page's commands for after the run (those of ``verbs``), in order; their
+        outputs."""
         return [
             self.run(host, argv, timeout_s)
             for host, argv in page_commands(page)
-            if argv[0] in AFTER
+            if argv[0] in verbs
         ]
 
     def wait(self, role: Started, timeout_s: float) -> int:
@@ -235,7 +238,7 @@ class Outcome:
     logs: dict[str, str]
     exits: dict[str, int | None]
     seconds: float
-    after: list[str]  # what the page's after-the-run commands printed (report, ledger)
+    after: list[str]  # what the page's ``swarmrl report`` printed after the run
 
     def receipts(self, role: str) -> int:
         """Submissions the orchestrator acknowledged to worker ``role`` (its log's count)."""
@@ -284,7 +287,7 @@ def run_example(
         exits = {name: role.proc.poll() for name, role in roles.items()}
         # the report again, now that the workers have stopped: what a worker submitted after
         # the trainer's end (a unit it held through a cut) is in the pool's final account
-        after = deployment.after_run(page)
+        after = deployment.after_run(page, ("report",))
     run_dir = deployment.folder("trainer.lan") / "srv" / "swarm"
     return Outcome(
         report=json.loads((run_dir / "report.json").read_text()),
