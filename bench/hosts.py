@@ -16,6 +16,11 @@ A relay passes a shard on once it holds all of it, so a version smaller than one
 default shard is 32 MiB) crosses the two hops one after the other; ``--shard-kib`` sets smaller
 shards.
 
+``--delta``: once every worker holds that version, a second one is published, the first with
+every weight moved by a step of relative size 1e-3 (each float32's low mantissa bits change),
+which travels as a delta blob; its time to the last worker is set against the same bound for
+the blob's size (and the full version's time against the full size).
+
 Usage (as root): ``python bench/hosts.py [--runs 2] [--size-mib 8] [--workers 3] [--shard-kib N]``.
 """
 
@@ -29,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.identity import KeyPair
 from swarmrl.shardcast import Publisher
@@ -41,17 +48,18 @@ import sys, time
 from swarmrl.shardcast import WeightClient
 client = WeightClient([sys.argv[1]], sys.argv[2], sys.argv[3], client_id=sys.argv[4])
 print("parked", flush=True)
-client.fetch_newer(timeout_s=300)
-print(time.time(), flush=True)
+for _ in range(int(sys.argv[5])):
+    client.fetch_newer(timeout_s=300)
+    print(time.time(), flush=True)
 """
 
 
-def one_run(args: argparse.Namespace, relay: bool, work: Path) -> tuple[float, float]:
-    """(seconds from publication to the last worker holding the version, the links' bound)."""
+def one_run(args: argparse.Namespace, relay: bool, work: Path) -> list[tuple[float, float]]:
+    """For the version (and with ``--delta`` the delta after it): (seconds from publication to
+    the last worker holding it, the links' bound)."""
     key = KeyPair.from_seed(b"\x37" * 32)
-    checkpoint = write_checkpoint(
-        work / "ck", random_weights(args.size_mib * 1024 * 1024 // 4, seed=5)
-    )
+    weights = random_weights(args.size_mib * 1024 * 1024 // 4, seed=5)
+    checkpoint = write_checkpoint(work / "ck", weights)
     size_bits = sum(f.stat().st_size for f in checkpoint.iterdir()) * 8
     (work / "store").mkdir()
     with TestBed() as bed:
@@ -79,7 +87,8 @@ def one_run(args: argparse.Namespace, relay: bool, work: Path) -> tuple[float, f
             host = bed.add_host(f"w{i}", down_mbit=args.worker_mbit)
             out = str(work / f"w{i}")
             proc = host.popen(
-                [sys.executable, "-c", WORKER, source, key.public_key_hex, out, f"w{i}"],
+                [sys.executable, "-c", WORKER, source, key.public_key_hex, out, f"w{i}"]
+                + [str(2 if args.delta else 1)],
                 stdout=subprocess.PIPE,
             )
             workers.append(proc)
@@ -88,12 +97,26 @@ def one_run(args: argparse.Namespace, relay: bool, work: Path) -> tuple[float, f
                 raise RuntimeError("a worker exited before parking its long-poll")
         time.sleep(1.0)  # the long-polls reach their source
         cfg = ShardcastConfig(shard_size_bytes=args.shard_kib * 1024)
-        Publisher(work / "store", key, cfg).publish(checkpoint, 1)
+        publisher = Publisher(work / "store", key, cfg)
+        publisher.publish(checkpoint, 1)
         published = time.time()
         held = [float(proc.stdout.readline()) for proc in workers]
+        results = [(max(held) - published, bound(args, relay, size_bits))]
+        if args.delta:
+            stepped = {name: w * np.float32(1 + 1e-3) for name, w in weights.items()}
+            manifest = publisher.publish(write_checkpoint(work / "ck2", stepped), 2)
+            published = time.time()
+            held = [float(proc.stdout.readline()) for proc in workers]
+            delta_bits = sum(d.size for d in manifest.deltas) * 8
+            results.append((max(held) - published, bound(args, relay, delta_bits)))
+    return results
+
+
+def bound(args: argparse.Namespace, relay: bool, size_bits: float) -> float:
+    """Seconds the links need at least: the origin's uplink carries one copy per worker (direct)
+    or one in all (relay), each worker's downlink one."""
     copies = 1 if relay else args.workers
-    bound = max(copies * size_bits / (args.origin_mbit * 1e6), size_bits / (args.worker_mbit * 1e6))
-    return max(held) - published, bound
+    return max(copies * size_bits / (args.origin_mbit * 1e6), size_bits / (args.worker_mbit * 1e6))
 
 
 def main() -> None:
@@ -107,24 +130,27 @@ def main() -> None:
         "--shard-kib", type=int, default=32768, help="shard size (a relay forwards whole shards)"
     )
     parser.add_argument("--delay-ms", type=float, default=75.0, help="one way, origin's link")
+    parser.add_argument("--delta", action="store_true", help="then a delta version (docstring)")
     args = parser.parse_args()
     print(
         f"{args.size_mib} MiB, {args.workers} workers at {args.worker_mbit:g} Mbit/s down, "
         f"origin {args.origin_mbit:g} Mbit/s up, {2 * args.delay_ms:g} ms RTT to the origin, "
         f"{args.shard_kib} KiB shards"
     )
-    for relay in (False, True):
-        results = []
-        for _ in range(args.runs):
+    results: dict[bool, list[list[tuple[float, float]]]] = {False: [], True: []}
+    for _ in range(args.runs):  # direct and relay alternated
+        for relay in (False, True):
             with tempfile.TemporaryDirectory() as tmp:
-                results.append(one_run(args, relay, Path(tmp)))
-        seconds = [s for s, _ in results]
-        bound = results[0][1]
-        print(
-            f"{'relay ' if relay else 'direct'}: last worker after "
-            f"{statistics.median(seconds):.2f} s (runs {', '.join(f'{s:.2f}' for s in seconds)}), "
-            f"bound {bound:.2f} s, ratio {statistics.median(seconds) / bound:.2f}"
-        )
+                results[relay].append(one_run(args, relay, Path(tmp)))
+    for relay in (False, True):
+        for i, what in enumerate(["full", "delta"][: 2 if args.delta else 1]):
+            seconds = [run[i][0] for run in results[relay]]
+            least = results[relay][0][i][1]
+            print(
+                f"{'relay ' if relay else 'direct'} {what}: last worker after "
+                f"{statistics.median(seconds):.2f} s (runs {', '.join(f'{s:.2f}' for s in seconds)}), "
+                f"bound {least:.2f} s, ratio {statistics.median(seconds) / least:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -156,6 +156,26 @@ def test_the_proxy_paces_bytes_to_its_rate():
     echo.sock.close()
 
 
+def test_modelled_loss_holds_a_chunk_one_retransmission_and_everything_behind_it():
+    echo = _EchoServer()
+    with LinkProxy(echo.address, up=Impairment(loss=0.01), seed=5) as proxy:
+        with socket.create_connection(proxy.address, timeout=30) as sock:
+            start = time.perf_counter()
+            sock.sendall(b"z" * 2_000_000)  # ~1400 segments: ~14 losses expected
+            got = 0
+            while got < 2_000_000:
+                got += len(sock.recv(65536))
+            seconds = time.perf_counter() - start
+        stalls = proxy.stalls
+    assert stalls >= 1, stalls
+    # each stall holds back everything behind it for at least the 200 ms minimum RTO
+    assert seconds >= 0.9 * stalls * 0.2, (seconds, stalls)
+    with LinkProxy(echo.address, up=Impairment(loss=0.0)) as clean:
+        _round_trips(clean.address, 5)
+        assert clean.stalls == 0
+    echo.sock.close()
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

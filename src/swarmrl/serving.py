@@ -9,6 +9,11 @@ both run on it; each passes its own uvicorn options (limits, keep-alive, backlog
 :class:`FullCollections` paces CPython's full garbage collections in a server process that
 holds many connections.
 
+:class:`Tls` is a certificate and its key: given one, a server speaks HTTPS (uvicorn's
+``ssl_certfile``/``ssl_keyfile``) and its ``url`` says ``https``. Clients verify it against
+the system's CA store or the bundle named by ``SSL_CERT_FILE`` (both ``httpx`` and
+``http.client`` read it).
+
 Knows nothing about routes or the apps it serves.
 """
 
@@ -20,6 +25,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,30 @@ def _bind_error(host: str, port: int, exc: OSError) -> Exception:
     return exc
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A PEM certificate (chain) and its private key, for serving HTTPS."""
+
+    cert: str
+    key: str
+
+    @classmethod
+    def from_flags(cls, cert: str | None, key: str | None) -> Tls | None:
+        """``--tls-cert``/``--tls-key`` as given: both (checked readable) or neither."""
+        if cert is None and key is None:
+            return None
+        if cert is None or key is None:
+            raise UserError("--tls-cert and --tls-key go together: give both or neither")
+        for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+            if not Path(path).is_file():
+                raise UserError(f"{flag} {path}: no such file")
+        return cls(cert, key)
+
+    def options(self) -> dict[str, str]:
+        """The ``uvicorn.Config`` keyword arguments that serve HTTPS with it."""
+        return {"ssl_certfile": self.cert, "ssl_keyfile": self.key}
+
+
 class ThreadServer:
     """One app on ``host:port`` served by uvicorn from a daemon thread named ``name``."""
 
@@ -49,11 +79,12 @@ class ThreadServer:
         name: str = "http",
         nodelay: bool = False,
         reuse_port: bool = False,
+        tls: Tls | None = None,
         **options: Any,
     ) -> None:
         """``nodelay``: accepted sockets skip Nagle's delay (small replies go out at once);
         ``reuse_port``: other processes may bind the same port (``SO_REUSEPORT``) and the kernel
-        spreads new connections over them; ``options``: keyword arguments of
+        spreads new connections over them; ``tls``: serve HTTPS; ``options``: keyword arguments of
         ``uvicorn.Config`` (defaults: quiet, lifespan on)."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -67,9 +98,11 @@ class ThreadServer:
             self.sock.close()
             raise _bind_error(host, port, exc) from exc
         self.host, self.port = self.sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://{self.host}:{self.port}"
         self.name = f"{name}:{self.port}"
         config = {"log_level": "warning", "access_log": False, "lifespan": "on", **options}
+        if tls is not None:
+            config.update(tls.options())
         self.server = uvicorn.Server(uvicorn.Config(app, **config))
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True, name=self.name

@@ -7,17 +7,29 @@ one connection pool, and asyncio code runs its calls in threads (``asyncio.to_th
 ``NodeBanned``, ``NotFound``…, all :class:`swarmrl.errors.PeerError`), its message the call and
 the server's reason; no answer in time or a 5xx raises :class:`swarmrl.errors.PeerUnavailable`
 naming the call.
+
+Clock skew: the orchestrator accepts a signed request dated at most ``request_window_s`` behind
+and ``request_future_skew_s`` ahead of its own clock (60 s and 5 s by default), and a
+volunteer's clock can be further off than that. The client learns the server's clock from the
+``Date`` header of every answer (1 s resolution) and, where it differs from its own by more
+than :data:`SKEW_TOLERANCE_S`, signs with its own clock shifted by the difference. A request
+refused for its timestamp (the first one, before any answer was seen) is signed again, once,
+with the offset that refusal taught. Replay stays closed: the server's window and nonces are
+unchanged, and a shifted timestamp is still the server's "now".
 Knows the wire types, nothing about how the orchestrator decides.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from swarmrl.errors import PeerUnavailable, Rejected
+from swarmrl.errors import PeerUnavailable, Rejected, ReplayedRequest
 from swarmrl.identity.keys import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.rejections import refusal
@@ -52,21 +64,48 @@ from swarmrl.protocol.pool import (
 )
 
 T = TypeVar("T")
+# A ``Date`` header says the server's second; a difference within this is not acted on.
+SKEW_TOLERANCE_S = 2.0
 _NODES = TypeAdapter(list[NodeView])
 _POOLS = TypeAdapter(list[PoolInfo])
 
 
 class _Base:
-    def __init__(self, url: str, keypair: KeyPair, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        keypair: KeyPair,
+        timeout_s: float = 30.0,
+        clock: Any = time.time,
+    ) -> None:
+        """``clock``: this machine's wall clock (Unix seconds), which may be off."""
         self.url = url.rstrip("/")
         self.keypair = keypair
         self.timeout_s = timeout_s
+        self.clock = clock
+        self.clock_offset_s = 0.0  # the server's clock minus ours, once learnt
+        self._clock_lock = threading.Lock()
+
+    def _learn_clock(self, response: httpx.Response, sent_at: float, received_at: float) -> None:
+        """Take the server's clock from ``response``'s ``Date`` header (module docstring)."""
+        date = response.headers.get("date")
+        if not date:
+            return
+        try:
+            server_s = parsedate_to_datetime(date).timestamp() + 0.5  # within its second
+        except (TypeError, ValueError):
+            return
+        offset = server_s - (sent_at + received_at) / 2
+        with self._clock_lock:
+            if abs(offset - self.clock_offset_s) > SKEW_TOLERANCE_S:
+                self.clock_offset_s = offset if abs(offset) > SKEW_TOLERANCE_S else 0.0
 
     def _prepare(
         self, method: str, path: str, payload: BaseModel | None
     ) -> tuple[str, bytes, dict[str, str]]:
         body = b"" if payload is None else payload.model_dump_json().encode()
-        headers = sign_request(self.keypair, method, path, body)
+        now_s = self.clock() + self.clock_offset_s
+        headers = sign_request(self.keypair, method, path, body, now_s=now_s)
         if payload is not None:
             headers["Content-Type"] = "application/json"
         return self.url + path, body, headers
@@ -97,10 +136,11 @@ class PoolClient(_Base):
         keypair: KeyPair,
         timeout_s: float = 30.0,
         http: httpx.Client | None = None,
+        clock: Any = time.time,
     ) -> None:
         """Pass ``http`` to share one connection pool between many clients (and threads: an
         ``httpx.Client`` is thread-safe); it is then not closed by :meth:`close`."""
-        super().__init__(url, keypair, timeout_s)
+        super().__init__(url, keypair, timeout_s, clock)
         self._owns_http = http is None
         self._http = http or httpx.Client(timeout=timeout_s)
 
@@ -123,10 +163,23 @@ class PoolClient(_Base):
         held_s: float = 0.0,
     ) -> Any:
         """``held_s``: how long the server may hold the answer (``wait_s``), on top of the
-        client's timeout."""
+        client's timeout. A refusal for the request's timestamp is signed again once, with the
+        clock offset the refusal taught (module docstring)."""
+        offset_before = self.clock_offset_s
+        try:
+            return self._send(method, path, payload, adapter, held_s)
+        except ReplayedRequest as exc:
+            if "from server time" not in str(exc) or self.clock_offset_s == offset_before:
+                raise
+            return self._send(method, path, payload, adapter, held_s)
+
+    def _send(
+        self, method: str, path: str, payload: BaseModel | None, adapter: Any, held_s: float
+    ) -> Any:
         url, body, headers = self._prepare(method, path, payload)
         call = f"{method} {path}"
         timeout_s = self.timeout_s + held_s
+        sent_at = self.clock()
         try:
             response = self._http.request(
                 method, url, content=body, headers=headers, timeout=timeout_s
@@ -135,6 +188,7 @@ class PoolClient(_Base):
             raise PeerUnavailable(f"{call}: no answer from {self.url} in {timeout_s} s") from exc
         except httpx.TransportError as exc:
             raise PeerUnavailable(f"{call}: cannot reach {self.url}: {exc}") from exc
+        self._learn_clock(response, sent_at, self.clock())
         return self._parse(call, response, adapter)
 
     # public

@@ -22,7 +22,7 @@ from swarmrl.pool.trust.service import Context
 from swarmrl.pool.web.answers import pool_limits
 from swarmrl.pool.web.app import build_app
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
-from swarmrl.serving import FullCollections, ThreadServer
+from swarmrl.serving import FullCollections, ThreadServer, Tls
 
 # nodes beat every few seconds over kept-alive connections: keep them open for 30 s
 ORCHESTRATOR_LIMITS = HttpLimits(keep_alive_s=30.0)
@@ -59,12 +59,14 @@ class OrchestratorServer(ThreadServer):
         mounts: Mapping[str, Any] | None = None,
         reuse_port: bool = False,
         bridge: str | None = None,
+        tls: Tls | None = None,
     ) -> None:
         """``limits``: what a connection may cost before its request head is complete;
         ``mounts``: further ASGI apps served under path prefixes (the dashboard at ``/ui``);
         ``reuse_port``: other server processes of this database share the port (PostgreSQL
         only: see ``swarmrl.pool.trust.service`` for what keeps them apart); ``bridge``: also serve
-        front processes on this Unix socket (``swarmrl.pool.web.bridge``)."""
+        front processes on this Unix socket (``swarmrl.pool.web.bridge``); ``tls``: serve
+        HTTPS."""
         self.ctx = ctx
         self.app = app = build_app(ctx, shared=reuse_port, bridge=bridge)
         for prefix, sub in (mounts or {}).items():
@@ -77,6 +79,7 @@ class OrchestratorServer(ThreadServer):
             name="orchestrator",
             nodelay=True,
             reuse_port=reuse_port,
+            tls=tls,
             backlog=4096,
             # heartbeats, leases and submissions straight from the parser (pool.hotroutes),
             # unless pool.direct_lane or pool.hot_routes is off (the lane is None then)
@@ -102,6 +105,7 @@ def serve_forever(
     reuse_port: bool = False,
     siblings: Siblings | None = None,
     fronts: Fronts | None = None,
+    tls: Tls | None = None,
 ) -> None:
     """Serve until interrupted; writes the bound port to ``port_file`` once listening.
 
@@ -115,7 +119,7 @@ def serve_forever(
     bridge = fronts.bridge if fronts is not None else None
     own_host, own_port = ("127.0.0.1", 0) if fronts is not None else (host, port)
     server = OrchestratorServer(
-        ctx, own_host, own_port, mounts=mounts, reuse_port=reuse_port, bridge=bridge
+        ctx, own_host, own_port, mounts=mounts, reuse_port=reuse_port, bridge=bridge, tls=tls
     )
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
@@ -128,7 +132,7 @@ def serve_forever(
             siblings.start(server.port)
         if fronts is not None:
             public = fronts.start(host, port)
-        url = f"http://{host}:{public}"
+        url = f"{'https' if tls else 'http'}://{host}:{public}"
         print(f"orchestrator listening on {url} (key {ctx.key.public_key_hex})", flush=True)
         if port_file:
             tmp = Path(port_file + ".tmp")

@@ -108,5 +108,7 @@ async def _writable(loop: asyncio.AbstractEventLoop, out: int, timeout_s: float)
 
 def attach(scope: dict[str, Any], cycle: Any) -> None:
     """Offer zero-copy sends to the app that will answer ``scope`` (on ``cycle``)."""
-    if hasattr(os, "sendfile") and scope.get("type") == "http":
+    # over TLS the socket carries ciphertext: bytes must go through the transport's encryption
+    encrypted = cycle.transport.get_extra_info("ssl_object") is not None
+    if hasattr(os, "sendfile") and scope.get("type") == "http" and not encrypted:
         scope.setdefault("extensions", {})[EXTENSION] = ZeroCopy(cycle)

@@ -39,6 +39,14 @@ T = TypeVar("T")
 TRANSIENT: tuple[type[BaseException], ...] = (httpx.TransportError, InfraError, RateLimited)
 
 
+def add_tls_args(parser: argparse.ArgumentParser, what: str = "serve HTTPS with") -> None:
+    """``--tls-cert``/``--tls-key`` (``swarmrl.serving.Tls.from_flags`` checks them)."""
+    parser.add_argument(
+        "--tls-cert", default=None, help=f"PEM certificate (chain) to {what} (with --tls-key)"
+    )
+    parser.add_argument("--tls-key", default=None, help="the certificate's PEM private key")
+
+
 def add_role_args(parser: argparse.ArgumentParser, *, needs_key: bool = True) -> None:
     """Options every role takes: config, overrides, identity, name, status directory."""
     add_config_args(parser)

@@ -47,7 +47,7 @@ from starlette.types import Receive, Scope, Send
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.protocol import zerocopy
 from swarmrl.protocol.http_limits import HttpLimits, uvicorn_options
-from swarmrl.serving import ThreadServer
+from swarmrl.serving import ThreadServer, Tls
 from swarmrl.shardcast import store
 from swarmrl.shardcast.catalog import Catalog, ServedVersion
 from swarmrl.shardcast.metrics import registry_for, render
@@ -378,7 +378,9 @@ class RunningServer(ThreadServer):
     """The shardcast app served from a background thread; stopping it first answers the
     long-polls and shard waits its catalog holds."""
 
-    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: Starlette, host: str = "127.0.0.1", port: int = 0, tls: Tls | None = None
+    ) -> None:
         self.catalog: Catalog | None = getattr(app.state, "catalog", None)
         limits = getattr(app.state, "limits", None) or HttpLimits()
         super().__init__(
@@ -386,6 +388,7 @@ class RunningServer(ThreadServer):
             host,
             port,
             name="shardcast",
+            tls=tls,
             timeout_graceful_shutdown=1,
             **uvicorn_options(limits),
         )
@@ -397,19 +400,28 @@ class RunningServer(ThreadServer):
 
 
 def serve_in_thread(
-    app: Starlette, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 15.0
+    app: Starlette,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    timeout_s: float = 15.0,
+    tls: Tls | None = None,
 ) -> RunningServer:
-    """Start ``app`` on ``host:port`` (0 = ephemeral) and wait until it accepts connections."""
-    running = RunningServer(app, host, port)
+    """Start ``app`` on ``host:port`` (0 = ephemeral) and wait until it accepts connections
+    (``tls``: over HTTPS)."""
+    running = RunningServer(app, host, port, tls)
     running.start(timeout_s)
     return running
 
 
 def serve_until_signal(
-    app: Starlette, host: str, port: int, on_stop: Callable[[], None] | None = None
+    app: Starlette,
+    host: str,
+    port: int,
+    on_stop: Callable[[], None] | None = None,
+    tls: Tls | None = None,
 ) -> int:
     """Serve ``app`` until SIGINT/SIGTERM (or the server thread dies); the CLI verbs' loop."""
-    running = serve_in_thread(app, host, port)
+    running = serve_in_thread(app, host, port, tls=tls)
     print(f"serving on {running.url}", flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -6,6 +6,8 @@
 - ``hosts``: several hosts on one machine (network namespaces, tbf-capped links, CPU quotas);
 - ``linkproxy``: a TCP proxy adding delay, jitter, resets and a byte rate to a link;
 - ``netprobe``: the small TCP probes (sink, sender, echo) run inside those hosts;
+- ``deploy``: docs/deploy.md's worked example run on those hosts, each role by the page's command;
+- ``tls``: a throw-away certificate authority and server certificates for HTTPS tests;
 - ``runs``: short real ``swarmrl run``s for testing the tools that read run directories.
 
 Nothing in the production roles imports this package.

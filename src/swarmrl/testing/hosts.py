@@ -144,6 +144,14 @@ class Host:
                     *("latency", "100ms"),
                 )
 
+    def cut(self) -> None:
+        """Partition this host from the switch (its interface down; connections stall)."""
+        _run("ip", "-n", self.namespace, "link", "set", "eth0", "down")
+
+    def reconnect(self) -> None:
+        """Undo :meth:`cut`: the interface up again, its address and route as before."""
+        _run("ip", "-n", self.namespace, "link", "set", "eth0", "up")
+
     def popen(
         self,
         argv: list[str],
@@ -167,9 +175,10 @@ class Host:
         self.bed._made.processes.append(proc)
         return proc
 
-    def run(self, argv: list[str], timeout: float = 60.0) -> str:
-        """Run ``argv`` inside this host to completion and return its stdout."""
-        proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def run(self, argv: list[str], timeout: float = 60.0, **kwargs: object) -> str:
+        """Run ``argv`` inside this host to completion and return its stdout (``kwargs``: of
+        ``subprocess.Popen``, e.g. ``cwd``)."""
+        proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
         out, err = proc.communicate(timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} in {self.name} exited {proc.returncode}: {err.decode()}")
@@ -183,17 +192,20 @@ class Host:
         jitter_ms: float = 0.0,
         reset_probability: float = 0.0,
         seed: int | None = None,
+        loss: float = 0.0,
+        listen_address: str | None = None,
     ) -> subprocess.Popen[bytes]:
-        """A ``linkproxy`` in this host on ``address:listen_port``, forwarding to ``target``."""
+        """A ``linkproxy`` in this host on ``listen_address:listen_port`` (default: the host's
+        address), forwarding to ``target``; ``loss`` is modelled (``linkproxy``'s docstring)."""
         argv = [sys.executable, "-m", "swarmrl.testing.linkproxy"]
         argv += [
             "--listen",
-            f"{self.address}:{listen_port}",
+            f"{listen_address or self.address}:{listen_port}",
             "--target",
             f"{target[0]}:{target[1]}",
         ]
         argv += ["--delay-ms", str(delay_ms), "--jitter-ms", str(jitter_ms)]
-        argv += ["--reset-probability", str(reset_probability)]
+        argv += ["--reset-probability", str(reset_probability), "--loss", str(loss)]
         if seed is not None:
             argv += ["--seed", str(seed)]
         proc = self.popen(argv)
@@ -263,8 +275,16 @@ class TestBed:
         cgroup.mkdir()
         self._made.cgroups.append(cgroup)
         (cgroup / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-        (cgroup / "cpu.cfs_quota_us").write_text(str(int(fraction * CFS_PERIOD_US)))
+        self.set_cpu(cgroup, fraction)
         return cgroup
+
+    @staticmethod
+    def set_cpu(cgroup: Path, fraction: float) -> None:
+        """Hold the tasks of ``cgroup`` (one of :meth:`cgroups`) to ``fraction`` of a core from
+        now on."""
+        if not 0.01 <= fraction <= 64:
+            raise ValueError(f"cpu_fraction must be in [0.01, 64] cores, got {fraction}")
+        (cgroup / "cpu.cfs_quota_us").write_text(str(int(fraction * CFS_PERIOD_US)))
 
     def wait_port(
         self, host: Host, port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0

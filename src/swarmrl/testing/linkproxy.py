@@ -8,6 +8,14 @@ the one ahead of it), and optionally paces the bytes to ``rate_bytes_per_s``. Wi
 ``reset_probability`` an accepted connection is reset at once (RST, no byte forwarded), which is
 what a client sees of a lost SYN-ACK after its retries or of a dropped NAT mapping.
 
+Packet loss is modelled, not made: a proxy sees a byte stream, never packets, and these kernels
+can drop none (no ``netem``, no ``tc`` classifiers or actions, no ``iptables``). With ``loss``
+each ``SEGMENT_BYTES`` of a chunk is "lost" with that probability, and a chunk holding a lost
+segment is held one retransmission longer (``max(MIN_RTO_S, 2 * delay_s)``), holding back every
+byte behind it as TCP's in-order delivery does. What this leaves out: the sender's congestion
+window halving after a loss (a real 1 % loss at 150 ms RTT cuts one TCP flow's rate to a few
+Mbit/s), so this model is kinder to bulk transfers than a real lossy link.
+
 Run it in-process (``with LinkProxy(...) as proxy:``, a thread with its own event loop) or as a
 process inside a network namespace (``python -m swarmrl.testing.linkproxy --listen ...``).
 Knows nothing about HTTP, swarmrl's roles or namespaces.
@@ -33,6 +41,11 @@ class Impairment:
     delay_s: float = 0.0  # one-way delay added to every chunk, seconds
     jitter_s: float = 0.0  # half-width of the uniform jitter around delay_s, seconds
     rate_bytes_per_s: float | None = None  # pacing; None: as fast as the sockets go
+    loss: float = 0.0  # probability that one SEGMENT_BYTES segment is lost (module docstring)
+
+
+SEGMENT_BYTES = 1448  # a TCP segment's payload on a 1500-byte Ethernet link
+MIN_RTO_S = 0.2  # Linux's smallest retransmission timeout
 
 
 class LinkProxy:
@@ -55,6 +68,7 @@ class LinkProxy:
         self.reset_probability = reset_probability
         self.connections = 0  # connections accepted
         self.resets = 0  # of which reset on purpose
+        self.stalls = 0  # chunks held one retransmission longer for a modelled loss
         self._listen = listen
         self._rng = random.Random(seed)
         self._live: set[asyncio.Task[None]] = set()
@@ -162,6 +176,11 @@ class LinkProxy:
                     jitter = self._rng.uniform(-how.jitter_s, how.jitter_s) if how.jitter_s else 0.0
                     # Bytes on one TCP stream never overtake each other, whatever the jitter.
                     last_due = max(last_due, time.monotonic() + max(0.0, how.delay_s + jitter))
+                    if how.loss:
+                        segments = -(-len(chunk) // SEGMENT_BYTES)
+                        if self._rng.random() < 1.0 - (1.0 - how.loss) ** segments:
+                            self.stalls += 1
+                            last_due += max(MIN_RTO_S, 2 * how.delay_s)
                     await queue.put((last_due, chunk))
             except OSError:
                 pass
@@ -205,10 +224,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay, each way")
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="uniform +- jitter, each way")
     parser.add_argument("--rate-bytes", type=float, default=None, help="bytes/s each way")
+    parser.add_argument("--loss", type=float, default=0.0, help="per segment (modelled)")
     parser.add_argument("--reset-probability", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
-    way = Impairment(args.delay_ms / 1000, args.jitter_ms / 1000, args.rate_bytes)
+    way = Impairment(args.delay_ms / 1000, args.jitter_ms / 1000, args.rate_bytes, args.loss)
     proxy = LinkProxy(args.target, args.listen, way, way, args.reset_probability, args.seed)
     asyncio.run(proxy.serve_forever())
 

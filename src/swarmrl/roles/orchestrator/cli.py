@@ -27,9 +27,10 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import UserError
 from swarmrl.identity.keys import load_keypair
 from swarmrl.pool.cli import read_spec
-from swarmrl.rolekit.toolkit import StatusReporter, log_config, setup_logging
+from swarmrl.rolekit.toolkit import StatusReporter, add_tls_args, log_config, setup_logging
 from swarmrl.roles.orchestrator.fronts import FrontGroup
 from swarmrl.roles.orchestrator.workers import WorkerGroup, require_postgres
+from swarmrl.serving import Tls
 
 if TYPE_CHECKING:
     from swarmrl.ledger.export import LedgerTally
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", default="runs/orchestrator", help="default db/store home")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8600, help="0 = any free port")
+    add_tls_args(parser)
     parser.add_argument("--port-file", default=None, help="write the bound port here")
     parser.add_argument(
         "--workers",
@@ -117,6 +119,9 @@ def pool_specs(args: argparse.Namespace) -> list[tuple[str, PoolSpec]]:
 def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     specs = pool_specs(args)  # arguments are checked before the first log line
+    tls = Tls.from_flags(args.tls_cert, args.tls_key)
+    if tls is not None and args.fronts:
+        raise UserError("--tls-cert does not go with --fronts (fronts serve plain HTTP)")
     keypair = load_keypair(args.key)
     config = pool_config(args)
     from swarmrl.ledger.export import LedgerTally
@@ -159,6 +164,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
             reuse_port=args.workers > 1 or args.reuse_port,
             siblings=siblings if args.workers > 1 else None,
             fronts=fronts,
+            tls=tls,
         )
         reporter.set(state="stopped")
     return 0

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from swarmrl.config import SwarmConfig
 from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.identity.keys import parse_public_keys
-from swarmrl.rolekit.toolkit import StatusReporter, log_config, setup_logging
+from swarmrl.rolekit.toolkit import StatusReporter, add_tls_args, log_config, setup_logging
+from swarmrl.serving import Tls
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8471)
+    add_tls_args(parser)
     parser.add_argument("--name", default="relay", help="name shown in logs")
     parser.add_argument("--log-level", default="INFO", help="logging level (INFO, DEBUG, …)")
     parser.add_argument(
@@ -64,6 +66,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     config = config_from_args(args)
     parse_public_keys(args.publisher_key)  # a bad key is refused before the first log line
+    tls = Tls.from_flags(args.tls_cert, args.tls_key)
     log_config(setup_logging(args.name, args.log_level), config)
     from swarmrl.shardcast.server import serve_until_signal
 
@@ -82,4 +85,4 @@ def main(verb: str, argv: Sequence[str]) -> int:
     )
     with reporter:
         follower.start()
-        return serve_until_signal(app, args.host, args.port, on_stop=follower.stop)
+        return serve_until_signal(app, args.host, args.port, on_stop=follower.stop, tls=tls)

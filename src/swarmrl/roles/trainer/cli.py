@@ -45,7 +45,8 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from swarmrl.rolekit.toolkit import add_role_args, end_process
+from swarmrl.rolekit.toolkit import add_role_args, add_tls_args, end_process
+from swarmrl.serving import Tls
 
 if TYPE_CHECKING:
     from swarmrl.roles.trainer.process import OpenReport
@@ -62,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", required=True, help="where the origin store and report go")
     parser.add_argument("--origin-host", default="127.0.0.1", help="address the origin binds")
     parser.add_argument("--origin-port", type=int, default=8470, help="origin port; 0 = any")
+    add_tls_args(parser, "the origin serves HTTPS with")
     parser.add_argument(
         "--no-report",
         action="store_true",
@@ -80,6 +82,7 @@ def main(verb: str, argv: Sequence[str], open_report: OpenReport | None = None) 
     """``open_report`` (given by ``swarmrl.launch.handrun``, which owns the verb) writes the run
     directory's report unless ``--no-report``."""
     args = _parser().parse_args(list(argv))
+    Tls.from_flags(args.tls_cert, args.tls_key)  # refused before minutes of warm start
     # the heavy imports (torch, transformers) come after parsing: ``--help`` answers at once
     from swarmrl.roles.trainer.process import start
 

@@ -50,6 +50,7 @@ from swarmrl.rolekit.toolkit import (
 )
 from swarmrl.roles.trainer.announce import Announcer
 from swarmrl.roles.trainer.source import PoolSource
+from swarmrl.serving import Tls
 from swarmrl.shardcast import Publisher, store
 from swarmrl.shardcast.catalog import Catalog
 from swarmrl.shardcast.publisher import WRITE_FAULTS
@@ -93,7 +94,13 @@ class Origin:
     """The publisher and the HTTP origin serving its store."""
 
     def __init__(
-        self, store_dir: Path, keypair: KeyPair, config: SwarmConfig, host: str, port: int
+        self,
+        store_dir: Path,
+        keypair: KeyPair,
+        config: SwarmConfig,
+        host: str,
+        port: int,
+        tls: Tls | None = None,
     ) -> None:
         self.store_dir = store_dir
         store.discard_stale_partials(store_dir)  # a killed trainer's unfinished version
@@ -101,7 +108,10 @@ class Origin:
         catalog = Catalog(store_dir, config.shardcast.keep_versions)
         catalog.refresh()
         self.server = serve_in_thread(
-            build_app(catalog, config.shardcast, role="origin", watch_disk=True), host, port
+            build_app(catalog, config.shardcast, role="origin", watch_disk=True),
+            host,
+            port,
+            tls=tls,
         )
         self.bytes_full = 0
         self.bytes_delta = 0
@@ -313,7 +323,8 @@ def _run(
     warm = learner.warm
     log.info("warm start %s (%s)", warm.path, "cached" if warm.cached else f"{warm.seconds:.0f} s")
     calibrate_verifier(config, warm.path, run_dir, status, log)
-    origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port)
+    tls = Tls.from_flags(args.tls_cert, args.tls_key)
+    origin = Origin(work / "origin", keypair, config, args.origin_host, args.origin_port, tls)
     log.info("origin serving %s at %s", origin.store_dir, origin.server.url)
     summary = Summary(work / "summary.json", origin, started)
     closing: list[Callable[[], None]] = []  # background threads to stop, last started first

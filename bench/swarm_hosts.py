@@ -1,0 +1,155 @@
+"""docs/deploy.md's worked example across bad links and machines: the swarm's figures per scenario.
+
+Each run is ``swarmrl.testing.deploy.run_example`` (five namespace hosts, every role started
+with the page's command; needs root) of a small arith config; the scenarios are run in turn,
+``--runs`` rounds (A, B, A, B…), and each is reported as median (range) over its runs:
+
+- ``clean``: the same hosts with no cap, delay or loss (the baseline; loopback-like);
+- ``wan``: both workers behind 20 Mbit/s each way, 150 ms RTT (75 ms each way, ±5 ms jitter),
+  1 % modelled loss and 2 % of connections reset (``swarmrl.testing.linkproxy``);
+- ``slow``: gpu2's worker held to 10 % of a core once it generates;
+- ``cut-worker``: gpu1 cut off for 20 s once it has submitted;
+- ``cut-orch``: the orchestrator's host cut off for 20 s after the trainer's step 0.
+
+Per run: the RL loop's seconds per step, the wasted share (kept work never trained), the
+rejections, the most stale step trained, whether the exported ledger verifies, and "lost":
+submissions a worker was told were taken in that the pool's final account lacks.
+
+Usage (as root): ``python bench/swarm_hosts.py [--runs 2] [--scenarios clean wan ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from swarmrl.config import EMBEDDED_DEFAULT
+from swarmrl.config.load import read_toml
+from swarmrl.testing.deploy import Deployment, Outcome, Started, run_example
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
+CONFIG = {
+    "env": {"digits": 1},
+    "model": {"tiny": {"hidden_size": 64, "num_layers": 2, "intermediate_size": 128}},
+    "sft": {"steps": 60, "batch_size": 64},
+    "rl": {"steps": 8, "prompts_per_step": 16, "group_size": 4},
+    "eval": {"n": 4, "control": False},
+}
+WAN = {"delay_ms": 75, "jitter_ms": 5, "loss": 0.01, "reset_probability": 0.02}
+SLOW_LINK = {"up_mbit": 20, "down_mbit": 20}
+
+
+def _wait_for(role: Started, text: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in role.log.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _cut(host: str, after: tuple[str, str], seconds: float):
+    def during(deployment: Deployment, roles: dict[str, Started]) -> None:
+        _wait_for(roles[after[0]], after[1])
+        deployment.hosts[host].cut()
+        time.sleep(seconds)
+        deployment.hosts[host].reconnect()
+
+    return during
+
+
+def _slow(deployment: Deployment, roles: dict[str, Started]) -> None:
+    _wait_for(roles["worker@gpu2"], "generating with policy")
+    deployment.throttle("worker@gpu2", 0.1)
+
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "clean": {},
+    "wan": {
+        "links": {"gpu1.lan": SLOW_LINK, "gpu2.lan": SLOW_LINK},
+        "impair": {"gpu1.lan": WAN, "gpu2.lan": WAN},
+    },
+    "slow": {"cpu": {"gpu2.lan": 1.0}, "during": _slow},
+    "cut-worker": {"during": _cut("gpu1.lan", ("worker@gpu1", "submitted"), 20)},
+    "cut-orch": {"during": _cut("orch.lan", ("trainer@trainer", "step 0:"), 20)},
+}
+
+
+def _config(folder: Path, cache: Path) -> Path:
+    data = read_toml(EMBEDDED_DEFAULT)
+    for section, values in CONFIG.items():
+        data.setdefault(section, {}).update(values)
+    data["run"]["cache_dir"] = str(cache)
+    path = folder / "my.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def figures(outcome: Outcome) -> dict[str, float]:
+    swarm = outcome.report["swarm"]
+    counts = swarm["submissions"]
+    lost = sum(
+        max(0, outcome.receipts(w) - outcome.taken_in(w)) for w in ("worker@gpu1", "worker@gpu2")
+    )
+    return {
+        "s_per_step": outcome.seconds_per_step(),
+        "wasted": swarm["wasted_share"] or 0.0,
+        "rejected": counts["rejected"],
+        "staleness_max": max(row["staleness_max"] for row in outcome.metrics),
+        "verified": float(outcome.report["ledger"]["verified"]),
+        "lost": lost,
+        "slow_receipts": outcome.receipts("worker@gpu2"),
+        "fast_receipts": outcome.receipts("worker@gpu1"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument("--timeout-s", type=float, default=300)
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in args.scenarios}
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "cache"
+        for round_ in range(args.runs):
+            for name in args.scenarios:
+                folder = Path(tmp) / f"{name}-{round_}"
+                folder.mkdir()
+                outcome = run_example(
+                    PAGE,
+                    folder / "hosts",
+                    _config(folder, cache),
+                    timeout_s=args.timeout_s,
+                    **SCENARIOS[name],
+                )
+                results[name].append(figures(outcome))
+                print(f"{name} run {round_}: {results[name][-1]}", flush=True)
+    base = (
+        statistics.median(r["s_per_step"] for r in results.get("clean", []))
+        if ("clean" in results)
+        else None
+    )
+    steps = CONFIG["rl"]["steps"]
+    rows = CONFIG["rl"]["prompts_per_step"] * CONFIG["rl"]["group_size"]
+    print(f"\n{steps} RL steps of {rows} rollouts, 2 workers, {args.runs} runs each")
+    for name, runs in results.items():
+        sps = [r["s_per_step"] for r in runs]
+        ratio = f", {statistics.median(sps) / base:.2f}× clean" if base else ""
+        print(
+            f"{name:10s} s/step {statistics.median(sps):.2f} ({min(sps):.2f}–{max(sps):.2f})"
+            f"{ratio}; wasted {statistics.median(r['wasted'] for r in runs):.0%}; "
+            f"rejected {sum(r['rejected'] for r in runs):.0f}; "
+            f"max staleness {max(r['staleness_max'] for r in runs):.0f}; "
+            f"lost {sum(r['lost'] for r in runs):.0f}; "
+            f"ledger verified {sum(r['verified'] for r in runs):.0f}/{len(runs)}; "
+            f"units gpu1/gpu2 {statistics.median(r['fast_receipts'] for r in runs):.0f}/"
+            f"{statistics.median(r['slow_receipts'] for r in runs):.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
