@@ -37,7 +37,9 @@ def _load(env_id: str, args: dict[str, Any]) -> Any:
     if not hasattr(vf, "load_environment"):
         version = getattr(vf, "__version__", "?")
         raise ConfigError(
-            f"verifiers {version} has no classic environments; install verifiers>=0.1.3,<0.4"
+            f"env.name = 'verifiers' is the classic interface, gone from verifiers {version}: "
+            'pip install "verifiers<0.4", or name a verifiers 0.4 taskset with '
+            "env.name = 'verifiers_v1'"
         )
     try:
         return vf.load_environment(env_id, **args)
@@ -45,7 +47,7 @@ def _load(env_id: str, args: dict[str, Any]) -> Any:
         raise ConfigError(f"env.verifiers_env {env_id!r}: {str(exc).splitlines()[0]}") from exc
 
 
-def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
+def run_sync(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coroutine`` to completion from sync code, also when this thread runs a loop."""
     try:
         asyncio.get_running_loop()
@@ -137,7 +139,7 @@ class VerifiersEnv(Environment):
             [{"role": "assistant", "content": completion_text}] if self.chat else completion_text
         )
         state["trajectory"] = []
-        _run(self.vf_env.rubric.score_rollout(state))
+        run_sync(self.vf_env.rubric.score_rollout(state))
         raw = float(state.get("reward") or 0.0)
         reward = min(1.0, max(0.0, raw)) if raw == raw else 0.0
         return Score(reward, {"correct": reward == 1.0, "raw_reward": raw})
