@@ -111,7 +111,7 @@ TEMPLATE = (
     '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}</tool_call>'
     "{% endfor %}<eos>{% endif %}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
 )
-ALPHABET = "0123456789+=<>/?{}[]\":,. abcdefghijklmnopqrstuvwxyz_"
+ALPHABET = '0123456789+=<>/?{}[]":,. abcdefghijklmnopqrstuvwxyz_'
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6)
 
 
@@ -196,7 +196,9 @@ def test_a_trace_that_is_not_the_episode_is_refused_on_the_trusted_side(taskset,
         [result] = env.run_episodes([task], [5], endpoint, path, PARAMS)
     segment = result.episode.segments[-1]
     forged = segment.model_copy(update={"tokens": [*segment.tokens[:-1], 7]})
-    episode = result.episode.model_copy(update={"segments": [*result.episode.segments[:-1], forged]})
+    episode = result.episode.model_copy(
+        update={"segments": [*result.episode.segments[:-1], forged]}
+    )
     with pytest.raises(Invalid, match="the trace is not this episode"):
         env.score_episode(task, episode, result.trace)
 
@@ -225,9 +227,7 @@ def test_configuration_errors_are_one_line(taskset):
         build_env(EnvConfig(name="verifiers_v1", verifiers_env="no_such_taskset"))
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="needs a container runtime"):
-        build_env(
-            EnvConfig(name="verifiers_v1", verifiers_env=taskset, verifiers_harness="codex")
-        )
+        build_env(EnvConfig(name="verifiers_v1", verifiers_env=taskset, verifiers_harness="codex"))
     # the classic interface is gone from verifiers 0.4: one line naming what to install
     with pytest.raises(ConfigError, match=r'pip install "verifiers<0.4"') as info:
         build_env(EnvConfig(name="verifiers", verifiers_env=taskset))

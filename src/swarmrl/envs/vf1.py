@@ -270,7 +270,9 @@ class VerifiersV1Env(Environment):
             return self._episode(task, seed, played, source)
 
         async with self.vf_env.serving():
-            return list(await asyncio.gather(*(one(t, s) for t, s in zip(tasks, seeds))))
+            return list(
+                await asyncio.gather(*(one(t, s) for t, s in zip(tasks, seeds, strict=True)))
+            )
 
     def _episode(self, task: Task, seed: int, played: Any, source: TokenSource) -> HarnessEpisode:
         where = f"verifiers task {task.problem_id} ({self.harness_id} harness)"
@@ -288,10 +290,8 @@ class VerifiersV1Env(Environment):
         calls = trace_calls(trace)
         sampled = source.calls(trace.id)
         if calls != sampled:
-            k = next(
-                (i for i, (a, b) in enumerate(zip(calls, sampled)) if a != b),
-                min(len(calls), len(sampled)),
-            )
+            same = [a == b for a, b in zip(calls, sampled, strict=False)]
+            k = same.index(False) if False in same else len(same)
             raise HarnessFailed(f"{where}: the trace differs from the sampled tokens at call {k}")
         raw = float(trace.reward)
         return HarnessEpisode(episode_from_calls(calls, seed, _clip(raw)), trace, raw)

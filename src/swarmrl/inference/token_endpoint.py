@@ -170,11 +170,7 @@ class TokenEndpoint:
         if not session:
             raise _Refused(f"header {SESSION_HEADER} is required (the episode's calls count)")
         prompt = body.get("token_ids")
-        if (
-            not isinstance(prompt, list)
-            or not prompt
-            or not all(type(t) is int for t in prompt)
-        ):
+        if not isinstance(prompt, list) or not prompt or not all(type(t) is int for t in prompt):
             raise _Refused("token_ids must be a non-empty list of token ids")
         if len(prompt) > self.max_model_len:
             raise _Refused(f"prompt of {len(prompt)} tokens over {self.max_model_len}")
