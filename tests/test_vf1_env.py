@@ -9,8 +9,11 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from packaging.version import Version
 
-pytest.importorskip("verifiers.v1", reason="verifiers>=0.4 is not installed")
+vf = pytest.importorskip("verifiers", reason="verifiers is not installed")
+if Version(vf.__version__) < Version("0.4"):
+    pytest.skip(f"verifiers {vf.__version__} is installed, not >=0.4", allow_module_level=True)
 
 import torch  # noqa: E402
 

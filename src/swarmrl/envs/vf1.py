@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
+from packaging.version import Version
+
 from swarmrl.envs.base import Environment, Score, Split, Task
 from swarmrl.envs.data import require
 from swarmrl.envs.vfenv import run_sync
@@ -94,14 +96,15 @@ class HarnessEpisode:
 def require_v1() -> ModuleType:
     """``verifiers.v1``, or a one-line :class:`ConfigError` naming the version to install."""
     vf = require("verifiers", "env.name = 'verifiers_v1'")
-    try:
-        import verifiers.v1 as v1
-    except ImportError as exc:
-        version = getattr(vf, "__version__", "?")
+    version = str(getattr(vf, "__version__", "0"))
+    # 0.3 ships an earlier preview of `verifiers.v1` with other interfaces
+    if not Version("0.4") <= Version(version) < Version("0.5"):
         raise ConfigError(
             f"env.name = 'verifiers_v1' needs verifiers>=0.4,<0.5 (installed: {version}); "
             'pip install "verifiers>=0.4,<0.5"'
-        ) from exc
+        )
+    import verifiers.v1 as v1
+
     return v1
 
 
