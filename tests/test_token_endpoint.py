@@ -70,6 +70,18 @@ def test_call_k_of_a_session_samples_from_the_episode_seed(engine):
         (b"{not json", None, 400, "not JSON"),
         (b"x" * (5 << 20), None, 413, "body over"),
     ],
+    ids=[
+        "no-session",
+        "no-seed",
+        "min_p",
+        "max_tokens",
+        "temperature",
+        "vocabulary",
+        "empty",
+        "n",
+        "not-json",
+        "oversized",
+    ],
 )
 def test_bad_requests_are_refused_and_serving_goes_on(engine, body, headers, status, reason):
     with serve_engine(engine, PARAMS) as endpoint:
