@@ -109,9 +109,11 @@ __all__ = ["SumHarness", "SumTaskset"]
 
 # user/assistant/tool turns, an assistant turn closed by <eos> (the stop token the renderer uses)
 TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}"
+    "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] or '' }}"
     "{% if m['role'] == 'assistant' %}{% for c in m.get('tool_calls') or [] %}<tool_call>"
-    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}</tool_call>'
+    '{"name": "{{ c.function.name }}", "arguments": '
+    "{% if c.function.arguments is string %}{{ c.function.arguments }}"
+    "{% else %}{{ c.function.arguments | tojson }}{% endif %}}</tool_call>"
     "{% endfor %}<eos>{% endif %}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
 )
 ALPHABET = '0123456789+=<>/?{}[]":,. abcdefghijklmnopqrstuvwxyz_'
@@ -204,6 +206,71 @@ def test_a_trace_that_is_not_the_episode_is_refused_on_the_trusted_side(taskset,
     )
     with pytest.raises(Invalid, match="the trace is not this episode"):
         env.score_episode(task, episode, result.trace)
+
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=80)
+
+
+def _memorizing(tokenizer, text: str) -> TorchEngine:
+    """An engine whose model has learnt ``text`` by heart (greedy decoding replays it)."""
+    config = load_config(
+        [EMBEDDED_DEFAULT],
+        [
+            "model.tiny.hidden_size=64",
+            "model.tiny.num_layers=2",
+            "model.tiny.intermediate_size=128",
+        ],
+    )
+    torch.manual_seed(0)
+    model = create_tiny_model(config.model.tiny, tokenizer).train()
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(500):
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    return TorchEngine(model.eval(), tokenizer)
+
+
+def test_a_tool_call_runs_in_the_harness_and_its_result_is_an_environment_turn(taskset, policy):
+    path, tokenizer, _ = policy
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "3+4"}}</tool_call><eos>'
+    engine = _memorizing(tokenizer, f"<u>3+4=<a>{call}<t>7<a>7<eos>")
+    env = _env(taskset, mode="tools")
+    task = env.task_for_id(3)
+    assert task.prompt == "3+4="
+    with serve_engine(engine, GREEDY) as endpoint:
+        [result] = env.run_episodes([task], [3], endpoint, path, GREEDY)
+    [segment] = result.episode.segments
+    turns = [(t.role, tokenizer.decode(segment.span(t))) for t in segment.turns]
+    # the harness ran calc(3+4) and answered "7" as a tool message; the model then answered
+    assert turns == [
+        ("context", "<u>3+4=<a>"),
+        ("model", call),
+        ("env", "<t>7<a>"),
+        ("model", "7<eos>"),
+    ]
+    assert [m.content for m in result.trace.tool_messages] == ["7"]
+    assert result.episode.reward == 1.0
+    assert env.score_episode(task, result.episode, result.trace).reward == 1.0
+
+
+def test_a_tool_call_that_does_not_parse_ends_the_episode_as_an_answer(taskset, policy):
+    path, tokenizer, _ = policy
+    broken = "<tool_call>{oops</tool_call><eos>"
+    engine = _memorizing(tokenizer, f"<u>3+4=<a>{broken}")
+    env = _env(taskset, mode="tools")
+    task = env.task_for_id(3)
+    with serve_engine(engine, GREEDY) as endpoint:
+        [result] = env.run_episodes([task], [3], endpoint, path, GREEDY)
+    # no tool ran: the unreadable call is the model's (wrong) answer, scored 0, and the episode
+    # keeps the tokens the model sampled
+    assert [tokenizer.decode(c.output_tokens) for c in result.episode.calls()] == [broken]
+    assert result.trace.tool_messages == []
+    assert result.episode.reward == 0.0
 
 
 def test_a_harness_that_crashes_is_one_clear_error(taskset, policy):
