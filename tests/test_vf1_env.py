@@ -290,7 +290,7 @@ def test_a_harness_that_hangs_is_killed_at_its_timeout(taskset, policy):
     assert "ran past its 2 s timeout" in str(info.value)
 
 
-def test_configuration_errors_are_one_line(taskset):
+def test_configuration_errors_are_one_line(taskset, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="needs env.verifiers_env"):
         build_env(EnvConfig(name="verifiers_v1"))
     with pytest.raises(ConfigError, match="'no_such_taskset'") as info:
@@ -302,3 +302,9 @@ def test_configuration_errors_are_one_line(taskset):
     with pytest.raises(ConfigError, match=r'pip install "verifiers<0.4"') as info:
         build_env(EnvConfig(name="verifiers", verifiers_env=taskset))
     assert "\n" not in str(info.value)
+    # null and bash build their program with uv: without it, refused rather than letting
+    # verifiers pip-install it into the user's site-packages
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match="builds its program with uv"):
+        build_env(EnvConfig(name="verifiers_v1", verifiers_env=taskset, verifiers_harness="null"))

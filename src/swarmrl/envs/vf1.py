@@ -49,6 +49,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -68,6 +70,10 @@ UNTRUSTED_REFUSAL = (
     "worker and cannot be recomputed from task, seed and model turns; run it colocated or with "
     "trusted workers"
 )
+
+
+# the built-in harnesses whose chat program verifiers prepares as a uv script
+UV_HARNESSES = ("null", "bash")
 
 
 class TokenSource(Protocol):
@@ -134,6 +140,13 @@ def trace_calls(trace: Any) -> list[ModelCall]:
     return calls
 
 
+def _uv_found() -> bool:
+    """Whether the subprocess runtime finds ``uv`` (it also looks in ``~/.local/bin``);
+    without it verifiers would ``pip install --user uv`` on its own."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), os.path.expanduser("~/.local/bin")])
+    return shutil.which("uv", path=path) is not None
+
+
 def _clip(raw: float) -> float:
     return min(1.0, max(0.0, raw)) if math.isfinite(raw) else 0.0
 
@@ -175,6 +188,11 @@ class VerifiersV1Env(Environment):
                 timeout={"episode": 4 * timeout_s},
             )
             harness = vf.load_harness(config.agent_harnesses()["agent"])
+            if harness.config.id in UV_HARNESSES and not _uv_found():
+                raise ConfigError(
+                    f"verifiers harness {harness.config.id!r} builds its program with uv (from "
+                    "the package index, at its first episode on a machine): pip install uv"
+                )
             if harness.NEEDS_CONTAINER:
                 raise ConfigError(
                     f"verifiers harness {harness.config.id!r} needs a container runtime; "
