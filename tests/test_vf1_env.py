@@ -168,7 +168,12 @@ def test_harness_episodes_are_swarmrl_episodes_replayable_from_their_seed(taskse
     with serve_engine(engine, PARAMS) as endpoint:
         played = env.run_episodes(tasks, seeds, endpoint, path, PARAMS)
         again = env.run_episodes(tasks[:1], seeds[:1], endpoint, path, PARAMS)
-    assert again[0].episode == played[0].episode  # same seed, same episode
+    # same seed, same episode (alone or batched with others: the same tokens, log-probs
+    # equal to float rounding)
+    alone, batched = again[0].episode.segments, played[0].episode.segments
+    assert [(g.tokens, g.turns) for g in alone] == [(g.tokens, g.turns) for g in batched]
+    for a, b in zip(alone, batched, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     for task, seed, result in zip(tasks, seeds, played, strict=True):
         episode = result.episode
         # two model calls, the harness's "sure?" between them as an environment turn

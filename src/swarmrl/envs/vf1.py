@@ -47,6 +47,7 @@ Knows nothing about models or weights: tokens come from a :class:`TokenSource`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import math
 import os
@@ -290,10 +291,15 @@ class VerifiersV1Env(Environment):
             played = await self.vf_env.run_episode(self.vf_tasks[task.problem_id], ctx)
             return self._episode(task, seed, played, source)
 
-        async with self.vf_env.serving():
-            return list(
-                await asyncio.gather(*(one(t, s) for t, s in zip(tasks, seeds, strict=True)))
-            )
+        try:
+            async with self.vf_env.serving():
+                return list(
+                    await asyncio.gather(*(one(t, s) for t, s in zip(tasks, seeds, strict=True)))
+                )
+        finally:
+            # the pipes of a killed harness program close while their event loop still runs
+            gc.collect()
+            await asyncio.sleep(0)
 
     def _episode(self, task: Task, seed: int, played: Any, source: TokenSource) -> HarnessEpisode:
         where = f"verifiers task {task.problem_id} ({self.harness_id} harness)"

@@ -27,7 +27,13 @@ Sampling keys honoured: ``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (a
 verifiers' ``routed_experts_prompt_start`` are accepted and change nothing. Any other key
 (``min_p``, penalties, ``n`` > 1 …) is refused rather than silently ignored. A refusal is
 HTTP 400 ``{"error": {"message", "type": "invalid_request_error"}}``; a body over
-``max_body_bytes`` is 413. Engine calls run one at a time.
+``max_body_bytes`` is 413. A session's calls are sequential (an episode waits for each answer):
+a second call of a session while one is in flight is refused.
+
+Batching: one thread drives the engine. Requests that arrive while it is busy are answered
+together by its next call (one ``generate`` per sampling setting, at most ``max_batch`` rows);
+each row keeps its own seed. A row the engine refuses (token ids outside its vocabulary) is
+refused alone: its batch is run again without it.
 
 Every answered call is recorded per session (:meth:`TokenEndpoint.calls`), so the caller can
 hold the trace a harness returns against what was really sampled.
@@ -38,17 +44,20 @@ Knows nothing about verifiers, harnesses or rewards: token ids in, token ids out
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from pydantic import ValidationError
 
 from swarmrl.inference.interface import Engine
+from swarmrl.inference.types import Generation
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import ModelCall
 from swarmrl.protocol.seeds import derive_seed
@@ -74,6 +83,19 @@ class _Refused(Exception):
         self.status = status
 
 
+@dataclass(eq=False)
+class _Call:
+    """One request waiting for the engine thread."""
+
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    done: threading.Event = field(default_factory=threading.Event)
+    generation: Generation | None = None
+    refusal: str = ""
+    status: int = 400
+
+
 class TokenEndpoint:
     """Serves ``engine`` on ``127.0.0.1`` (an ephemeral port) until :meth:`close`."""
 
@@ -86,11 +108,19 @@ class TokenEndpoint:
         max_model_len: int = 4096,
         max_body_bytes: int = 4 << 20,
         request_timeout_s: float = 30.0,
+        max_batch: int = 64,
     ) -> None:
         self.engine, self.defaults, self.model = engine, defaults, model
         self.max_model_len, self.max_body_bytes = max_model_len, max_body_bytes
-        self._lock = threading.Lock()  # one engine call at a time
+        self.max_batch = max_batch
+        self._lock = threading.Lock()  # guards _calls and _in_flight
         self._calls: dict[str, list[ModelCall]] = defaultdict(list)
+        self._in_flight: set[str] = set()
+        self._queue: queue.Queue[_Call | None] = queue.Queue()
+        self._engine_thread = threading.Thread(
+            target=self._drive_engine, name="token-endpoint-engine", daemon=True
+        )
+        self._engine_thread.start()
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -162,6 +192,45 @@ class TokenEndpoint:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
+        self._queue.put(None)
+        self._engine_thread.join(timeout=60)
+
+    def _drive_engine(self) -> None:
+        while (first := self._queue.get()) is not None:
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # seen again by the outer loop
+                    break
+                batch.append(more)
+            for params in dict.fromkeys(c.params for c in batch):
+                self._sample([c for c in batch if c.params == params])
+
+    def _sample(self, calls: list[_Call]) -> None:
+        try:
+            gens = self.engine.generate(
+                [c.prompt for c in calls], calls[0].params, [c.seed for c in calls]
+            )
+        except ValueError as exc:  # a row with token ids outside the vocabulary
+            if len(calls) > 1:
+                for call in calls:
+                    self._sample([call])
+                return
+            calls[0].refusal = str(exc).splitlines()[0]
+            calls[0].done.set()
+            return
+        except Exception as exc:  # noqa: BLE001 - the engine failed: every waiter hears why
+            for call in calls:
+                call.refusal, call.status = f"engine failed: {type(exc).__name__}", 500
+                call.done.set()
+            return
+        for call, gen in zip(calls, gens, strict=True):
+            call.generation = gen
+            call.done.set()
 
     def _generate(self, body: Any, session: str | None) -> dict[str, Any]:
         if not isinstance(body, dict) or set(body) - _BODY:
@@ -176,14 +245,24 @@ class TokenEndpoint:
             raise _Refused(f"prompt of {len(prompt)} tokens over {self.max_model_len}")
         params, seed = self._params(body.get("sampling_params") or {})
         with self._lock:
+            if session in self._in_flight:
+                raise _Refused(f"a call of session {session!r} is already in flight")
+            self._in_flight.add(session)
             k = len(self._calls[session])
-            try:
-                [gen] = self.engine.generate([prompt], params, [derive_seed("turn", seed, k)])
-            except ValueError as exc:  # token ids outside the vocabulary
-                raise _Refused(str(exc).splitlines()[0]) from exc
-            self._calls[session].append(
-                ModelCall(list(prompt), list(gen.output_tokens), list(gen.logprobs))
-            )
+        try:
+            call = _Call(list(prompt), params, derive_seed("turn", seed, k))
+            self._queue.put(call)
+            call.done.wait()  # the engine thread answers every call it takes
+            gen = call.generation
+            if gen is None:
+                raise _Refused(call.refusal, call.status)
+            with self._lock:
+                self._calls[session].append(
+                    ModelCall(list(prompt), list(gen.output_tokens), list(gen.logprobs))
+                )
+        finally:
+            with self._lock:
+                self._in_flight.discard(session)
         finish = "length" if gen.finish_reason == "length" else "stop"
         content = [
             {"token": f"token_id:{t}", "logprob": lp}
