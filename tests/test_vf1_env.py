@@ -1,12 +1,10 @@
-"""verifiers 0.4 tasksets (``swarmrl.envs.vf1``): a taskset and harness these tests write, played
-on verifiers' subprocess runtime, its model calls answered by swarmrl's torch engine through the
-token endpoint (``swarmrl.inference.token_endpoint``), the trace turned into an episode and
-scored by the taskset's reward. Skipped where verifiers < 0.4 is installed (the classic path's
+"""verifiers 0.4 tasksets (``swarmrl.envs.vf1``): a taskset and harness the tests write
+(``swarmrl.testing.vf1``), played on verifiers' subprocess runtime, its model calls answered by
+swarmrl's torch engine through the token endpoint (``swarmrl.inference.token_endpoint``), the
+trace turned into an episode and scored by the taskset's reward. Skipped where verifiers < 0.4 is installed (the classic path's
 tests in test_tasks_libs.py run there instead)."""
 
 from __future__ import annotations
-
-import textwrap
 
 import pytest
 from packaging.version import Version
@@ -23,130 +21,25 @@ from swarmrl.envs import build_env  # noqa: E402
 from swarmrl.errors import ConfigError, HarnessFailed, Invalid  # noqa: E402
 from swarmrl.inference.engine import TorchEngine  # noqa: E402
 from swarmrl.inference.token_endpoint import serve_engine  # noqa: E402
-from swarmrl.model import build_char_tokenizer, create_tiny_model  # noqa: E402
+from swarmrl.model import create_tiny_model  # noqa: E402
 from swarmrl.model.prompts import decode_completion  # noqa: E402
 from swarmrl.protocol import SamplingParams  # noqa: E402
 from swarmrl.protocol.seeds import derive_seed  # noqa: E402
+from swarmrl.testing.vf1 import char_policy, write_taskset  # noqa: E402
 
-# A taskset (sums, the reward: the last reply is the answer) and its harness: a Python program
-# run by the subprocess runtime that talks to the interception like any OpenAI client. Its
-# `mode`: "check" asks once more after the first answer (an environment turn), "tools" offers
-# a calculator and runs the calls the model makes, "crash" exits 3, "hang" never returns.
-TASKSET = '''
-import sys
-import verifiers.v1 as vf
-
-PROGRAM = r"""
-import json, sys, time, urllib.request
-base, key, model, prompt, mode = sys.argv[1:6]
-if mode == "crash":
-    print("harness: out of cheese", file=sys.stderr)
-    sys.exit(3)
-if mode == "hang":
-    time.sleep(3600)
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "add",
-          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
-def ask(messages):
-    body = {"model": model, "messages": messages}
-    if mode == "tools":
-        body["tools"] = TOOLS
-    request = urllib.request.Request(
-        base.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
-        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
-    return json.load(urllib.request.urlopen(request, timeout=120))["choices"][0]["message"]
-messages = [{"role": "user", "content": prompt}]
-for turn in range(3):
-    message = ask(messages)
-    calls = message.get("tool_calls") or []
-    messages.append({"role": "assistant", "content": message.get("content") or "",
-                     **({"tool_calls": calls} if calls else {})})
-    for call in calls:
-        a, b = json.loads(call["function"]["arguments"])["expression"].split("+")
-        messages.append({"role": "tool", "tool_call_id": call["id"],
-                         "content": str(int(a) + int(b))})
-    if calls:
-        continue
-    if mode == "check" and turn == 0:
-        messages.append({"role": "user", "content": "sure?"})
-        continue
-    break
-print("answered", len(messages))
-"""
-
-
-class SumData(vf.TaskData):
-    answer: str
-
-
-class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
-    @vf.reward
-    async def correct(self, task, trace) -> float:
-        return 1.0 if trace.last_reply.strip() == task.answer else 0.0
-
-
-class SumTaskset(vf.Taskset[SumTask, vf.TasksetConfig]):
-    def load(self):
-        for a in range(10):
-            yield SumTask(SumData(prompt=f"{a}+{a + 1}=", answer=str(2 * a + 1)), self.config.task)
-
-
-class SumHarnessConfig(vf.HarnessConfig):
-    mode: str = "check"
-
-
-class SumHarness(vf.Harness[SumHarnessConfig]):
-    NEEDS_CONTAINER = False
-    EXECUTES_CODE = False
-
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data):
-        _, prompt = self.resolve_text_prompt(data)
-        argv = [sys.executable, "-c", PROGRAM, endpoint, secret, ctx.model, prompt, self.config.mode]
-        return await runtime.run(argv, {})
-
-
-__all__ = ["SumHarness", "SumTaskset"]
-'''
-
-# user/assistant/tool turns, an assistant turn closed by <eos> (the stop token the renderer uses)
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] or '' }}"
-    "{% if m['role'] == 'assistant' %}{% for c in m.get('tool_calls') or [] %}<tool_call>"
-    '{"name": "{{ c.function.name }}", "arguments": '
-    "{% if c.function.arguments is string %}{{ c.function.arguments }}"
-    "{% else %}{{ c.function.arguments | tojson }}{% endif %}}</tool_call>"
-    "{% endfor %}<eos>{% endif %}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
-)
-ALPHABET = '0123456789+=<>/?{}[]":,. abcdefghijklmnopqrstuvwxyz_'
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6)
 
 
 @pytest.fixture(scope="module")
 def taskset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    import sys
-
-    root = tmp_path_factory.mktemp("taskset")
-    (root / "swarmrl_vf1_sums.py").write_text(textwrap.dedent(TASKSET))
-    sys.path.insert(0, str(root))
-    yield "swarmrl_vf1_sums"
-    sys.path.remove(str(root))
+    return write_taskset(tmp_path_factory.mktemp("taskset"))
 
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    """(tokenizer directory, tokenizer, engine): a random one-layer model over characters plus
-    the two tool-call tokens, the chat template above."""
-    tokenizer = build_char_tokenizer(ALPHABET)
-    tokenizer.add_tokens(["<tool_call>", "</tool_call>"], special_tokens=True)
-    tokenizer.chat_template = TEMPLATE
-    path = tmp_path_factory.mktemp("policy")
-    tokenizer.save_pretrained(path)
-    config = load_config(
-        [EMBEDDED_DEFAULT],
-        ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.intermediate_size=64"],
-    )
-    torch.manual_seed(0)
-    model = create_tiny_model(config.model.tiny, tokenizer)
-    return str(path), tokenizer, TorchEngine(model, tokenizer)
+    """(tokenizer directory, tokenizer, engine): a random one-layer model."""
+    path, tokenizer, model = char_policy(tmp_path_factory.mktemp("policy"))
+    return path, tokenizer, TorchEngine(model, tokenizer)
 
 
 def _env(taskset: str, mode: str = "check", timeout_s: float = 60.0):

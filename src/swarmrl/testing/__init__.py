@@ -6,7 +6,8 @@
 - ``hosts``: several hosts on one machine (network namespaces, tbf-capped links, CPU quotas);
 - ``linkproxy``: a TCP proxy adding delay, jitter, resets and a byte rate to a link;
 - ``netprobe``: the small TCP probes (sink, sender, echo) run inside those hosts;
-- ``runs``: short real ``swarmrl run``s for testing the tools that read run directories.
+- ``runs``: short real ``swarmrl run``s for testing the tools that read run directories;
+- ``vf1``: a verifiers 0.4 taskset with its harness, and a tiny policy for it (``swarmrl.envs.vf1``).
 
 Nothing in the production roles imports this package.
 """
