@@ -104,6 +104,20 @@ def test_a_trace_that_is_not_the_episode_is_refused_on_the_trusted_side(taskset,
     )
     with pytest.raises(Invalid, match="the trace is not this episode"):
         env.score_episode(task, episode, result.trace)
+    # the trace as it travels (its JSON record) scores as the object does
+    record = result.trace.to_record(float_decimals=None)
+    assert env.score_episode(task, result.episode, record) == env.score_episode(
+        task, result.episode, result.trace
+    )
+    # a record whose model call names a node it does not have, or whose path loops, is refused
+    broken = {**record, "calls": [{**record["calls"][0], "node": 10**6}]}
+    with pytest.raises(Invalid, match="the trace is unreadable: .* names no node"):
+        env.score_episode(task, result.episode, broken)
+    first = record["calls"][0]["node"]
+    nodes = [dict(n) for n in record["nodes"]]
+    nodes[first]["parent"] = first
+    with pytest.raises(Invalid, match="broken path"):
+        env.score_episode(task, result.episode, {**record, "nodes": nodes})
 
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=80)

@@ -123,6 +123,8 @@ def trace_calls(trace: Any) -> list[ModelCall]:
     for k, call in enumerate(trace.calls):
         if call.node is None or call.error is not None:
             raise HarnessFailed(f"model call {k} of trace {trace.id} did not complete")
+        if not 0 <= call.node < len(trace.nodes):
+            raise HarnessFailed(f"model call {k} of trace {trace.id} names no node")
         node = trace.nodes[call.node]
         sampled = sum(node.mask)
         head = len(node.mask) - sampled
@@ -132,6 +134,8 @@ def trace_calls(trace: Any) -> list[ModelCall]:
         parent = node.parent
         path = []
         while parent is not None:
+            if len(path) >= len(trace.nodes) or not 0 <= parent < len(trace.nodes):
+                raise HarnessFailed(f"model call {k} of trace {trace.id} has a broken path")
             path.append(parent)
             parent = trace.nodes[parent].parent
         for nid in reversed(path):
@@ -325,17 +329,27 @@ class VerifiersV1Env(Environment):
 
     # --- the trusted side ---------------------------------------------------------------------
     def score_episode(self, task: Task, episode: Episode, trace: Any) -> Score:
-        """The taskset's reward of ``trace`` (a ``verifiers.v1.Trace``), recomputed here,
-        after checking that the trace carries exactly ``episode``'s tokens (else
-        :class:`~swarmrl.errors.Invalid`)."""
+        """The taskset's reward of ``trace`` (a ``verifiers.v1.Trace``, or its JSON record,
+        ``Trace.to_record(float_decimals=None)``), recomputed here for this side's own copy of
+        the task, after checking that the trace carries exactly ``episode``'s tokens and turns
+        (else :class:`~swarmrl.errors.Invalid`; the log-probs are the proofs' to check)."""
         if not self.trusted_scoring:
             raise ConfigError(
                 f"verifiers task {task.problem_id}: its rewards read the harness's runtime, "
                 "which the trusted side does not have"
             )
-        rebuilt = episode_from_calls(trace_calls(trace), episode.seed)
-        if rebuilt.segments != episode.segments:
-            raise Invalid(f"verifiers task {task.problem_id}: the trace is not this episode")
+        where = f"verifiers task {task.problem_id}"
+        try:
+            if isinstance(trace, dict):
+                trace = self.vf.WireTrace.model_validate(trace)
+            rebuilt = episode_from_calls(trace_calls(trace), episode.seed)
+        except (ValueError, HarnessFailed) as exc:  # pydantic's ValidationError included
+            first = (str(exc).strip().splitlines() or ["unreadable"])[0]
+            raise Invalid(f"{where}: the trace is unreadable: {first}") from exc
+        if [(s.tokens, s.turns) for s in rebuilt.segments] != [
+            (s.tokens, s.turns) for s in episode.segments
+        ]:
+            raise Invalid(f"{where}: the trace is not this episode")
         scored = trace.model_copy(update={"rewards": {}, "metrics": {}})
         run_sync(self.vf_tasks[task.problem_id].score(scored))
         raw = float(scored.reward)

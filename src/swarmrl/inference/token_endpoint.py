@@ -83,6 +83,12 @@ class _Refused(Exception):
         self.status = status
 
 
+class _Server(ThreadingHTTPServer):
+    # every episode in flight opens a connection per call: the default backlog of 5 refused
+    # connections when a few dozen episodes asked at once
+    request_queue_size = 256
+
+
 @dataclass(eq=False)
 class _Call:
     """One request waiting for the engine thread."""
@@ -171,7 +177,7 @@ class TokenEndpoint:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass  # refusals are answered to the client; the trace records them
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="token-endpoint", daemon=True
