@@ -47,11 +47,11 @@ Knows nothing about models or weights: tokens come from a :class:`TokenSource`.
 from __future__ import annotations
 
 import asyncio
-import gc
 import inspect
 import math
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -61,7 +61,6 @@ from packaging.version import Version
 
 from swarmrl.envs.base import Environment, Score, Split, Task
 from swarmrl.envs.data import require
-from swarmrl.envs.vfenv import run_sync
 from swarmrl.errors import ConfigError, HarnessFailed, Invalid
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import Episode, ModelCall, episode_from_calls
@@ -181,6 +180,7 @@ class VerifiersV1Env(Environment):
         super().__init__(heldout_fraction)
         vf = require_v1()
         self.vf, self.timeout_s = vf, timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
         stages = {"setup": timeout_s, "rollout": timeout_s, "scoring": timeout_s}
         agent: dict[str, Any] = {"runtime": {"type": "subprocess"}, "timeout": stages}
         try:
@@ -216,6 +216,17 @@ class VerifiersV1Env(Environment):
         self.harness_id = harness.config.id
         rewards = self.vf_tasks[0].hooks("reward")
         self.trusted_scoring = not any(_needs_runtime(fn) for fn in rewards)
+
+    def _run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on this environment's own event loop, a thread that lives as long
+        as the environment: verifiers and renderers keep process-wide asyncio locks that bind
+        to the first loop using them, so every episode must run on that one loop."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=self._loop.run_forever, name="verifiers-v1-loop", daemon=True
+            ).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     # --- the problem space --------------------------------------------------------------------
     def space_size(self) -> int:
@@ -261,7 +272,7 @@ class VerifiersV1Env(Environment):
         and chat template render every prompt."""
         if len(tasks) != len(seeds):
             raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
-        return run_sync(self._run_all(tasks, seeds, source, tokenizer_path, params, model))
+        return self._run(self._run_all(tasks, seeds, source, tokenizer_path, params, model))
 
     async def _run_all(
         self,
@@ -295,15 +306,10 @@ class VerifiersV1Env(Environment):
             played = await self.vf_env.run_episode(self.vf_tasks[task.problem_id], ctx)
             return self._episode(task, seed, played, source)
 
-        try:
-            async with self.vf_env.serving():
-                return list(
-                    await asyncio.gather(*(one(t, s) for t, s in zip(tasks, seeds, strict=True)))
-                )
-        finally:
-            # the pipes of a killed harness program close while their event loop still runs
-            gc.collect()
-            await asyncio.sleep(0)
+        async with self.vf_env.serving():
+            return list(
+                await asyncio.gather(*(one(t, s) for t, s in zip(tasks, seeds, strict=True)))
+            )
 
     def _episode(self, task: Task, seed: int, played: Any, source: TokenSource) -> HarnessEpisode:
         where = f"verifiers task {task.problem_id} ({self.harness_id} harness)"
@@ -351,6 +357,6 @@ class VerifiersV1Env(Environment):
         ]:
             raise Invalid(f"{where}: the trace is not this episode")
         scored = trace.model_copy(update={"rewards": {}, "metrics": {}})
-        run_sync(self.vf_tasks[task.problem_id].score(scored))
+        self._run(self.vf_tasks[task.problem_id].score(scored))
         raw = float(scored.reward)
         return Score(_clip(raw), {"correct": _clip(raw) == 1.0, "raw_reward": raw})

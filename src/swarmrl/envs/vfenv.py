@@ -47,7 +47,7 @@ def _load(env_id: str, args: dict[str, Any]) -> Any:
         raise ConfigError(f"env.verifiers_env {env_id!r}: {str(exc).splitlines()[0]}") from exc
 
 
-def run_sync(coroutine: Coroutine[Any, Any, Any]) -> Any:
+def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coroutine`` to completion from sync code, also when this thread runs a loop."""
     try:
         asyncio.get_running_loop()
@@ -139,7 +139,7 @@ class VerifiersEnv(Environment):
             [{"role": "assistant", "content": completion_text}] if self.chat else completion_text
         )
         state["trajectory"] = []
-        run_sync(self.vf_env.rubric.score_rollout(state))
+        _run(self.vf_env.rubric.score_rollout(state))
         raw = float(state.get("reward") or 0.0)
         reward = min(1.0, max(0.0, raw)) if raw == raw else 0.0
         return Score(reward, {"correct": reward == 1.0, "raw_reward": raw})
