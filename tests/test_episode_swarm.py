@@ -27,8 +27,8 @@ from swarmrl.protocol.episodes import Episode, EpisodeSegment, EpisodeTurn
 from swarmrl.protocol.pool import PendingSubmission, PoolSpec, Sample, WorkUnit
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
+from swarmrl.roles.worker.forged import forge_text, forging
 from swarmrl.roles.worker.rollouts import generate_episodes
-from swarmrl.testing.forged import forge_text, forging
 from swarmrl.toploc.bundle import build_bundles
 from swarmrl.trainer.source import trusted_episode
 

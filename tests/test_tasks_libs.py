@@ -1,5 +1,6 @@
 """Tasks from the libraries people already use: reasoning-gym generators and single-turn
-``verifiers`` environments, scored on the trusted side."""
+``verifiers`` environments (the classic interface, verifiers < 0.4: skipped where 0.4 is
+installed), scored on the trusted side."""
 
 import textwrap
 
@@ -100,7 +101,9 @@ class Echo(vf.MultiTurnEnv):
 
 @pytest.fixture
 def vf_module(tmp_path, monkeypatch):
-    pytest.importorskip("verifiers")
+    vf = pytest.importorskip("verifiers")
+    if not hasattr(vf, "load_environment"):  # verifiers >= 0.4: test_vf1_env.py covers it
+        pytest.skip(f"verifiers {vf.__version__} has no classic environments (needs <0.4)")
     (tmp_path / "swarmrl_vf_tiny.py").write_text(textwrap.dedent(VF_MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
     return "swarmrl_vf_tiny"
@@ -130,4 +133,18 @@ def test_verifiers_unsupported_environments_are_one_line_errors(vf_module):
         )
     with pytest.raises(ConfigError, match="'no_such_vf_env'") as info:
         build_env(EnvConfig(name="verifiers", verifiers_env="no_such_vf_env"))
+    assert "\n" not in str(info.value)
+
+
+def test_verifiers_v1_names_the_version_it_needs(vf_module):
+    with pytest.raises(ConfigError, match=r"needs verifiers>=0.4,<0.5 \(installed: 0\.") as info:
+        build_env(EnvConfig(name="verifiers_v1", verifiers_env=vf_module))
+    assert "\n" not in str(info.value)
+
+
+def test_a_run_refuses_verifiers_v1_in_one_line():
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+
+    with pytest.raises(ConfigError, match="a run does not play harness episodes yet") as info:
+        load_config([EMBEDDED_DEFAULT], ["env.name=verifiers_v1", "env.verifiers_env=x"])
     assert "\n" not in str(info.value)

@@ -44,6 +44,9 @@
     ├── ToolError                   a tool of a multi-turn environment refused the model's
     │                               arguments; the message is the environment's reply (it never
     │                               leaves the episode)
+    ├── HarnessFailed               a verifiers harness episode ended without a usable trace (the
+    │                               program crashed, hung past its timeout, or its trace differs
+    │                               from what the engine sampled); the message says which task
     ├── Abandoned                   the client of a served request went away; its generation
     │                               stopped (or never started)
     ├── VersionGone                 a weight version every source has pruned: it will not come
@@ -236,6 +239,10 @@ class BadRequest(Invalid):
 
 class ToolError(SwarmError):
     """A tool refused the model's arguments; the message is what the model is told."""
+
+
+class HarnessFailed(SwarmError):
+    """A harness episode (``swarmrl.envs.vf1``) produced no usable trace; one line says why."""
 
 
 class Abandoned(SwarmError):

@@ -65,6 +65,7 @@ class EnvConfig(Section):
         "math",
         "reasoning_gym",
         "verifiers",
+        "verifiers_v1",
         "code",
         "code_tiny",
         "tool_arith",
@@ -120,10 +121,29 @@ class EnvConfig(Section):
     size: int = Field(10000, ge=2, description="reasoning_gym: problems generated")
     seed: int = Field(0, description="reasoning_gym: generator seed")
     verifiers_env: str | None = Field(
-        None, description="verifiers: environment id given to verifiers.load_environment"
+        None,
+        description="verifiers: environment id given to verifiers.load_environment; "
+        "verifiers_v1: the taskset id (a module exporting its Taskset in __all__)",
     )
     verifiers_args: dict[str, Any] = Field(
-        default_factory=dict, description="verifiers: keyword arguments of load_environment"
+        default_factory=dict,
+        description="verifiers: keyword arguments of load_environment; verifiers_v1: the "
+        "taskset config's fields",
+    )
+    verifiers_harness: str | None = Field(
+        None,
+        description="verifiers_v1: harness id (None: the taskset's own harness, else "
+        "verifiers' bash); runs on the subprocess runtime",
+    )
+    verifiers_harness_args: dict[str, Any] = Field(
+        default_factory=dict, description="verifiers_v1: the harness config's fields"
+    )
+    verifiers_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description="verifiers_v1: seconds each stage of an episode may take (setup, the "
+        "harness's run, scoring); past it the harness is killed and the episode fails",
     )
     system_prompt: str | None = Field(
         None, description="system prompt a tokenizer's chat template puts before each prompt"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from swarmrl.config.base import Section
 from swarmrl.config.env import EnvConfig
@@ -34,3 +34,13 @@ class SwarmConfig(Section):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     swarm: SwarmSection = Field(default_factory=SwarmSection)
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("env")
+    @classmethod
+    def _a_run_plays_it(cls, env: EnvConfig) -> EnvConfig:
+        if env.name == "verifiers_v1":
+            raise ValueError(
+                "env.name = 'verifiers_v1': a run does not play harness episodes yet; play them "
+                "with swarmrl.envs.vf1 (docs/tasks.md)"
+            )
+        return env

@@ -4,7 +4,8 @@
 Built in: ``arith``, ``reverse``, ``code_tiny`` (no dependencies); ``tool_arith`` and
 ``guess``, multi-turn episodes (:mod:`swarmrl.envs.multiturn`); ``math`` and ``code``
 (datasets read through Hugging Face ``datasets``); ``reasoning_gym`` and ``verifiers`` (those
-libraries' tasks). The optional libraries install with ``pip install 'swarmrl[tasks]'`` and are
+libraries' tasks; ``verifiers`` the classic interface of verifiers < 0.4) and ``verifiers_v1``
+(a verifiers 0.4 taskset played by its harness, :mod:`swarmrl.envs.vf1`). The optional libraries install with ``pip install 'swarmrl[tasks]'`` and are
 imported only by the environment that needs them. Wrappers: a filtered training subset
 (``env.train_subset``) and the length budget.
 """
@@ -90,6 +91,19 @@ def _base_env(config: EnvConfig, scores: bool) -> Environment:
         if not config.verifiers_env:
             raise ConfigError("env.name = 'verifiers' needs env.verifiers_env (an environment id)")
         return VerifiersEnv(config.verifiers_env, config.verifiers_args, config.heldout_fraction)
+    if config.name == "verifiers_v1":
+        from swarmrl.envs.vf1 import VerifiersV1Env
+
+        if not config.verifiers_env:
+            raise ConfigError("env.name = 'verifiers_v1' needs env.verifiers_env (a taskset id)")
+        return VerifiersV1Env(
+            config.verifiers_env,
+            config.verifiers_args,
+            config.verifiers_harness,
+            config.verifiers_harness_args,
+            config.heldout_fraction,
+            config.verifiers_timeout_s,
+        )
     if config.name in ("code", "code_tiny"):
         from swarmrl.envs.code import CodeEnv, CodeTinyEnv
 

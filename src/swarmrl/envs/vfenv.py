@@ -37,7 +37,9 @@ def _load(env_id: str, args: dict[str, Any]) -> Any:
     if not hasattr(vf, "load_environment"):
         version = getattr(vf, "__version__", "?")
         raise ConfigError(
-            f"verifiers {version} has no classic environments; install verifiers>=0.1.3,<0.4"
+            f"env.name = 'verifiers' is the classic interface, gone from verifiers {version}: "
+            'pip install "verifiers<0.4", or name a verifiers 0.4 taskset with '
+            "env.name = 'verifiers_v1'"
         )
     try:
         return vf.load_environment(env_id, **args)

@@ -8,7 +8,8 @@
 - ``netprobe``: the small TCP probes (sink, sender, echo) run inside those hosts;
 - ``deploy``: docs/deploy.md's worked example run on those hosts, each role by the page's command;
 - ``tls``: a throw-away certificate authority and server certificates for HTTPS tests;
-- ``runs``: short real ``swarmrl run``s for testing the tools that read run directories.
+- ``runs``: short real ``swarmrl run``s for testing the tools that read run directories;
+- ``vf1``: a verifiers 0.4 taskset with its harness, and a tiny policy for it (``swarmrl.envs.vf1``).
 
 Nothing in the production roles imports this package.
 """

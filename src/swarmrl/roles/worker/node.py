@@ -56,10 +56,10 @@ from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
+from swarmrl.roles.worker.forged import forging
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_episodes, generate_unit
 from swarmrl.roles.worker.versions import VersionFollower
 from swarmrl.shardcast import WeightClient
-from swarmrl.testing.forged import forging
 from swarmrl.toploc.bundle import build_bundles
 
 WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per kind of reason

@@ -1,0 +1,83 @@
+"""Benchmark: verifiers 0.4 harness episodes (``swarmrl.envs.vf1``) answered by the token
+endpoint one engine call at a time against batched across the episodes in flight.
+
+Both arms play the same episodes (the ``swarmrl_vf1_sums`` taskset of ``swarmrl.testing.vf1``,
+its harness in ``check`` mode: two model calls per episode with an environment turn between them,
+every harness program a subprocess talking to verifiers' interception) on the same random tiny
+model; they differ only in the endpoint's ``max_batch`` (1: one row per engine call; 64: every
+request waiting when the engine frees up goes into its next call). The arms alternate
+(A, B, A, B …) in one process; each reports episodes per second (median and range over runs),
+and the two arms' episodes are checked to carry the same tokens.
+
+    python bench/vf1_episodes.py                        # 16 episodes, 3 runs per arm
+    python bench/vf1_episodes.py --episodes 32 --hidden 512 --layers 4 --runs 5
+
+Needs verifiers>=0.4 (``pip install 'swarmrl[tasks]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from swarmrl.envs.vf1 import VerifiersV1Env
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.token_endpoint import serve_engine
+from swarmrl.protocol import SamplingParams
+from swarmrl.testing.vf1 import char_policy, write_taskset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3, help="runs per arm")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="vf1-bench-"))
+    (root / "taskset").mkdir()
+    (root / "policy").mkdir()
+    taskset = write_taskset(root / "taskset")
+    path, tokenizer, model = char_policy(root / "policy", args.hidden, args.layers)
+    engine = TorchEngine(model, tokenizer)
+    env = VerifiersV1Env(taskset, harness_args={"mode": "check"}, timeout_s=600)
+    train = env.first("train", env.split_size("train"))
+    tasks = [train[i % len(train)] for i in range(args.episodes)]
+    seeds = list(range(1000, 1000 + args.episodes))
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
+
+    arms = {"one_at_a_time": 1, "batched": 64}
+    rates: dict[str, list[float]] = {name: [] for name in arms}
+    tokens: dict[str, list] = {}
+    for _ in range(args.runs):
+        for name, max_batch in arms.items():
+            with serve_engine(engine, params, max_batch=max_batch) as endpoint:
+                start = time.perf_counter()
+                played = env.run_episodes(tasks, seeds, endpoint, path, params)
+                elapsed = time.perf_counter() - start
+            rates[name].append(args.episodes / elapsed)
+            tokens[name] = [[s.tokens for s in p.episode.segments] for p in played]
+    same = tokens["one_at_a_time"] == tokens["batched"]
+    load = os.getloadavg()
+    print(
+        f"{args.episodes} episodes x {args.runs} runs per arm, model hidden {args.hidden} x "
+        f"{args.layers} layers, {args.max_new_tokens} new tokens per call; "
+        f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {os.cpu_count()} CPUs"
+    )
+    for name, values in rates.items():
+        print(
+            f"{name:>14}: {statistics.median(values):6.2f} episodes/s "
+            f"(range {min(values):.2f}-{max(values):.2f})"
+        )
+    ratio = statistics.median(rates["batched"]) / statistics.median(rates["one_at_a_time"])
+    print(f"batched / one at a time: {ratio:.2f}x; same tokens in both arms: {same}")
+
+
+if __name__ == "__main__":
+    main()
