@@ -4,12 +4,14 @@ config), the same warm start, the same steps, the same seeds.
 The warm start is trained (or reused from ``run.cache_dir``) once and pinned by ``model.path``,
 so no arm pays for SFT and every arm starts from the same policy; each seed sets ``run.seed``
 (rollout sampling and the held-out sampled evaluation). Per loss and seed: held-out greedy
-accuracy before and after ``--steps`` RL steps, and seconds per RL step (``rl_seconds`` ÷
-steps: evaluations excluded). Per loss, the median over seeds with the range, and the median
+accuracy before and after ``--steps`` RL steps, with ``--set eval.every=N`` the steps to reach
+``--target`` held-out (the first evaluation at or above it; evaluations every N steps), and
+seconds per RL step (``rl_seconds`` ÷ steps: evaluations excluded). Per loss, the median over seeds with the range, and the median
 of the per-seed differences to the default ``clip`` of the same run (accuracy: points;
 time: ratio).
 
     python bench/losses.py --steps 10 --seeds 0 1 2 [--losses clip dapo] [--set key=value ...]
+    python bench/losses.py --steps 8 --seeds 0 1 --set eval.every=1   # with steps to 80 %
 
 Prints a Markdown table and writes every run's figures to ``--out``. Timings are of whatever
 else the machine is doing at the same time; the arms run one after another, interleaved by
@@ -55,14 +57,34 @@ def one_run(overrides: list[str], loss: str, seed: int) -> dict:
         ],
     )
     result = run_colocated(config).result
+    # an evaluation "during" RL at step s is taken after s optimizer steps (trainer.loop)
+    curve = [(0, result.evals["before"]["accuracy"])]
+    curve += [(e["step"], e["accuracy"]) for e in result.during if e.get("accuracy") is not None]
+    curve.append((result.steps, result.evals["after"]["accuracy"]))
     return {
         "loss": loss,
         "seed": seed,
         "accuracy_before": result.evals["before"]["accuracy"],
         "accuracy_after": result.evals["after"]["accuracy"],
+        "curve": curve,
         "s_per_step": result.rl_seconds / max(result.steps, 1),
         "mismatch_kl": [row["mismatch_kl"] for row in result.history],
     }
+
+
+def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
+    """Steps trained before the first held-out evaluation at or above ``target`` (None: never)."""
+    return next((step for step, acc in curve if acc >= target), None)
+
+
+def _steps_text(values: list[int | None], steps: int) -> str:
+    """Median steps to the target over seeds, of the seeds that reached it; the others counted."""
+    reached = [float(v) for v in values if v is not None]
+    never = len(values) - len(reached)
+    if not reached:
+        return f"> {steps} (all)"
+    text = _spread(reached, ".0f")
+    return text if not never else f"{text}; {never} of {len(values)} never (> {steps})"
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -72,14 +94,16 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{format(med, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
 
 
-def table(runs: list[dict], losses: list[str], steps: int) -> list[str]:
+def table(runs: list[dict], losses: list[str], steps: int, target: float | None) -> list[str]:
     """Markdown rows: per loss, medians over seeds and the per-seed differences to clip."""
     by = {(r["loss"], r["seed"]): r for r in runs}
     seeds = sorted({r["seed"] for r in runs})
     lines = [
         f"| loss | held-out before → after {steps} steps, median (range) | "
-        "Δ after vs clip, points | s/step | s/step ÷ clip |",
-        "|---|---|---|---|---|",
+        "Δ after vs clip, points | "
+        + (f"steps to {target:.0%} | " if target is not None else "")
+        + "s/step | s/step ÷ clip |",
+        "|---|---|---|---|---|" + ("---|" if target is not None else ""),
     ]
     for loss in losses:
         mine = [by[loss, s] for s in seeds]
@@ -99,7 +123,10 @@ def table(runs: list[dict], losses: list[str], steps: int) -> list[str]:
         before = _spread([100 * m["accuracy_before"] for m in mine], ".1f")
         after = _spread([100 * m["accuracy_after"] for m in mine], ".1f")
         per_step = _spread([m["s_per_step"] for m in mine], ".2f")
-        lines.append(f"| {loss} | {before} % → {after} % | {delta} | {per_step} | {ratio} |")
+        reach = ""
+        if target is not None:
+            reach = _steps_text([steps_to(m["curve"], target) for m in mine], steps) + " | "
+        lines.append(f"| {loss} | {before} % → {after} % | {delta} | {reach}{per_step} | {ratio} |")
     return lines
 
 
@@ -109,6 +136,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    parser.add_argument("--target", type=float, default=0.8, help="held-out accuracy to reach")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     started = time.perf_counter()
@@ -120,7 +148,8 @@ def main() -> None:
         for loss in args.losses[i % len(args.losses) :] + args.losses[: i % len(args.losses)]
     ]
     Path(args.out).write_text(json.dumps({"overrides": pinned, "runs": runs}, indent=2) + "\n")
-    print("\n".join(table(runs, args.losses, args.steps)))
+    evaluated = load_config([EMBEDDED_DEFAULT], pinned).eval.every > 0
+    print("\n".join(table(runs, args.losses, args.steps, args.target if evaluated else None)))
     print(f"total {time.perf_counter() - started:.0f} s; figures in {args.out}")
 
 
