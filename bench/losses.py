@@ -11,7 +11,7 @@ of the per-seed differences to the default ``clip`` of the same run (accuracy: p
 time: ratio).
 
     python bench/losses.py --steps 10 --seeds 0 1 2 [--losses clip dapo] [--set key=value ...]
-    python bench/losses.py --steps 8 --seeds 0 1 --set eval.every=1   # with steps to 80 %
+    python bench/losses.py --steps 8 --seeds 0 1 --set eval.every=1 --plot losses.png
 
 Prints a Markdown table and writes every run's figures to ``--out``. Timings are of whatever
 else the machine is doing at the same time; the arms run one after another, interleaved by
@@ -77,17 +77,58 @@ def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
     return next((step for step, acc in curve if acc >= target), None)
 
 
-def _steps_text(values: list[int | None], steps: int) -> str:
+def steps_text(values: list[int | None], steps: int) -> str:
     """Median steps to the target over seeds, of the seeds that reached it; the others counted."""
     reached = [float(v) for v in values if v is not None]
     never = len(values) - len(reached)
     if not reached:
         return f"> {steps} (all)"
-    text = _spread(reached, ".0f")
+    text = spread(reached, ".0f")
     return text if not never else f"{text}; {never} of {len(values)} never (> {steps})"
 
 
-def _spread(values: list[float], fmt: str) -> str:
+def low_after(curve: list[tuple[int, float]], target: float) -> float | None:
+    """The lowest held-out accuracy at or after the first evaluation that reached ``target``:
+    how far a run fell back once there (None: never reached)."""
+    reached = steps_to(curve, target)
+    return None if reached is None else min(acc for step, acc in curve if step >= reached)
+
+
+def plot(
+    curves: dict[str, list[list[tuple[int, float]]]], target: float, path: Path, title: str
+) -> None:
+    """Held-out accuracy per step: one colour per arm (the keys), one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = plt.get_cmap("tab10")
+    for i, (arm, runs) in enumerate(curves.items()):
+        for j, curve in enumerate(runs):
+            xs, ys = zip(*curve, strict=True)
+            ax.plot(
+                xs,
+                [100 * y for y in ys],
+                marker="o",
+                markersize=3,
+                color=colours(i),
+                alpha=0.8,
+                label=arm if j == 0 else None,
+            )
+    ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("RL step (optimizer steps before the evaluation)")
+    ax.set_ylabel("held-out greedy accuracy, %")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def spread(values: list[float], fmt: str) -> str:
     med = statistics.median(values)
     if len(values) == 1:
         return format(med, fmt)
@@ -101,33 +142,51 @@ def table(runs: list[dict], losses: list[str], steps: int, target: float | None)
     lines = [
         f"| loss | held-out before → after {steps} steps, median (range) | "
         "Δ after vs clip, points | "
-        + (f"steps to {target:.0%} | " if target is not None else "")
+        + (f"steps to {target:.0%} | lowest after reaching it | " if target is not None else "")
         + "s/step | s/step ÷ clip |",
-        "|---|---|---|---|---|" + ("---|" if target is not None else ""),
+        "|---|---|---|---|---|" + ("---|---|" if target is not None else ""),
     ]
     for loss in losses:
         mine = [by[loss, s] for s in seeds]
         delta = ratio = "—"
         if "clip" in losses:
             clip = [by["clip", s] for s in seeds]
-            delta = _spread(
+            delta = spread(
                 [
                     100 * (m["accuracy_after"] - c["accuracy_after"])
                     for m, c in zip(mine, clip, strict=True)
                 ],
                 "+.1f",
             )
-            ratio = _spread(
+            ratio = spread(
                 [m["s_per_step"] / c["s_per_step"] for m, c in zip(mine, clip, strict=True)], ".2f"
             )
-        before = _spread([100 * m["accuracy_before"] for m in mine], ".1f")
-        after = _spread([100 * m["accuracy_after"] for m in mine], ".1f")
-        per_step = _spread([m["s_per_step"] for m in mine], ".2f")
+        before = spread([100 * m["accuracy_before"] for m in mine], ".1f")
+        after = spread([100 * m["accuracy_after"] for m in mine], ".1f")
+        per_step = spread([m["s_per_step"] for m in mine], ".2f")
         reach = ""
         if target is not None:
-            reach = _steps_text([steps_to(m["curve"], target) for m in mine], steps) + " | "
+            reach = steps_text([steps_to(m["curve"], target) for m in mine], steps) + " | "
+            lows = [low_after(m["curve"], target) for m in mine]
+            reached = [100 * v for v in lows if v is not None]
+            reach += (spread(reached, ".1f") + " %" if reached else "—") + " | "
         lines.append(f"| {loss} | {before} % → {after} % | {delta} | {reach}{per_step} | {ratio} |")
     return lines
+
+
+def report(runs: list[dict], overrides: list[str], args: argparse.Namespace) -> None:
+    """The table (stdout) and, with ``--plot`` and evaluations during RL, the plot of ``runs``."""
+    config = load_config([EMBEDDED_DEFAULT], overrides)
+    losses = list(dict.fromkeys(r["loss"] for r in runs))
+    evaluated = config.eval.every > 0
+    print("\n".join(table(runs, losses, config.rl.steps, args.target if evaluated else None)))
+    if args.plot and evaluated:
+        title = (
+            f"colocated (torch); arith, {config.rl.prompts_per_step}×{config.rl.group_size} per "
+            f"step, lr {config.rl.lr:g}; seeds {sorted({r['seed'] for r in runs})}"
+        )
+        curves = {loss: [r["curve"] for r in runs if r["loss"] == loss] for loss in losses}
+        plot(curves, args.target, Path(args.plot), title)
 
 
 def main() -> None:
@@ -137,8 +196,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
     parser.add_argument("--target", type=float, default=0.8, help="held-out accuracy to reach")
+    parser.add_argument("--plot", help="with eval.every > 0: held-out accuracy per step, PNG")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--table", metavar="JSON", help="only print the table (and plot) of JSON")
     args = parser.parse_args()
+    if args.table:
+        saved = json.loads(Path(args.table).read_text())
+        report(saved["runs"], saved["overrides"], args)
+        return
     started = time.perf_counter()
     base = [*QUICK, f"rl.steps={args.steps}", *args.overrides]
     pinned = [*base, f"model.path={json.dumps(warm_start(base))}"]
@@ -148,8 +213,7 @@ def main() -> None:
         for loss in args.losses[i % len(args.losses) :] + args.losses[: i % len(args.losses)]
     ]
     Path(args.out).write_text(json.dumps({"overrides": pinned, "runs": runs}, indent=2) + "\n")
-    evaluated = load_config([EMBEDDED_DEFAULT], pinned).eval.every > 0
-    print("\n".join(table(runs, args.losses, args.steps, args.target if evaluated else None)))
+    report(runs, pinned, args)
     print(f"total {time.perf_counter() - started:.0f} s; figures in {args.out}")
 
 

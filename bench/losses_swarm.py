@@ -34,12 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from losses import LOSS_SETTINGS, LOSSES, low_after, plot, spread, steps_text, steps_to, warm_start
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 
-LOSSES = ("clip", "dr_grpo", "dapo", "gspo", "cispo", "tr_mask")
-# what a loss needs beyond ``rl.loss`` to be itself (docs/learning.md "Losses")
 CORRECTIONS = ("tis_token", "tis_sequence", "mask_token", "mask_sequence")
-LOSS_SETTINGS = {"dapo": ["rl.eps_high=0.28"], "gspo": ["rl.eps_low=3e-4", "rl.eps_high=4e-4"]}
 # the embedded config's task, model, warm start and lr; 8 prompts a step instead of 32 (at 16,
 # bench/losses.py's batch, one swarm step took held-out accuracy from 48 % to 80 %: nothing left
 # to tell the losses apart by steps); a held-out evaluation every step; no SFT control (it runs
@@ -53,20 +51,6 @@ QUICK = [
     "swarm.workers=2",
     "swarm.ready_timeout_s=300",
 ]
-
-
-def warm_start(overrides: list[str]) -> str:
-    """Train (or reuse, from run.cache_dir) the warm start once; every arm loads it by path."""
-    from swarmrl.envs import build_env
-    from swarmrl.trainer.warmstart import ensure_warm_start
-
-    config = load_config([EMBEDDED_DEFAULT], overrides)
-    return str(ensure_warm_start(config, build_env(config.env)).path)
-
-
-def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
-    """Steps trained before the first held-out evaluation at or above ``target`` (None: never)."""
-    return next((step for step, acc in curve if acc >= target), None)
 
 
 def arm_settings(arm: str) -> list[str]:
@@ -121,30 +105,6 @@ def one_run(overrides: list[str], arm: str, seed: int, work: Path, timeout_s: fl
     }
 
 
-def low_after(curve: list[tuple[int, float]], target: float) -> float | None:
-    """The lowest held-out accuracy at or after the first evaluation that reached ``target``:
-    how far a run fell back once there (None: never reached)."""
-    reached = steps_to(curve, target)
-    return None if reached is None else min(acc for step, acc in curve if step >= reached)
-
-
-def _spread(values: list[float], fmt: str) -> str:
-    med = statistics.median(values)
-    if len(values) == 1:
-        return format(med, fmt)
-    return f"{format(med, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
-
-
-def _steps_text(values: list[int | None], steps: int) -> str:
-    """Median steps to the target over seeds; a run that never reached it counts as > steps."""
-    reached = sorted(v for v in values if v is not None)
-    never = len(values) - len(reached)
-    if not reached:
-        return f"> {steps} (all)"
-    text = _spread([float(v) for v in reached], ".0f")
-    return text if not never else f"{text}; {never} of {len(values)} never (> {steps})"
-
-
 def table(runs: list[dict], arms: list[str], steps: int, target: float) -> list[str]:
     """Markdown rows: per arm, medians over seeds (range)."""
     by = {(r["arm"], r["seed"]): r for r in runs}
@@ -157,54 +117,22 @@ def table(runs: list[dict], arms: list[str], steps: int, target: float) -> list[
     ]
     for arm in arms:
         mine = [by[arm, s] for s in seeds]
-        before = _spread([100 * m["accuracy_before"] for m in mine], ".1f")
-        after = _spread([100 * m["accuracy_after"] for m in mine], ".1f")
-        reach = _steps_text([steps_to(m["curve"], target) for m in mine], steps)
+        before = spread([100 * m["accuracy_before"] for m in mine], ".1f")
+        after = spread([100 * m["accuracy_after"] for m in mine], ".1f")
+        reach = steps_text([steps_to(m["curve"], target) for m in mine], steps)
         lows = [low_after(m["curve"], target) for m in mine]
-        low = _spread([100 * v for v in lows if v is not None], ".1f") if any(lows) else "—"
-        mismatch = _spread([m["mismatch_kl"] for m in mine], ".2e")
-        corrected = _spread([100 * m["corrected_fraction"] for m in mine], ".1f")
-        clipped = _spread([100 * m["clip_fraction"] for m in mine], ".1f")
-        stale = _spread([float(m["staleness_max"]) for m in mine], ".0f")
-        per_step = _spread([m["s_per_step"] for m in mine], ".1f")
-        wall = _spread([m["wall_s"] for m in mine], ".0f")
+        low = spread([100 * v for v in lows if v is not None], ".1f") if any(lows) else "—"
+        mismatch = spread([m["mismatch_kl"] for m in mine], ".2e")
+        corrected = spread([100 * m["corrected_fraction"] for m in mine], ".1f")
+        clipped = spread([100 * m["clip_fraction"] for m in mine], ".1f")
+        stale = spread([float(m["staleness_max"]) for m in mine], ".0f")
+        per_step = spread([m["s_per_step"] for m in mine], ".1f")
+        wall = spread([m["wall_s"] for m in mine], ".0f")
         lines.append(
             f"| {arm} | {before} % → {after} % | {reach} | {low} % | {mismatch} | {corrected} % | "
             f"{clipped} % | {stale} | {per_step} | {wall} |"
         )
     return lines
-
-
-def plot(runs: list[dict], arms: list[str], target: float, path: Path, title: str) -> None:
-    """Held-out accuracy per step: one colour per arm, one line per seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = plt.get_cmap("tab10")
-    for i, arm in enumerate(arms):
-        for j, run in enumerate(r for r in runs if r["arm"] == arm):
-            xs, ys = zip(*run["curve"], strict=True)
-            ax.plot(
-                xs,
-                [100 * y for y in ys],
-                marker="o",
-                markersize=3,
-                color=colours(i),
-                alpha=0.8,
-                label=arm if j == 0 else None,
-            )
-    ax.axhline(100 * target, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("RL step (optimizer steps before the evaluation)")
-    ax.set_ylabel("held-out greedy accuracy, %")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def report(runs: list[dict], overrides: list[str], args: argparse.Namespace) -> None:
@@ -219,7 +147,8 @@ def report(runs: list[dict], overrides: list[str], args: argparse.Namespace) -> 
         f"{config.rl.group_size} per step, lr {config.rl.lr:g}; "
         f"seeds {sorted({r['seed'] for r in runs})}"
     )
-    plot(runs, arms, args.target, Path(args.plot), title)
+    curves = {arm: [r["curve"] for r in runs if r["arm"] == arm] for arm in arms}
+    plot(curves, args.target, Path(args.plot), title)
 
 
 def main() -> None:
