@@ -22,12 +22,14 @@ run falls on one loss alone.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
+import string
 import time
 from pathlib import Path
 
-from swarmrl.config import EMBEDDED_DEFAULT, load_config
+from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 
 LOSSES = ("clip", "dr_grpo", "dapo", "gspo", "cispo", "tr_mask")
 # what a loss needs beyond ``rl.loss`` to be itself (docs/learning.md "Losses")
@@ -35,13 +37,37 @@ LOSS_SETTINGS = {"dapo": ["rl.eps_high=0.28"], "gspo": ["rl.eps_low=3e-4", "rl.e
 QUICK = ["eval.control=false", "eval.every=0", "run.threads=1"]
 
 
+def char_model(config: SwarmConfig) -> Path:
+    """A fresh tiny model (``model.tiny``, seeded by ``run.seed``) over printable ASCII, for a
+    task without its own alphabet (a task library's prose); made once in ``run.cache_dir``."""
+    import torch
+
+    from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
+
+    out = Path(config.run.cache_dir).expanduser() / "bench-char-model"
+    spec = f"{config.model.tiny.model_dump_json()} {config.run.seed}".encode()
+    out /= hashlib.sha256(spec).hexdigest()[:16]
+    if not (out / "config.json").is_file():
+        tokenizer = build_char_tokenizer(string.printable)
+        torch.manual_seed(config.run.seed)
+        save_policy(create_tiny_model(config.model.tiny, tokenizer), tokenizer, out)
+    return out
+
+
 def warm_start(overrides: list[str]) -> str:
-    """Train (or reuse, from run.cache_dir) the warm start once; every arm loads it by path."""
+    """Train (or reuse, from run.cache_dir) the warm start once; every arm loads it by path. A
+    task without an alphabet is warm-started from :func:`char_model`."""
     from swarmrl.envs import build_env
     from swarmrl.trainer.warmstart import ensure_warm_start
 
     config = load_config([EMBEDDED_DEFAULT], overrides)
-    return str(ensure_warm_start(config, build_env(config.env)).path)
+    env = build_env(config.env)
+    if config.model.path is None and env.alphabet is None:
+        base = json.dumps(str(char_model(config)))
+        config = load_config(
+            [EMBEDDED_DEFAULT], [*overrides, f"model.path={base}", "model.warm_start=true"]
+        )
+    return str(ensure_warm_start(config, env).path)
 
 
 def one_run(overrides: list[str], loss: str, seed: int) -> dict:
@@ -182,7 +208,7 @@ def report(runs: list[dict], overrides: list[str], args: argparse.Namespace) -> 
     print("\n".join(table(runs, losses, config.rl.steps, args.target if evaluated else None)))
     if args.plot and evaluated:
         title = (
-            f"colocated (torch); arith, {config.rl.prompts_per_step}×{config.rl.group_size} per "
+            f"colocated (torch); {config.env.name}, {config.rl.prompts_per_step}×{config.rl.group_size} per "
             f"step, lr {config.rl.lr:g}; seeds {sorted({r['seed'] for r in runs})}"
         )
         curves = {loss: [r["curve"] for r in runs if r["loss"] == loss] for loss in losses}
@@ -206,7 +232,7 @@ def main() -> None:
         return
     started = time.perf_counter()
     base = [*QUICK, f"rl.steps={args.steps}", *args.overrides]
-    pinned = [*base, f"model.path={json.dumps(warm_start(base))}"]
+    pinned = [*base, f"model.path={json.dumps(warm_start(base))}", "model.warm_start=false"]
     runs = [
         one_run(pinned, loss, seed)
         for i, seed in enumerate(args.seeds)

@@ -143,7 +143,8 @@ def report(runs: list[dict], overrides: list[str], args: argparse.Namespace) -> 
     config = load_config([EMBEDDED_DEFAULT], overrides)
     title = (
         f"swarm: {config.swarm.workers} workers on {config.inference.backend}, "
-        f"rl.async_level={config.rl.async_level}; arith, {config.rl.prompts_per_step}×"
+        f"rl.async_level={config.rl.async_level}; {config.env.name}, "
+        f"{config.rl.prompts_per_step}×"
         f"{config.rl.group_size} per step, lr {config.rl.lr:g}; "
         f"seeds {sorted({r['seed'] for r in runs})}"
     )
@@ -166,11 +167,17 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.8, help="held-out accuracy to reach")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per swarm run")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--table", metavar="JSON", help="only print the table and plot of --out")
+    parser.add_argument(
+        "--table",
+        metavar="JSON",
+        nargs="+",
+        help="only print the table and plot of saved runs (several files: the same settings, "
+        "other seeds)",
+    )
     args = parser.parse_args()
     if args.table:
-        saved = json.loads(Path(args.table).read_text())
-        report(saved["runs"], saved["overrides"], args)
+        saved = [json.loads(Path(path).read_text()) for path in args.table]
+        report([r for one in saved for r in one["runs"]], saved[0]["overrides"], args)
         return
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="swarmrl-losses-swarm-"))
