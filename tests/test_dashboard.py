@@ -12,6 +12,7 @@ plain HTTP. ``swarmrl dashboard RUN_DIR`` over real run directories: test_dashbo
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import time
@@ -36,6 +37,8 @@ from swarmrl.serving import ThreadServer
 from swarmrl.testing.pool_nodes import CPU_NODE
 
 REPO = Path(__file__).resolve().parents[1]
+# a page is built in a child process: on a loaded machine that takes longer than httpx's 5 s
+_get = functools.partial(httpx.get, timeout=60)
 SHOTS = REPO / "test-artifacts" / "dashboard"
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 BAN_REASON = "proof chunk 0: 12/128 exponents match"
@@ -219,11 +222,11 @@ def test_node_logs_need_the_admin_token(live, browser):
 
     node = live["nodes"][1].node_id
     logs = live["url"] + f"nodes/swarm/{node}/logs"
-    assert httpx.get(logs, follow_redirects=False).status_code == 303
+    assert _get(logs, follow_redirects=False).status_code == 303
     bearer = {"authorization": "Bearer " + live["token"]}
-    assert f"hello from {node[:6]}" in httpx.get(logs, headers=bearer).text
+    assert f"hello from {node[:6]}" in _get(logs, headers=bearer).text
     wrong = {"authorization": "Bearer " + "x" * len(live["token"])}
-    assert httpx.get(logs, headers=wrong, follow_redirects=False).status_code == 303
+    assert _get(logs, headers=wrong, follow_redirects=False).status_code == 303
     _open(browser, logs, "login")
     assert "admin sign-in" in browser.title
     browser.find_element(By.NAME, "token").send_keys(live["token"])
@@ -264,20 +267,20 @@ def test_the_ledger_page_is_paged_and_answers_before_the_chain_is_checked(tmp_pa
     data, nodes = _filler_ledger(tmp_path, 20_000)
     app = build_dashboard(data, "t" * 32, base="/")
     with ThreadServer(app) as server, contextlib.closing(app.state.pages):
-        first = httpx.get(f"{server.url}/ledger", timeout=30).text
+        first = _get(f"{server.url}/ledger", timeout=30).text
         assert "chain: <b>checking</b>" in first  # not all 20,000 verified inside the page load
         assert first.count("<tr>") == 51  # header + 50 entries, newest first
         assert "entries 19999 down to 19950 shown" in first
         older = first.split("class='older' href='", 1)[1].split("'", 1)[0].replace("&amp;", "&")
-        second = httpx.get(f"{server.url}/{older}").text
+        second = _get(f"{server.url}/{older}").text
         assert "entries 19949 down to 19900 shown" in second
-        bans = httpx.get(f"{server.url}/ledger?kind=invalidation&limit=500").text
+        bans = _get(f"{server.url}/ledger?kind=invalidation&limit=500").text
         assert bans.count("<tr>") == 21 and "ban 19999" in bans and "ban 999<" not in bans
-        mine = httpx.get(f"{server.url}/ledger?node={nodes[3][:10]}").text
+        mine = _get(f"{server.url}/ledger?node={nodes[3][:10]}").text
         assert mine.count(f"<code>{nodes[3][:12]}</code>") == 50
-        assert httpx.get(f"{server.url}/ledger?node=zz").status_code == 400
+        assert _get(f"{server.url}/ledger?node=zz").status_code == 400
         verified = "chain: <b>verified</b> (20000 entries"
-        _wait(lambda: verified in httpx.get(f"{server.url}/ledger").text, "the check", 180)
+        _wait(lambda: verified in _get(f"{server.url}/ledger").text, "the check", 180)
 
 
 def test_a_client_over_its_page_rate_gets_429_with_retry_after(live):
@@ -287,24 +290,24 @@ def test_a_client_over_its_page_rate_gets_429_with_retry_after(live):
     limit = RateLimit(per_s=1.0, burst=3, clock=lambda: now[0])
     app = build_dashboard(data, live["token"], base="/", limit=limit)
     with ThreadServer(app) as server, contextlib.closing(app.state.pages):
-        codes = [httpx.get(f"{server.url}/ledger").status_code for _ in range(3)]
+        codes = [_get(f"{server.url}/ledger").status_code for _ in range(3)]
         assert codes == [200, 200, 200]
-        over = httpx.get(f"{server.url}/ledger")
+        over = _get(f"{server.url}/ledger")
         assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
-        assert httpx.get(f"{server.url}/static/dashboard.css").status_code == 200
+        assert _get(f"{server.url}/static/dashboard.css").status_code == 200
         assert limit.wait_s("192.0.2.7") == 0.0  # another address has its own bucket
         now[0] += float(over.headers["retry-after"])
-        assert httpx.get(f"{server.url}/ledger").status_code == 200
+        assert _get(f"{server.url}/ledger").status_code == 200
 
 
 def test_node_pages_need_the_token_and_head_answers_like_get(live):
     base = live["url"]
     for page in ("nodes", "versions"):
-        assert httpx.get(base + page).headers["location"] == f"/ui/login?next={page}"
+        assert _get(base + page).headers["location"] == f"/ui/login?next={page}"
     bearer = {"authorization": "Bearer " + live["token"]}
-    assert live["nodes"][2].node_id[:12] in httpx.get(base + "nodes", headers=bearer).text
-    _wait(lambda: "<b>verified</b>" in httpx.get(base + "ledger").text, "the chain check")
+    assert live["nodes"][2].node_id[:12] in _get(base + "nodes", headers=bearer).text
+    _wait(lambda: "<b>verified</b>" in _get(base + "ledger").text, "the chain check")
     for page in ("", "ledger", "static/dashboard.js"):
-        head, get = httpx.head(base + page), httpx.get(base + page)
+        head, get = httpx.head(base + page), _get(base + page)
         assert head.status_code == get.status_code == 200, page
         assert head.content == b"" and head.headers["content-length"] == str(len(get.content))
