@@ -9,7 +9,7 @@ given every answer so far, and ends the episode when the guess is right::
 Restating the range makes the policy's next move a function of the last reply (the midpoint
 of the range it states) rather than of the whole history. A held-out number's last range
 (``h-h``) is still one no training episode ends in, and the demo-size model does not learn to
-copy it from the 24 training numbers (docs/tasks.md has the measured runs).
+copy it from the training numbers (24 of 1..32, 48 of 1..64; docs/tasks.md has the runs).
 
 The problem space is the hidden numbers, so held-out problems are numbers never hidden in
 training. Reward: 0 unless the number is found within ``max_turns`` guesses, else
