@@ -83,15 +83,23 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path):
                 "orchestrator", "--key", str(key), "--port", port, "--run-dir", str(tmp_path / "o")
             ),
             "relay": _swarmrl(
-                "relay", "--upstream", "http://127.0.0.1:9", "--publisher-key", str(key),
-                "--store", str(tmp_path / "r"), "--port", port,
+                "relay",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--publisher-key",
+                str(key),
+                "--store",
+                str(tmp_path / "r"),
+                "--port",
+                port,
             ),  # fmt: skip
         }
     for verb, result in runs.items():
         assert result.returncode == 2, (verb, result.stderr)
         assert "Traceback" not in result.stderr, verb
-        assert f"swarmrl {verb}: error: cannot listen on 127.0.0.1:{port}: the port is in use" in (
-            result.stderr.strip().splitlines()[-1]
+        assert (
+            f"swarmrl {verb}: error: cannot listen on 127.0.0.1:{port}: the port is in use"
+            in (result.stderr.strip().splitlines()[-1])
         )
 
 

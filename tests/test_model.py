@@ -133,9 +133,7 @@ def test_a_tokenizer_that_cannot_encode_a_prompt_is_refused_at_start(tmp_path: P
         digits,
         tmp_path / "digits-model",
     )  # fmt: skip
-    config = load_config(
-        [EMBEDDED_DEFAULT], ["env.name=reverse", f"model.path={str(model_dir)!r}"]
-    )
+    config = load_config([EMBEDDED_DEFAULT], ["env.name=reverse", f"model.path={str(model_dir)!r}"])
     with pytest.raises(ConfigError, match="cannot encode"):
         Learner(config, build_env(config.env))
 

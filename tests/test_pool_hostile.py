@@ -143,8 +143,8 @@ BAD_EPISODES = {  # each a change of the one-turn episode that agrees with the s
     ),
     "no context first": lambda e: _turns(e, [{"role": "model", "start": 0, "end": 10}]),
     "lone surrogate role": lambda e: _turns(
-        e, [{"role": "context", "start": 0, "end": 8}, {"role": "@SURROGATE@", "start": 8,
-            "end": 10}]
+        e,
+        [{"role": "context", "start": 0, "end": 8}, {"role": "@SURROGATE@", "start": 8, "end": 10}],
     ),  # fmt: skip
     "NaN log-prob": lambda e: {**e, "segments": [{**e["segments"][0], "logprobs": "@NAN@"}]},
     "negative token": lambda e: {**e, "segments": [{**e["segments"][0], "tokens": [-1] * 10}]},

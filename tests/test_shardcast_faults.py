@@ -111,9 +111,7 @@ def test_truncated_responses_are_resumed_elsewhere(tmp_path, origin):
         short.stop()
 
 
-def test_a_fast_source_that_keeps_cutting_one_shard_short_is_not_retried_for_it(
-    tmp_path, origin
-):
+def test_a_fast_source_that_keeps_cutting_one_shard_short_is_not_retried_for_it(tmp_path, origin):
     """A liar the client rates far above the honest origin still cannot use up the attempts."""
 
     def truncate(version_dir: Path) -> None:
