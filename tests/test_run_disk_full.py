@@ -106,3 +106,17 @@ def test_a_full_disk_ends_the_run_failed_with_its_reason_and_no_empty_files(
         if p.is_file() and p.stat().st_size == 0
     ]
     assert empty == [], empty
+
+
+def test_a_ledger_export_onto_a_full_disk_leaves_no_file_behind(small_disk: Path) -> None:
+    """The export a run writes at its end (``ledger.jsonl``): on a full disk it fails with the
+    disk's error and leaves neither an empty nor a half-written file."""
+    from swarmrl.ledger.export import write_entries
+
+    _fill(small_disk / "someone-elses-file")
+    entry = {"seq": 0, "ts": 0.0, "kind": "k", "pool_id": "p", "node_id": None, "body": {"x": 1},
+             "prev_hash": "0" * 64, "entry_hash": "1" * 64, "signature": "2" * 128}  # fmt: skip
+    with pytest.raises(OSError) as full:
+        write_entries([entry] * 2000, small_disk / "run" / "ledger.jsonl")
+    assert full.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in (small_disk / "run").iterdir()) == []

@@ -122,8 +122,12 @@ def write_entries(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries, attestation)))
-    os.replace(tmp, out)
+    try:
+        tmp.write_bytes(b"".join(line + b"\n" for line in export_lines(entries, attestation)))
+        os.replace(tmp, out)
+    except OSError:  # a full disk: leave no half-written (or empty) file behind
+        tmp.unlink(missing_ok=True)
+        raise
     return len(entries)
 
 
