@@ -248,6 +248,7 @@ class Narrator:
         if evals > self.evals_told and accuracy is not None:
             self.evals_told = evals
             told = self.rows_told if steps is not None else int(self.step)
+            told = int(m.get("eval_after_steps", told))  # when it ran, where the trainer says
             when = f"after {told} RL steps" if told else "before RL"
             out.append(f"trainer: held-out accuracy {accuracy:.1%} ({when})")
         return out

@@ -496,7 +496,9 @@ def role_hooks(
             )
         log.info("held-out %s: accuracy %.3f", name, result["accuracy"])
         if name != "control":
-            status.set(accuracy=result["accuracy"])
+            # the RL steps trained when it ran: the console labels it with this, not with the
+            # steps it has seen by the time it reads the status (launch.display)
+            status.set(accuracy=result["accuracy"], eval_after_steps=len(history))
             status.add(evals=1)  # the console tells each evaluation once (launch.display)
         summary.write("running")
 
