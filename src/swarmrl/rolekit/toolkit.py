@@ -151,10 +151,7 @@ def retry(
         failures += 1
         if failures == 1:
             exc = state.outcome.exception() if state.outcome else None
-            # a role told to stop sees its peers go away as the run ends: not a fault
-            stopping = stop is not None and stop.is_set()
-            log.log(
-                logging.DEBUG if stopping else logging.WARNING,
+            log.warning(
                 "%s failed (%s: %s); retrying for up to %.0f s",
                 what,
                 type(exc).__name__,
