@@ -32,6 +32,51 @@ def test_retry_recovers_after_transient_failures(caplog):
     assert "succeeded again after 2 failed attempts" in caplog.text
 
 
+def test_a_peer_away_for_less_than_quiet_s_is_not_told_as_a_fault(caplog):
+    attempts = []
+
+    def back_soon() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise httpx.ConnectError("connection refused")
+        return "ok"
+
+    with caplog.at_level(logging.DEBUG):
+        assert retry(back_soon, "fetch v", LOG, give_up_s=10, pause_s=0.01, quiet_s=5) == "ok"
+    loud = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert loud == []  # neither the streak nor its recovery
+    assert "fetch v failed (ConnectError: connection refused)" in caplog.text  # at debug
+
+
+def test_a_streak_longer_than_quiet_s_warns_once_when_it_has_lasted_that_long(caplog):
+    started = time.monotonic()
+
+    def gone() -> None:
+        raise httpx.ConnectError("connection refused")
+
+    with caplog.at_level(logging.INFO), pytest.raises(WaitTimeout):
+        retry(gone, "fetch v", LOG, give_up_s=0.6, pause_s=0.05, quiet_s=0.3)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].created - started >= 0.3 - 0.01
+    assert "fetch v failed (ConnectError" in warnings[0].getMessage()
+
+
+def test_a_call_failing_after_its_role_was_told_to_stop_is_not_a_warning(caplog):
+    stop = threading.Event()
+
+    def gone_as_the_run_ends() -> None:
+        stop.set()  # the role is stopped while this call is on its way
+        time.sleep(0.1)  # past quiet_s
+        raise httpx.ConnectError("connection refused")
+
+    with caplog.at_level(logging.INFO), pytest.raises(WaitTimeout, match="stopped"):
+        retry(
+            gone_as_the_run_ends, "fetch v", LOG, give_up_s=5, pause_s=0.01, stop=stop, quiet_s=0.05
+        )
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 def test_retry_and_wait_end_when_the_role_stops():
     stop = threading.Event()
     threading.Timer(0.1, stop.set).start()

@@ -133,6 +133,7 @@ def retry(
     pause_s: float = 1.0,
     stop: threading.Event | None = None,
     max_pause_s: float | None = None,
+    quiet_s: float = 0.0,
 ) -> T:
     """Run ``call`` until it succeeds, retrying transient failures for up to ``give_up_s``.
 
@@ -141,23 +142,32 @@ def retry(
     once then spread out instead of knocking together).
 
     Each failure streak is logged once with what was being attempted; recovery is logged too.
+    With ``quiet_s`` a streak is told as a warning only once it has lasted that long (and
+    ``stop`` is not set): a peer away for a moment, or going away as the run ends, is logged
+    at debug (the streak and its recovery alike).
     Raises :class:`WaitTimeout` naming ``what`` when the peer stays away (or ``stop`` is set),
     and lets every other error (a rejection, a bug) through at once.
     """
     failures = 0
+    warned = False
 
     def failed(state: tenacity.RetryCallState) -> None:
-        nonlocal failures
+        nonlocal failures, warned
         failures += 1
-        if failures == 1:
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning(
-                "%s failed (%s: %s); retrying for up to %.0f s",
-                what,
-                type(exc).__name__,
-                exc,
-                give_up_s,
-            )
+        stopping = quiet_s > 0 and stop is not None and stop.is_set()
+        loud = not stopping and state.seconds_since_start >= quiet_s
+        if warned or (failures > 1 and not loud):
+            return
+        exc = state.outcome.exception() if state.outcome else None
+        warned = loud
+        log.log(
+            logging.WARNING if loud else logging.DEBUG,
+            "%s failed (%s: %s); retrying for up to %.0f s",
+            what,
+            type(exc).__name__,
+            exc,
+            give_up_s,
+        )
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(TRANSIENT),
@@ -177,7 +187,12 @@ def retry(
     except _Stopped:
         raise WaitTimeout(f"{what}: stopped while retrying") from None
     if failures:
-        log.info("%s succeeded again after %d failed attempts", what, failures)
+        log.log(
+            logging.INFO if warned else logging.DEBUG,
+            "%s succeeded again after %d failed attempts",
+            what,
+            failures,
+        )
     return result
 
 

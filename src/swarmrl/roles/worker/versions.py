@@ -21,6 +21,10 @@ from swarmrl.shardcast import WeightClient
 
 Ready = tuple[int, Path]  # a downloaded version and its directory
 
+# weight sources away for less than this are told at debug, not as a fault: at a run's end the
+# trainer's origin goes away before every worker has heard that the run is over
+SOURCES_AWAY_QUIET_S = 10.0
+
 
 class VersionFollower:
     """The newest version downloaded by ``weights``, kept up to date by :meth:`run`."""
@@ -75,6 +79,7 @@ class VersionFollower:
                     give_up_s=self.swarm.give_up_s,
                     pause_s=self.swarm.retry_s,
                     stop=self.stop,
+                    quiet_s=SOURCES_AWAY_QUIET_S,
                 )
                 self.weights.wait_for_newer(timeout_s=30.0)
             except WaitTimeout:
