@@ -44,6 +44,23 @@ def test_reasoning_gym_scores_with_the_library():
     assert env.score(task, task.answer).reward == 0.0  # no answer tags: nothing to score
 
 
+def test_reasoning_gym_partial_credit_can_be_turned_off():
+    pytest.importorskip("reasoning_gym")
+    arithmetic = [
+        ReasoningGymTask(name="basic_arithmetic", config={"min_terms": 2, "max_terms": 2})
+    ]
+    kw = {"name": "reasoning_gym", "tasks": arithmetic, "size": 50}
+    partial = build_env(EnvConfig(**kw))
+    exact = build_env(EnvConfig(**kw, partial_credit=False))
+    task = partial.task("train", 0)
+    padded = f"<answer>{task.answer}0</answer>"  # the right answer and a digit more: wrong
+    assert 0.0 < partial.score(task, padded).reward < 1.0  # the library's partial credit
+    assert exact.score(task, padded).reward == 0.0
+    assert exact.score(task, padded).details["correct"] is False
+    right = exact.score(task, f"<answer>{task.answer}</answer>")
+    assert right.reward == 1.0 and right.details["correct"] is True
+
+
 def test_reasoning_gym_unknown_task_and_bad_config_are_one_line_errors():
     pytest.importorskip("reasoning_gym")
     with pytest.raises(ConfigError, match="unknown reasoning-gym task 'leg_countin'") as info:

@@ -120,6 +120,12 @@ class EnvConfig(Section):
     )
     size: int = Field(10000, ge=2, description="reasoning_gym: problems generated")
     seed: int = Field(0, description="reasoning_gym: generator seed")
+    partial_credit: bool = Field(
+        True,
+        description="reasoning_gym: the reward is the library's score, partial credit included "
+        "(false: 1 for a fully correct answer, else 0; some generators score a wrong answer "
+        "that contains the right one above 0, which RL on a small model learns to exploit)",
+    )
     verifiers_env: str | None = Field(
         None,
         description="verifiers: environment id given to verifiers.load_environment; "

@@ -84,7 +84,13 @@ def _base_env(config: EnvConfig, scores: bool) -> Environment:
     if config.name == "reasoning_gym":
         from swarmrl.envs.gym import ReasoningGymEnv
 
-        return ReasoningGymEnv(config.tasks, config.size, config.seed, config.heldout_fraction)
+        return ReasoningGymEnv(
+            config.tasks,
+            config.size,
+            config.seed,
+            config.heldout_fraction,
+            partial_credit=config.partial_credit,
+        )
     if config.name == "verifiers":
         from swarmrl.envs.vfenv import VerifiersEnv
 

@@ -11,7 +11,9 @@ space is small; widen its config (or lower ``env.size``) for such generators.
 
 The prompt asks for the answer between ``<answer>`` and ``</answer>``; the reward is the
 library's score of the last such answer (0 without one), clipped to [0, 1]. ``correct`` means a
-score of 1. Unknown generator names and bad config keywords are a one-line
+score of 1. Some generators give partial credit to a wrong answer that contains the right one
+(``basic_arithmetic`` scores ``20`` for ``2`` at 0.5); with ``partial_credit=False`` the reward
+is 1 for a correct answer and 0 otherwise. Unknown generator names and bad config keywords are a one-line
 :class:`ConfigError` at start-up.
 
 Knows nothing about tokens or models.
@@ -51,8 +53,10 @@ class ReasoningGymEnv(Environment):
         size: int = 10000,
         seed: int = 0,
         heldout_fraction: float = 0.1,
+        partial_credit: bool = True,
     ) -> None:
         super().__init__(heldout_fraction)
+        self.partial_credit = partial_credit
         rg = require("reasoning_gym", "env.name = 'reasoning_gym'")
         if not tasks:
             raise ConfigError("env.name = 'reasoning_gym' needs env.tasks (generator names)")
@@ -110,4 +114,7 @@ class ReasoningGymEnv(Environment):
         generator = self.generators[self.generator_of(task.problem_id)]
         raw = float(generator.score_answer(answer=answer, entry=self.entry(task.problem_id)))
         reward = min(1.0, max(0.0, raw)) if raw == raw else 0.0  # NaN scores count as 0
-        return Score(reward, {"correct": reward == 1.0, "task": name})
+        correct = reward == 1.0
+        if not self.partial_credit:
+            reward = float(correct)
+        return Score(reward, {"correct": correct, "task": name})
