@@ -21,14 +21,8 @@ from swarmrl.pool.flow.admission import (
     steps_left,
     unblock,
 )
-from swarmrl.protocol.pool import (
-    LeaseReply,
-    PoolSpec,
-    SamplingParams,
-    Submission,
-    TrainerProgress,
-    Verdict,
-)
+from swarmrl.protocol.pool import LeaseReply, PoolSpec, SamplingParams, Submission, TrainerProgress
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "adm"
