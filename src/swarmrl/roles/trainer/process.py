@@ -5,9 +5,9 @@ transformers, which the command line does not need for ``--help``.
 
 Under ``torchrun --nproc-per-node N -m swarmrl.cli trainer …`` (or ``[trainer] nproc = N`` in
 ``swarmrl run``) every rank runs the loop on its shard of the model (FSDP2,
-:mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin,
-publishes, and writes the status file, the summary and the run's report
-(:mod:`swarmrl.roles.trainer.progress`). Checkpoints (:mod:`swarmrl.trainer.checkpoint`) are
+:mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin
+(:mod:`swarmrl.roles.trainer.origin`), publishes, and writes the status file, the summary and
+the run's report (:mod:`swarmrl.roles.trainer.progress`). Checkpoints (:mod:`swarmrl.trainer.checkpoint`) are
 saved by every rank after each due step; a restarted trainer resumes from the newest (from the
 warm start when there is none) under a new version number (:func:`continue_versions`).
 
@@ -48,12 +48,10 @@ from swarmrl.rolekit.toolkit import (
     setup_logging,
 )
 from swarmrl.roles.trainer.announce import Announcer
+from swarmrl.roles.trainer.origin import Origin
 from swarmrl.roles.trainer.progress import RunReport, Summary, reporting, role_hooks
 from swarmrl.roles.trainer.source import PoolSource
 from swarmrl.serving import Tls
-from swarmrl.shardcast import Publisher, store
-from swarmrl.shardcast.catalog import Catalog
-from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.trainer.checkpoint import Checkpointer
 from swarmrl.trainer.learner import Learner, resolve_device
@@ -68,47 +66,6 @@ from swarmrl.trainer.parallel import (
 from swarmrl.trainer.trackers import Trackers, tracked
 
 OpenReport = Callable[[SwarmConfig, argparse.Namespace], RunReport]
-
-
-class Origin:
-    """The publisher and the HTTP origin serving its store."""
-
-    def __init__(
-        self,
-        store_dir: Path,
-        keypair: KeyPair,
-        config: SwarmConfig,
-        host: str,
-        port: int,
-        tls: Tls | None = None,
-    ) -> None:
-        self.store_dir = store_dir
-        store.discard_stale_partials(store_dir)  # a killed trainer's unfinished version
-        self.publisher = Publisher(store_dir, keypair, config.shardcast)
-        catalog = Catalog(store_dir, config.shardcast.keep_versions)
-        catalog.refresh()
-        self.server = serve_in_thread(
-            build_app(catalog, config.shardcast, role="origin", watch_disk=True),
-            host,
-            port,
-            tls=tls,
-        )
-        self.bytes_full = 0
-        self.bytes_delta = 0
-        self.versions: list[int] = []
-
-    def publish(self, save: Callable[[Path], Path], version: int, scratch: Path) -> None:
-        """Save (``save(dir)``: a snapshot of the whole policy, or the base and a LoRA
-        adapter), shard, sign and serve ``version``; the checkpoint copy is removed afterwards."""
-        checkpoint = save(scratch / f"v{version}")
-        manifest = self.publisher.publish(checkpoint, version, version)
-        self.bytes_full += manifest.total_bytes
-        self.bytes_delta += sum(d.size for d in manifest.deltas)
-        self.versions.append(version)
-        shutil.rmtree(checkpoint)
-
-    def stop(self) -> None:
-        self.server.stop()
 
 
 def start(args: argparse.Namespace, open_report: OpenReport | None = None) -> int:

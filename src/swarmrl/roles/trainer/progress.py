@@ -14,18 +14,16 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from swarmrl.errors import DiskWriteError
 from swarmrl.model.io import save_policy
 from swarmrl.rolekit.toolkit import StatusReporter
+from swarmrl.roles.trainer.origin import Origin
 from swarmrl.roles.trainer.source import PoolSource
 from swarmrl.shardcast.publisher import WRITE_FAULTS
 from swarmrl.trainer.learner import Learner
 from swarmrl.trainer.loop import STATUS_KEYS, Hooks, TrainingResult
-
-if TYPE_CHECKING:
-    from swarmrl.roles.trainer.process import Origin
 
 
 class RunReport(Protocol):
