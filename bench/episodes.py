@@ -53,8 +53,9 @@ def main() -> None:
     from swarmrl.identity import KeyPair
     from swarmrl.inference.interface import open_engine
     from swarmrl.model.io import load_tokenizer
-    from swarmrl.protocol.pool import PendingSubmission, WorkUnit
+    from swarmrl.protocol.pool import WorkUnit
     from swarmrl.protocol.seeds import sample_seed
+    from swarmrl.protocol.verdicts import PendingSubmission
     from swarmrl.rolekit.policy import LoadedVersion
     from swarmrl.roles.validator.judge import judge
     from swarmrl.roles.worker.rollouts import generate_episodes

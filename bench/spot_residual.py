@@ -37,7 +37,8 @@ from pathlib import Path
 from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "residual"

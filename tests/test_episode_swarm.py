@@ -24,7 +24,8 @@ from swarmrl.model import build_char_tokenizer, create_tiny_model
 from swarmrl.pool.flow.samples import check_samples
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import Episode, EpisodeSegment, EpisodeTurn
-from swarmrl.protocol.pool import PendingSubmission, PoolSpec, Sample, WorkUnit
+from swarmrl.protocol.pool import PoolSpec, Sample, WorkUnit
+from swarmrl.protocol.verdicts import PendingSubmission
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
 from swarmrl.roles.worker.forged import forge_text, forging

@@ -18,7 +18,8 @@ from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.pool import InvalidateRequest, PoolSpec
 from swarmrl.rolekit.metrics import serve_metrics
 from swarmrl.rolekit.toolkit import StatusReporter, add_role_args
-from swarmrl.roles.trainer.process import Origin, Summary, role_hooks
+from swarmrl.roles.trainer.origin import Origin
+from swarmrl.roles.trainer.progress import Summary, role_hooks
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
 from swarmrl.trainer.loop import ROW_KEYS
 

@@ -14,13 +14,8 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
 from swarmrl.pool.state import db
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import (
-    Heartbeat,
-    InvalidateRequest,
-    PoolSpec,
-    Submission,
-    Verdict,
-)
+from swarmrl.protocol.pool import Heartbeat, InvalidateRequest, PoolSpec, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 

@@ -16,7 +16,8 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import make_context
 from swarmrl.pool.state.store import RolloutStore
 from swarmrl.pool.trust.audit import check_node_signature
-from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "au"

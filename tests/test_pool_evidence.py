@@ -22,7 +22,8 @@ from swarmrl.ledger.verify import verify_export
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
 from swarmrl.pool.state.db import make_engine, sqlite_url
-from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "ev"

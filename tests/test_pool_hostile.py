@@ -15,7 +15,8 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
 from swarmrl.pool.state.store import split_reference
-from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "hx"

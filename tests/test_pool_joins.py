@@ -12,7 +12,8 @@ from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.flow.work import HELD_UNTIL
 from swarmrl.pool.state import db
-from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "jn"

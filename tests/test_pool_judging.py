@@ -4,7 +4,8 @@ reaches the trainer."""
 
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "jd"

@@ -10,7 +10,8 @@ from swarmrl.ledger.verify import verify_export
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import PoolSpec, Submission, Verdict
+from swarmrl.protocol.pool import PoolSpec, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 

@@ -32,8 +32,8 @@ from swarmrl.protocol.pool import (
     RejoinRequest,
     SamplingParams,
     Submission,
-    Verdict,
 )
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.rolekit.toolkit import StatusReporter, retry
 from swarmrl.roles.worker.node import WorkerNode, WorkerSettings
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples

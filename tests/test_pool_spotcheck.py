@@ -23,14 +23,8 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.pool.flow import spotcheck
 from swarmrl.pool.state import db
 from swarmrl.pool.trust.audit import audit
-from swarmrl.protocol.pool import (
-    Heartbeat,
-    PendingSubmission,
-    PoolSpec,
-    SamplingParams,
-    Submission,
-    Verdict,
-)
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import PendingSubmission, Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "sc"

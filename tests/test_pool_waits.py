@@ -15,7 +15,8 @@ from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state.replies import json_object
 from swarmrl.pool.web.waits import PoolChanges, held
-from swarmrl.protocol.pool import MAX_WAIT_S, PoolSpec, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import MAX_WAIT_S, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
 POOL = "hw"

@@ -12,8 +12,9 @@ from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import create_tiny_model
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import PendingSubmission, WorkUnit
+from swarmrl.protocol.pool import WorkUnit
 from swarmrl.protocol.seeds import sample_seed
+from swarmrl.protocol.verdicts import PendingSubmission
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_unit

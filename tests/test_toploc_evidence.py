@@ -12,14 +12,9 @@ from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import (
-    Heartbeat,
-    PendingSubmission,
-    PoolSpec,
-    Submission,
-    WorkUnit,
-)
+from swarmrl.protocol.pool import Heartbeat, PoolSpec, Submission, WorkUnit
 from swarmrl.protocol.proofs import ChunkReport, ProofVerdict
+from swarmrl.protocol.verdicts import PendingSubmission
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
 from swarmrl.roles.worker.rollouts import generate_unit

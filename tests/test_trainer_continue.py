@@ -20,7 +20,8 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import PoolSpec, SamplingParams
 from swarmrl.rolekit.toolkit import StatusReporter
 from swarmrl.roles.trainer.announce import Announcer
-from swarmrl.roles.trainer.process import Origin, continue_versions
+from swarmrl.roles.trainer.origin import Origin
+from swarmrl.roles.trainer.process import continue_versions
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
 
 POOL = "resume"

@@ -16,7 +16,8 @@ from swarmrl.identity import KeyPair
 from swarmrl.model import build_char_tokenizer
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.flow import progress
-from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission, Verdict
+from swarmrl.protocol.pool import PoolSpec, Sample, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.rolekit.supervisor import wait_until
 from swarmrl.rolekit.toolkit import StatusReporter
 from swarmrl.roles.trainer.source import PoolSource

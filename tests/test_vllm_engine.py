@@ -24,7 +24,8 @@ from swarmrl.inference import interface
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import PendingSubmission, WorkUnit
+from swarmrl.protocol.pool import WorkUnit
+from swarmrl.protocol.verdicts import PendingSubmission
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.roles.validator.judge import judge
 from swarmrl.roles.worker.rollouts import generate_episodes

@@ -53,7 +53,7 @@ import os
 import shutil
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -241,15 +241,9 @@ class VerifiersV1Env(Environment):
 
     def task(self, split: Split, index: int) -> Task:
         base = super().task(split, index)
+        # ``env.system_prompt`` where set, else the task's own
         system = self.system_prompt or self.vf_tasks[base.problem_id].data.system_prompt
-        return Task(
-            problem_id=base.problem_id,
-            split=base.split,
-            index=base.index,
-            prompt=base.prompt,
-            answer=base.answer,
-            system=system,
-        )
+        return replace(base, system=system)
 
     def score(self, task: Task, completion_text: str, num_tokens: int | None = None) -> Score:
         raise ConfigError(

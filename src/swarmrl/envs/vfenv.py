@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from swarmrl.envs.base import Environment, Score, Split, Task
@@ -109,15 +110,8 @@ class VerifiersEnv(Environment):
 
     def task(self, split: Split, index: int) -> Task:
         base = super().task(split, index)
-        system = self.system_prompt or self.prompts[base.problem_id][0]
-        return Task(
-            problem_id=base.problem_id,
-            split=base.split,
-            index=base.index,
-            prompt=base.prompt,
-            answer=base.answer,
-            system=system,
-        )
+        # ``env.system_prompt`` where set, else the row's own system turn
+        return replace(base, system=self.system_prompt or self.prompts[base.problem_id][0])
 
     def record(self, problem_id: int) -> dict[str, Any]:
         return self.rows[problem_id]

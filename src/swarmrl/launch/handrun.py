@@ -104,7 +104,7 @@ def pool_facts(plan: HandPlan) -> dict[str, Any]:
 
 
 class HandRunReport:
-    """The trainer's :class:`~swarmrl.roles.trainer.process.RunReport` for a hand-started run."""
+    """The trainer's :class:`~swarmrl.roles.trainer.progress.RunReport` for a hand-started run."""
 
     def __init__(self, config: SwarmConfig, args: argparse.Namespace) -> None:
         run_dir = Path(args.run_dir)

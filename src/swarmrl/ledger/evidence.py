@@ -16,16 +16,18 @@ unit that flags a node is recorded as a hard rejection whose reason gives the ev
 ``verdict`` entries that carry measurements (the same operations in the same order, so the
 same floats): a verdict that accepts a unit the record flags, or rejects one for evidence the
 record does not give, or a flagged node the ledger never bans, is reported. ``k`` and ``h`` come
-from the pool's ``pool_created`` entry. Knows nothing about databases or HTTP.
+from the pool's ``pool_created`` entry (``swarmrl.ledger.replay``). Knows nothing about
+databases or HTTP.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from swarmrl.protocol.pool import EVIDENCE_CAP, PoolSpec
+from swarmrl.ledger.replay import LedgerReplay, spec_value
+from swarmrl.protocol.pool import EVIDENCE_CAP
 
 EVIDENCE_PREFIX = "evidence: "  # the reason of a rejection for evidence starts so
 
@@ -72,34 +74,22 @@ class _Pool:
 
 
 @dataclass
-class EvidenceReplay:
+class EvidenceReplay(LedgerReplay[_Pool]):
     """Recomputes the per-node evidence from ledger entries fed in sequence order.
 
     ``feed`` returns "" or why the entry contradicts the record (module docstring); ``finish``
     checks that every node the record flags is banned (``banned``: node ids the ledger bans).
     """
 
-    pools: dict[str | None, _Pool] = field(default_factory=dict)
+    subject: ClassVar[str] = "evidence"
     verdicts: int = 0  # verdicts whose measurements were added
 
-    def feed(self, entry: dict[str, Any]) -> str:
-        try:
-            return self._feed(entry)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a signed odd body
-            return f"evidence fields of a {entry.get('kind')!r} entry are malformed ({exc!r})"
+    def _pool(self, spec: dict[str, Any]) -> _Pool:
+        return _Pool(
+            float(spec_value(spec, "evidence_drift")), float(spec_value(spec, "evidence_limit"))
+        )
 
-    def _feed(self, entry: dict[str, Any]) -> str:
-        kind, body, pool_id = entry["kind"], entry["body"], entry["pool_id"]
-        if not isinstance(body, dict):
-            return ""
-        if kind == "pool_created":
-            spec = body.get("spec", {})
-            fields = PoolSpec.model_fields
-            self.pools[pool_id] = _Pool(
-                float(spec.get("evidence_drift", fields["evidence_drift"].default)),
-                float(spec.get("evidence_limit", fields["evidence_limit"].default)),
-            )
-            return ""
+    def _entry(self, entry: dict[str, Any], kind: str, body: dict[str, Any], pool_id: Any) -> str:
         pool = self.pools.get(pool_id)
         measures = body.get("evidence")
         if kind != "verdict" or pool is None or measures is None:

@@ -19,7 +19,8 @@ request arrives), so it cannot learn or grind which of its submissions will be c
 entry, the rate it must have been checked at and, once its epoch's secret is revealed, whether
 it must have been checked; it also checks that every ``release`` entry (unchecked work made
 trainable) follows a passed check of a later submission of the same node. Knows nothing about
-databases or HTTP; ``floor`` and ``decay`` come from the pool's ``pool_created`` entry.
+databases or HTTP; ``floor`` and ``decay`` come from the pool's ``pool_created`` entry
+(``swarmrl.ledger.replay``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from swarmrl.protocol.pool import PoolSpec
+from swarmrl.ledger.replay import LedgerReplay, spec_value
 
 DRAW_BITS = 256
 
@@ -63,7 +64,7 @@ class _Pool:
 
 
 @dataclass
-class SpotCheckReplay:
+class SpotCheckReplay(LedgerReplay[_Pool]):
     """Re-derives spot-check decisions from ledger entries fed in sequence order.
 
     ``feed`` returns "" or why the entry contradicts the rules (module docstring). Draws whose
@@ -71,31 +72,20 @@ class SpotCheckReplay:
     against any reveal that came later.
     """
 
-    pools: dict[str | None, _Pool] = field(default_factory=dict)
+    subject: ClassVar[str] = "spot-check"
     secrets: dict[tuple[str | None, int], str] = field(default_factory=dict)
     open_epoch: dict[str | None, int] = field(default_factory=dict)  # newest committed epoch
     unrevealed: list[tuple[str | None, int, str, float, bool]] = field(default_factory=list)
     verified: int = 0  # submission draws recomputed and matching
 
-    def feed(self, entry: dict[str, Any]) -> str:
-        try:
-            return self._feed(entry)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a signed odd body
-            return f"spot-check fields of a {entry.get('kind')!r} entry are malformed ({exc!r})"
+    def _pool(self, spec: dict[str, Any]) -> _Pool:
+        return _Pool(
+            float(spec_value(spec, "validated_fraction")),
+            float(spec_value(spec, "check_rate_decay")),
+            bool(spec.get("validators")),
+        )
 
-    def _feed(self, entry: dict[str, Any]) -> str:
-        kind, body, pool_id = entry["kind"], entry["body"], entry["pool_id"]
-        if not isinstance(body, dict):
-            return ""
-        if kind == "pool_created":
-            spec = body.get("spec", {})
-            fields = PoolSpec.model_fields
-            self.pools[pool_id] = _Pool(
-                float(spec.get("validated_fraction", fields["validated_fraction"].default)),
-                float(spec.get("check_rate_decay", fields["check_rate_decay"].default)),
-                bool(spec.get("validators")),
-            )
-            return ""
+    def _entry(self, entry: dict[str, Any], kind: str, body: dict[str, Any], pool_id: Any) -> str:
         if kind == "assignment_commit":
             self.open_epoch[pool_id] = int(body.get("epoch", -1))
             return ""

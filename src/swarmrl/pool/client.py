@@ -38,8 +38,6 @@ from swarmrl.protocol.pool import (
     BatchAckReceipt,
     BatchReply,
     BatchRequest,
-    ClaimReply,
-    ClaimRequest,
     ErrorReply,
     Heartbeat,
     HeartbeatReply,
@@ -50,7 +48,6 @@ from swarmrl.protocol.pool import (
     NodeLogs,
     NodeMetadata,
     NodeView,
-    PendingSubmission,
     PoolInfo,
     PoolMetrics,
     PoolSpec,
@@ -58,9 +55,14 @@ from swarmrl.protocol.pool import (
     Submission,
     SubmissionReceipt,
     TrainerProgress,
+    VersionUpdate,
+)
+from swarmrl.protocol.verdicts import (
+    ClaimReply,
+    ClaimRequest,
+    PendingSubmission,
     Verdict,
     VerdictReceipt,
-    VersionUpdate,
 )
 
 T = TypeVar("T")

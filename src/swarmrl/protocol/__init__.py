@@ -1,7 +1,8 @@
 """swarmrl.protocol: typed messages that cross a process boundary (see docs/architecture.md).
 
-One module per conversation: ``pool`` (orchestrator API), ``proofs``, ``shardcast``, ``swarm``,
-``episodes`` (multi-turn rollouts as token segments);
+One module per conversation: ``pool`` (orchestrator API), ``verdicts`` (a validator's claims and
+verdicts), ``proofs``, ``shardcast``, ``swarm``, ``episodes`` (multi-turn rollouts as token
+segments);
 ``sampling`` holds the sampling parameters and finish reason all of them share.
 """
 
@@ -14,7 +15,6 @@ from swarmrl.protocol.pool import (
     LeaseReply,
     NodeMetadata,
     NodeView,
-    PendingSubmission,
     PoolInfo,
     PoolSpec,
     Requirements,
@@ -22,11 +22,10 @@ from swarmrl.protocol.pool import (
     Submission,
     SubmissionReceipt,
     TrainableSubmission,
-    Verdict,
-    VerdictReceipt,
     WorkUnit,
 )
 from swarmrl.protocol.sampling import FinishReason, SamplingParams
+from swarmrl.protocol.verdicts import PendingSubmission, Verdict, VerdictReceipt
 
 __all__ = [
     "BatchReply",

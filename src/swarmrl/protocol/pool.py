@@ -1,5 +1,6 @@
 """Wire types of the compute pool protocol (DESIGN.md §7): pools, invites, nodes, heartbeats,
-work units, submissions, verdicts, trainer batches, admin views.
+work units, submissions, trainer batches, admin views. A validator's claims and verdicts are in
+``swarmrl.protocol.verdicts``.
 
 Every request that changes state is signed at the HTTP layer (``swarmrl.identity.requests``);
 these messages carry no signatures of their own except :class:`Invite`, which travels offline
@@ -319,7 +320,8 @@ class SubmissionReceipt(Message):
 MAX_WAIT_S = 10.0  # the longest an empty answer is held (``wait_s``)
 
 
-def _wait_s() -> Any:
+def wait_s_field() -> Any:
+    """The ``wait_s`` field of a request whose answer may be held (a claim, a batch)."""
     return Field(
         0.0,
         ge=0.0,
@@ -327,69 +329,6 @@ def _wait_s() -> Any:
         allow_inf_nan=False,
         description="hold an answer that would be empty up to this many seconds, until there "
         "is something to hand out (0: answer at once)",
-    )
-
-
-class ClaimRequest(Message):
-    limit: int = Field(8, gt=0, le=256, description="most submissions to hand out")
-    wait_s: float = _wait_s()
-
-
-class PendingSubmission(Message):
-    """A submission for a validator to replay, with the lease it answered.
-
-    The ``request_*`` fields and ``body_digest`` let anyone re-check the node's signature over
-    its submit request (``swarmrl.identity.requests.request_message`` with method POST and path
-    ``/pools/{pool_id}/submissions``); the same values are in the ledger's submission entry.
-    """
-
-    submission_id: str
-    node_id: str
-    node_key: str = Field(description="public key that signed the submission")
-    request_signature: str = Field(description="the node's signature over the submit request")
-    body_digest: str = Field(description="sha256 of the submitted body")
-    request_timestamp_ms: int = Field(description="X-Swarm-Timestamp of the submit request")
-    request_nonce: str = Field(description="X-Swarm-Nonce of the submit request")
-    work: WorkUnit
-    samples: list[Sample]
-
-
-class ClaimReply(Message):
-    submissions: list[PendingSubmission]
-
-
-class Verdict(Message):
-    """A validator's judgement of one submission.
-
-    ``behaviour_logprobs`` is [n_samples][T_i], the validator's replayed per-token log-probs,
-    required when accepting. Example: ``{"submission_id": "…", "accept": false, "severity":
-    "hard", "reasons": ["proof chunk 2: 41/128 exponents match"], "measured_tokens": 0}``.
-    """
-
-    submission_id: RecordId
-    accept: bool
-    severity: Severity = Field("hard", description="for rejections: hard bans, soft drops one unit")
-    reasons: list[Reason] = Field(default_factory=list, max_length=64)
-    measured_tokens: int = Field(ge=0, lt=2**62, description="tokens the validator replayed")
-    behaviour_logprobs: list[list[float]] | None = Field(None, description="[n_samples][T_i]")
-    evidence: dict[EvidenceMeasure, Annotated[float, Field(ge=0, le=EVIDENCE_CAP)]] | None = Field(
-        None,
-        description="accepting only: the unit's measurements, each normalised by its "
-        "threshold (swarmrl.toploc.evidence), added to the node's record by the pool",
-    )
-
-
-class VerdictReceipt(Message):
-    submission_id: str
-    status: Literal["accepted", "rejected", "disputed"] = Field(
-        description="disputed = a rejection recorded as one vote; the quorum is not complete"
-    )
-    credited_tokens: int
-    reasons: list[Reason] = Field(
-        default_factory=list,
-        max_length=64,
-        description="why an accepting verdict was recorded as a rejection (the node's evidence "
-        "passed its limit with this unit); empty otherwise",
     )
 
 
@@ -450,7 +389,7 @@ class BatchRequest(Message):
     holder: RecordId = Field(
         "trainer", description="who holds the lease: random per trainer process"
     )
-    wait_s: float = _wait_s()
+    wait_s: float = wait_s_field()
 
 
 class BatchAck(Message):

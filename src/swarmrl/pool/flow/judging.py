@@ -30,13 +30,8 @@ from swarmrl.pool.state.replies import json_object, serialise_rows
 from swarmrl.pool.trust import evidence
 from swarmrl.pool.trust.penalties import invalidate_in
 from swarmrl.pool.trust.service import Context, current_version, node_row
-from swarmrl.protocol.pool import (
-    PendingSubmission,
-    PoolSpec,
-    Verdict,
-    VerdictReceipt,
-    WorkUnit,
-)
+from swarmrl.protocol.pool import PoolSpec, WorkUnit
+from swarmrl.protocol.verdicts import PendingSubmission, Verdict, VerdictReceipt
 
 
 def _require_validator(spec: PoolSpec, public_key_hex: str) -> None:

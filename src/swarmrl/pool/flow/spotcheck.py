@@ -38,7 +38,8 @@ from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.state import db
 from swarmrl.pool.trust import assignments
 from swarmrl.pool.trust.service import Context
-from swarmrl.protocol.pool import PoolSpec, Verdict
+from swarmrl.protocol.pool import PoolSpec
+from swarmrl.protocol.verdicts import Verdict
 
 
 @dataclass(frozen=True)

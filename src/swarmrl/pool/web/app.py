@@ -63,8 +63,6 @@ from swarmrl.protocol.pool import (
     BatchAckReceipt,
     BatchReply,
     BatchRequest,
-    ClaimReply,
-    ClaimRequest,
     ErrorReply,
     Heartbeat,
     HeartbeatReply,
@@ -80,10 +78,9 @@ from swarmrl.protocol.pool import (
     Submission,
     SubmissionReceipt,
     TrainerProgress,
-    Verdict,
-    VerdictReceipt,
     VersionUpdate,
 )
+from swarmrl.protocol.verdicts import ClaimReply, ClaimRequest, Verdict, VerdictReceipt
 
 # Path ids are checked against their patterns before any handler (or database) sees them: a NUL
 # or a stray character is a 422, never a query PostgreSQL refuses.

@@ -1,7 +1,7 @@
 """Announcing and publishing the trainer's policy versions without holding up its next step.
 
 :class:`Announcer` tells the orchestrator each new version at once and saves, shards and signs
-it through the origin (:class:`swarmrl.roles.trainer.process.Origin`) in one background thread,
+it through the origin (:class:`swarmrl.roles.trainer.origin.Origin`) in one background thread,
 from a snapshot of the weights that later optimizer steps do not touch. Knows nothing about the
 training loop beyond the learner whose weights it snapshots.
 """
@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,10 +20,8 @@ from swarmrl.config import SwarmConfig
 from swarmrl.model.io import save_policy
 from swarmrl.pool.client import PoolClient
 from swarmrl.rolekit.toolkit import StatusReporter, retry
+from swarmrl.roles.trainer.origin import Origin
 from swarmrl.trainer.learner import Learner
-
-if TYPE_CHECKING:
-    from swarmrl.roles.trainer.process import Origin
 
 
 def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:

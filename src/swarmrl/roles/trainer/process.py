@@ -5,11 +5,11 @@ transformers, which the command line does not need for ``--help``.
 
 Under ``torchrun --nproc-per-node N -m swarmrl.cli trainer …`` (or ``[trainer] nproc = N`` in
 ``swarmrl run``) every rank runs the loop on its shard of the model (FSDP2,
-:mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin,
-publishes, and writes the status file, the summary and the run's report. Checkpoints (:mod:`swarmrl.trainer.
-checkpoint`) are saved by every rank after each due step; a restarted trainer resumes from the
-newest (from the warm start when there is none) under a new version number
-(:func:`continue_versions`).
+:mod:`swarmrl.trainer.parallel`); rank 0 alone talks to the orchestrator, runs the origin
+(:mod:`swarmrl.roles.trainer.origin`), publishes, and writes the status file, the summary and
+the run's report (:mod:`swarmrl.roles.trainer.progress`). Checkpoints (:mod:`swarmrl.trainer.checkpoint`) are
+saved by every rank after each due step; a restarted trainer resumes from the newest (from the
+warm start when there is none) under a new version number (:func:`continue_versions`).
 
 A trainer started by hand also writes the run directory ``swarmrl run`` writes (config.json,
 metrics.jsonl, report.json, report.png, ledger.jsonl) through a :class:`RunReport` its command
@@ -29,16 +29,15 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from swarmrl.config import SwarmConfig
 from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.envs import build_env
-from swarmrl.errors import DiskWriteError, MissingPathError
+from swarmrl.errors import MissingPathError
 from swarmrl.identity import KeyPair, load_keypair
-from swarmrl.model.io import save_policy
 from swarmrl.pool.client import PoolClient
 from swarmrl.rolekit.metrics import serve_role_metrics
 from swarmrl.rolekit.supervisor import die_with_parent, terminate_as_interrupt
@@ -49,16 +48,14 @@ from swarmrl.rolekit.toolkit import (
     setup_logging,
 )
 from swarmrl.roles.trainer.announce import Announcer
+from swarmrl.roles.trainer.origin import Origin
+from swarmrl.roles.trainer.progress import RunReport, Summary, reporting, role_hooks
 from swarmrl.roles.trainer.source import PoolSource
 from swarmrl.serving import Tls
-from swarmrl.shardcast import Publisher, store
-from swarmrl.shardcast.catalog import Catalog
-from swarmrl.shardcast.publisher import WRITE_FAULTS
-from swarmrl.shardcast.server import build_app, serve_in_thread
 from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
 from swarmrl.trainer.checkpoint import Checkpointer
 from swarmrl.trainer.learner import Learner, resolve_device
-from swarmrl.trainer.loop import STATUS_KEYS, Hooks, TrainingResult, train
+from swarmrl.trainer.loop import Hooks, train
 from swarmrl.trainer.parallel import (
     FollowerSource,
     LeaderSource,
@@ -68,67 +65,7 @@ from swarmrl.trainer.parallel import (
 )
 from swarmrl.trainer.trackers import Trackers, tracked
 
-
-class RunReport(Protocol):
-    """The run directory's report as the trainer's loop goes (``swarmrl.launch.handrun``)."""
-
-    def follow(self, result: TrainingResult, history: list[dict[str, Any]]) -> None:
-        """The loop's result as it fills in, and every step's row (``history``: after a
-        resume, the loop's result holds only the steps since)."""
-
-    def step(self, row: dict[str, Any]) -> None:
-        """One step's row (metrics.jsonl), then report.json with status ``running``."""
-
-    def progress(self) -> None:
-        """report.json with status ``running`` (after an evaluation)."""
-
-    def end(self, status: str, error: BaseException | None = None) -> None:
-        """The final report.json and report.png: ``completed``, ``interrupted`` or ``failed``
-        (``error`` says why), with the pool's closing account where it can be had."""
-
-
 OpenReport = Callable[[SwarmConfig, argparse.Namespace], RunReport]
-
-
-class Origin:
-    """The publisher and the HTTP origin serving its store."""
-
-    def __init__(
-        self,
-        store_dir: Path,
-        keypair: KeyPair,
-        config: SwarmConfig,
-        host: str,
-        port: int,
-        tls: Tls | None = None,
-    ) -> None:
-        self.store_dir = store_dir
-        store.discard_stale_partials(store_dir)  # a killed trainer's unfinished version
-        self.publisher = Publisher(store_dir, keypair, config.shardcast)
-        catalog = Catalog(store_dir, config.shardcast.keep_versions)
-        catalog.refresh()
-        self.server = serve_in_thread(
-            build_app(catalog, config.shardcast, role="origin", watch_disk=True),
-            host,
-            port,
-            tls=tls,
-        )
-        self.bytes_full = 0
-        self.bytes_delta = 0
-        self.versions: list[int] = []
-
-    def publish(self, save: Callable[[Path], Path], version: int, scratch: Path) -> None:
-        """Save (``save(dir)``: a snapshot of the whole policy, or the base and a LoRA
-        adapter), shard, sign and serve ``version``; the checkpoint copy is removed afterwards."""
-        checkpoint = save(scratch / f"v{version}")
-        manifest = self.publisher.publish(checkpoint, version, version)
-        self.bytes_full += manifest.total_bytes
-        self.bytes_delta += sum(d.size for d in manifest.deltas)
-        self.versions.append(version)
-        shutil.rmtree(checkpoint)
-
-    def stop(self) -> None:
-        self.server.stop()
 
 
 def start(args: argparse.Namespace, open_report: OpenReport | None = None) -> int:
@@ -450,152 +387,3 @@ def continue_versions(
     # resumed from the last step's checkpoint: the loop has no step left whose commit would
     # tell the orchestrator that the run is over
     announce.tell(version, finished=learner.first_step >= announce.config.rl.steps)
-
-
-def role_hooks(
-    log: logging.Logger,
-    status: StatusReporter,
-    steps_file: Path,
-    history: list[dict[str, Any]],
-    summary: Summary,
-    policy_dir: Path,
-) -> Hooks:
-    """What the loop's progress does to this role's log, status file, ``steps_file`` (one
-    JSON line per step as it ends) and summary; rows also go to ``history``, which holds the
-    rows of the steps before a resume; ``policy_dir`` gets the policy once RL ends."""
-    waited = [0.0, 0.0]  # seconds waiting for rollouts, seconds in steps
-    control_began = [0.0]  # monotonic clock when the control arm began
-    with steps_file.open("w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in history)
-
-    def on_step(row: dict[str, Any]) -> None:
-        history.append(row)
-        with steps_file.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        waited[0] += row["rollout_s"]
-        waited[1] += row["rollout_s"] + row["update_s"]
-        status.set(
-            step=row["step"] + 1,
-            reward_mean=row["reward_mean"],
-            accuracy_rollouts=row["accuracy"],
-            idle_fraction=waited[0] / max(waited[1], 1e-9),
-            **{k: row[k] for k in STATUS_KEYS if row[k] is not None},
-        )
-        status.add(idle_seconds=row["rollout_s"], update_seconds=row["update_s"])
-        rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-        log.info("step %d: %s", row["step"], json.dumps(rounded))
-        summary.write("running")
-
-    def on_eval(name: str, result: dict[str, Any]) -> None:
-        if name == "control":
-            log.info(
-                "control done: %d SFT steps in its %.1f s, evaluated; %.1f s in all",
-                result.get("sft_steps", 0),
-                summary.result.control_seconds or 0.0,
-                time.monotonic() - control_began[0],
-            )
-        log.info("held-out %s: accuracy %.3f", name, result["accuracy"])
-        if name != "control":
-            # the RL steps trained when it ran: the console labels it with this, not with the
-            # steps it has seen by the time it reads the status (launch.display)
-            status.set(accuracy=result["accuracy"], eval_after_steps=len(history))
-            status.add(evals=1)  # the console tells each evaluation once (launch.display)
-        summary.write("running")
-
-    def on_rl_end(learner: Learner) -> None:
-        save_policy(learner.policy, learner.tokenizer, policy_dir)
-        status.set(rl_done=1)
-        status.event(f"RL finished; policy saved to {policy_dir}")
-        log.info("RL finished; trained policy saved to %s", policy_dir)
-        summary.write("running")
-
-    def on_phase(phase: str) -> None:
-        status.set(state=phase)
-        if phase == "rl":
-            summary.flow.setdefault("rl_started_at", time.time())
-        if phase == "control":
-            control_began[0] = time.monotonic()
-            result = summary.result
-            log.info(
-                "control: the warm start's SFT continued for %.1f s (RL's %.1f s less %.1f s "
-                "waiting for rollouts), then evaluated (eval.control=false skips it)",
-                result.control_seconds or 0.0,
-                result.rl_seconds,
-                result.rl_seconds - (result.control_seconds or 0.0),
-            )
-
-    return Hooks(
-        on_phase=on_phase,
-        on_step=on_step,
-        on_eval=on_eval,
-        on_start=summary.follow,
-        on_rl_end=on_rl_end,
-    )
-
-
-def reporting(hooks: Hooks, report: RunReport, history: list[dict[str, Any]]) -> Hooks:
-    """``hooks``, then the same progress into the run directory's ``report``; ``history``
-    holds every step's row (``hooks`` append to it), the steps before a resume included."""
-
-    def on_start(result: TrainingResult) -> None:
-        hooks.on_start(result)
-        report.follow(result, history)
-
-    def on_step(row: dict[str, Any]) -> None:
-        hooks.on_step(row)
-        report.step(row)
-
-    def on_eval(name: str, result: dict[str, Any]) -> None:
-        hooks.on_eval(name, result)
-        report.progress()
-
-    return replace(hooks, on_start=on_start, on_step=on_step, on_eval=on_eval)
-
-
-class Summary:
-    """``RUN_DIR/trainer/summary.json``, rewritten as the run goes: ``status``, the loop's
-    result (``training``: the same record a colocated run reports), the seconds since the
-    trainer started (``wall_seconds``), what the origin published (``origin``), the submissions
-    trained on, and when versions and acknowledgements went out (``flow``). After a resume the loop's own history holds
-    only the steps since; ``history`` holds them all."""
-
-    def __init__(self, path: Path, origin: Origin, started: float | None = None) -> None:
-        self.path, self.origin = path, origin
-        self.started = time.monotonic() if started is None else started
-        self.result = TrainingResult()
-        self.source: PoolSource | None = None
-        self.history: list[dict[str, Any]] | None = None
-        # the run over time (swarmrl.launch.flow): rl_started_at (Unix s), versions
-        # [(Unix s, version)] as announced, acks [(Unix s, submissions acknowledged)],
-        # stale_dropped [submission ids acknowledged with every group dropped as too stale];
-        # forged [submission ids whose episodes failed the trainer's recomputation: untrained];
-        # written with stale_groups (informative groups held over that went too stale)
-        self.flow: dict[str, Any] = {}
-
-    def follow(self, result: TrainingResult) -> None:
-        self.result = result
-
-    def write(self, status: str) -> None:
-        summary = {
-            "status": status,
-            "wall_seconds": time.monotonic() - self.started,
-            "training": self.result.to_dict()
-            | ({"history": self.history} if self.history is not None else {}),
-            "origin": {
-                "versions_published": len(self.origin.versions),
-                "bytes_full": self.origin.bytes_full,
-                "bytes_delta": self.origin.bytes_delta,
-            },
-            "consumed_submissions": self.source.consumed if self.source else [],
-            "flow": {k: list(v) if isinstance(v, list) else v for k, v in self.flow.items()}
-            | ({"stale_groups": self.source.stale_groups} if self.source else {}),
-        }
-        scratch = self.path.with_suffix(".json.partial")
-        try:
-            scratch.write_text(json.dumps(summary, indent=2) + "\n")
-            scratch.replace(self.path)
-        except OSError as exc:
-            scratch.unlink(missing_ok=True)  # a full disk leaves no empty file behind
-            if exc.errno in WRITE_FAULTS:
-                raise DiskWriteError(f"writing {self.path} failed: {exc}") from exc
-            raise

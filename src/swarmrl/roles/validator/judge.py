@@ -40,9 +40,10 @@ from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.errors import VersionGone
 from swarmrl.model.prompts import decode_completion, encode_prompt
-from swarmrl.protocol.pool import PendingSubmission, Sample, Severity, Verdict
+from swarmrl.protocol.pool import Sample, Severity
 from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, proof_from_wire
 from swarmrl.protocol.seeds import derive_seed, sample_seed
+from swarmrl.protocol.verdicts import PendingSubmission, Verdict
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.evidence import NodeEvidence, unit_measures
 from swarmrl.toploc.verify import Verifier
