@@ -2,7 +2,7 @@
 relay's single-client fetch on each.
 
     python bench/granian_probes.py [--window-s 10] [--size-mib 512] [--fetch-runs 3]
-                                   [--skip orchestrator,relay,fetch] [--out FILE]
+                                   [--skip orchestrator,relay,fetch] [--probes NAME,…] [--out FILE]
 
 Servers, each its own process (their memory is read from ``/proc``; a granian server's is its
 whole process tree, the worker included):
@@ -25,9 +25,13 @@ bodies that never end, a huge head in one read, 28 MiB bodies, JSON nested too d
 unknown routes) and those of tests/test_http_limits.py and tests/test_fastlane.py (silent and
 slow heads, pipelining), plus readers that never read and request smuggling attempts.
 
-``fetch``: one ``WeightClient`` fetching the published version from the uvicorn relay and from the
-granian relay in turn (the order swapped each run; run 0 warms both, not counted), as bench/
-shardcast.py's single-client part times it; each arm after ``shardcast_procs.settle``.
+``fetch``: one ``WeightClient`` fetching the published version from the uvicorn relay, the
+granian relay and a uvicorn relay with ``shardcast.zero_copy = false`` (the ASGI streamed path
+granian serves shards on) in turn (the order reversed each run; run 0 warms all, not counted),
+as bench/shardcast.py's single-client part times it; each arm after ``shardcast_procs.settle``.
+CPU: the client's and the relay's together, and the relay's alone (its whole process tree). Beside them, in the same turns,
+bench/shardcast.py's plain loopback stream of the same file (its single-client ratio's
+denominator).
 
 Needs granian (``pip install granian`` into a venv; not a swarmrl dependency); run with that
 venv's python. Prints progress to stderr and one JSON document to stdout (and ``--out``).
@@ -303,6 +307,9 @@ def orchestrator_probes() -> dict[str, list[Sender]]:
         "20,000 pipelined GETs, never read": [
             lambda a, s, w: never_reads(a, _head("GET", "/pools") * 20_000, s, w)
         ],
+        "80,000 pipelined GETs, never read": [
+            lambda a, s, w: never_reads(a, _head("GET", "/pools") * 80_000, s, w)
+        ],
     }
     for path, name in ((HEARTBEAT, "heartbeat"), (JOIN, "join")):
         probes |= {
@@ -376,8 +383,12 @@ def probe_servers(
     probes: dict[str, list[Sender]],
     window_s: float,
     what: str,
+    only: list[str],
 ) -> dict[str, dict[str, Any]]:
-    """Every probe on every server, the servers' order swapped probe by probe."""
+    """Every probe (those naming one of ``only``, if any) on every server, the servers' order
+    swapped probe by probe."""
+    if only:
+        probes = {name: p for name, p in probes.items() if any(o in name for o in only)}
     out: dict[str, dict[str, Any]] = {name: {} for name in probes}
     names = list(servers)
     for i, (name, senders) in enumerate(probes.items()):
@@ -401,26 +412,34 @@ def _address(url: str) -> tuple[str, int]:
 
 
 def fetch_bench(
-    relays: dict[str, tuple[subprocess.Popen, str]], work: Path, pubkey: str, args
+    relays: dict[str, tuple[subprocess.Popen, str]], work: Path, pubkey: str, ck: Path, args
 ) -> dict[str, Any]:
+    """Each relay's fetch, and bench/shardcast.py's plain loopback stream of the same file."""
     from swarmrl.shardcast import WeightClient
 
-    seconds: dict[str, list[float]] = {name: [] for name in relays}
-    cpu: dict[str, list[float]] = {name: [] for name in relays}
-    names = list(relays)
-    for run in range(args.fetch_runs + 1):  # run 0 warms both up, not counted
+    names = [*relays, "plain loopback stream"]
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    relay_cpu: dict[str, list[float]] = {name: [] for name in relays}
+    for run in range(args.fetch_runs + 1):  # run 0 warms every arm up, not counted
         for name in names if run % 2 == 0 else names[::-1]:
-            proc, url = relays[name]
             P.settle(args.settle_s)
-            out = work / "fetched"
-            client = WeightClient([url], pubkey, out)
-            server_cpu = sum(P.cpu_of(p) for p in tree(proc.pid))
-            client_cpu, started = time.process_time(), time.perf_counter()
-            client.fetch(1)
-            elapsed = time.perf_counter() - started
-            used = time.process_time() - client_cpu
-            used += sum(P.cpu_of(p) for p in tree(proc.pid)) - server_cpu
-            P.remove(out)
+            if name not in relays:
+                elapsed, used = P.plain_transfer(ck / "model.safetensors", work / "plain.out")
+                P.remove(work / "plain.out")
+            else:
+                proc, url = relays[name]
+                out = work / "fetched"
+                client = WeightClient([url], pubkey, out)
+                server_cpu = sum(P.cpu_of(p) for p in tree(proc.pid))
+                client_cpu, started = time.process_time(), time.perf_counter()
+                client.fetch(1)
+                elapsed = time.perf_counter() - started
+                served = sum(P.cpu_of(p) for p in tree(proc.pid)) - server_cpu
+                used = time.process_time() - client_cpu + served
+                if run > 0:
+                    relay_cpu[name].append(served)
+                P.remove(out)
             progress(f"fetch run {run} [{name}]: {elapsed:.2f} s, CPU {used:.2f} s")
             if run > 0:
                 seconds[name].append(elapsed)
@@ -428,9 +447,14 @@ def fetch_bench(
     size = args.size_mib << 20
 
     def summary(xs: list[float]) -> dict[str, float]:
-        return {"median": round(statistics.median(xs), 3), "min": min(xs), "max": max(xs)}
+        return {
+            "median": round(statistics.median(xs), 3),
+            "min": round(min(xs), 3),
+            "max": round(max(xs), 3),
+        }
 
-    uv, gr = seconds["uvicorn"], seconds["granian"]
+    uv = statistics.median(seconds["uvicorn"])
+    plain = seconds["plain loopback stream"]
     return {
         "bytes": size,
         "seconds": {name: summary(xs) for name, xs in seconds.items()},
@@ -438,10 +462,18 @@ def fetch_bench(
             name: round(size / statistics.median(xs) / 1e6) for name, xs in seconds.items()
         },
         "cpu_s": {name: summary(xs) for name, xs in cpu.items()},
-        "ratio_granian_over_uvicorn_throughput": round(
-            statistics.median(uv) / statistics.median(gr), 3
-        ),
-        "ratio_per_run": [round(u / g, 3) for u, g in zip(uv, gr, strict=True)],
+        "relay_cpu_s": {name: summary(xs) for name, xs in relay_cpu.items()},
+        "throughput_over_uvicorn_median": {
+            name: round(uv / statistics.median(xs), 3) for name, xs in seconds.items()
+        },
+        "throughput_over_uvicorn_per_run": {
+            name: [round(u / x, 3) for u, x in zip(seconds["uvicorn"], xs, strict=True)]
+            for name, xs in seconds.items()
+        },
+        "single_client_ratio_plain_over_relay_median": {
+            name: round(statistics.median(plain) / statistics.median(xs), 3)
+            for name, xs in seconds.items()
+        },
     }
 
 
@@ -459,8 +491,12 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=P.SETTLE_S)
     parser.add_argument("--skip", default="", help="comma list: orchestrator,relay,fetch")
     parser.add_argument("--out", default=None, help="also write the JSON here")
+    parser.add_argument(
+        "--probes", default="", help="comma list: run only probes whose name contains one"
+    )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    only = [o for o in args.probes.split(",") if o]
     import granian
 
     from swarmrl.identity import KeyPair
@@ -486,7 +522,7 @@ def main() -> None:
             procs += [proc for proc, _ in servers.values()]
             time.sleep(2)  # both past their start-up
             results["orchestrator"] = probe_servers(
-                servers, orchestrator_probes(), args.window_s, "orchestrator"
+                servers, orchestrator_probes(), args.window_s, "orchestrator", only
             )
             P.stop([proc for proc, _ in servers.values()])
         if not {"relay", "fetch"} <= skip:
@@ -496,9 +532,8 @@ def main() -> None:
             ck.mkdir()
             P.random_file(ck / "model.safetensors", args.size_mib << 20)
             Publisher(work / "origin", key).publish(ck, 1)
-            P.remove(ck)
-            procs_, origin_url, (relay_url,) = P.origin_and_relays(
-                work, work / "origin", 1, key.public_key_hex
+            procs_, origin_url, _ = P.origin_and_relays(
+                work, work / "origin", 0, key.public_key_hex
             )
             procs += procs_
             sets = ["--set", "shardcast.header_timeout_s=2", "--set", "shardcast.keep_alive_s=2"]
@@ -516,13 +551,25 @@ def main() -> None:
             )
             procs += [granian_relay[0], uvicorn_relay[0]]
             relays = {"uvicorn": uvicorn_relay, "granian": granian_relay}
-            for _, url in relays.values():
+            if "fetch" not in skip:  # uvicorn on the same ASGI path as granian: no sendfile
+                streamed = P.spawn(
+                    [sys.executable, "-m", "swarmrl.cli", "relay", "--upstream", origin_url]
+                    + ["--publisher-key", key.public_key_hex]
+                    + ["--store", str(work / "streamed-relay"), "--port", "0"]
+                    + ["--log-level", "WARNING", *sets, "--set", "shardcast.zero_copy=false"],
+                    "the uvicorn relay without zero-copy",
+                )
+                procs.append(streamed[0])
+            every = relays | ({"uvicorn, no zero-copy": streamed} if "fetch" not in skip else {})
+            for _, url in every.values():
                 P.wait_until(lambda url=url: P.relay_has(url, 1), 600, "a relay to replicate")
-            progress("both relays hold version 1")
+            progress("the relays hold version 1")
             if "relay" not in skip:
-                results["relay"] = probe_servers(relays, relay_probes(), args.window_s, "relay")
+                results["relay"] = probe_servers(
+                    relays, relay_probes(), args.window_s, "relay", only
+                )
             if "fetch" not in skip:
-                results["fetch"] = fetch_bench(relays, work, key.public_key_hex, args)
+                results["fetch"] = fetch_bench(every, work, key.public_key_hex, ck, args)
     finally:
         P.stop(procs)
         shutil.rmtree(work, ignore_errors=True)
