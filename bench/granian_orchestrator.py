@@ -1,7 +1,8 @@
 """``swarmrl orchestrator`` served by granian instead of uvicorn (bench/pieces.py's granian arm).
 
 Takes the orchestrator's own arguments (``--key``, ``--run-dir``, ``--port``, ``--port-file``,
-``--pool``, ``--set``; not ``--fronts`` or ``--workers``) and serves the same ASGI app from one
+``--pool``, ``--set``; not ``--fronts`` or ``--workers``), and ``--head-timeout-s S`` (granian's
+``header_read_timeout``; default the orchestrator's head timeout, 10 s), and serves the same ASGI app from one
 granian worker process (granian's Rust HTTP/1 server, one runtime thread, the app on a uvloop
 event loop, as uvicorn serves it). granian parses HTTP itself, so uvicorn's direct lane and
 ``swarmrl.protocol.http_limits`` do not apply; the hot routes answer inside the ASGI app.
@@ -49,8 +50,14 @@ def main(argv: list[str]) -> None:
     from granian.constants import Interfaces, Loops
     from granian.http import HTTP1Settings
 
+    from swarmrl.pool.server import ORCHESTRATOR_LIMITS
     from swarmrl.roles.orchestrator import cli
 
+    head_timeout_s = ORCHESTRATOR_LIMITS.head_timeout_s
+    if "--head-timeout-s" in argv:
+        at = argv.index("--head-timeout-s")
+        head_timeout_s = float(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     args = cli._parser().parse_args(argv)
     port = args.port
     if port == 0:
@@ -69,7 +76,11 @@ def main(argv: list[str]) -> None:
         runtime_threads=1,
         loop=Loops.uvloop,
         backlog=4096,
-        http1_settings=HTTP1Settings(keep_alive=True, max_buffer_size=64 * 1024),
+        http1_settings=HTTP1Settings(
+            keep_alive=True,
+            header_read_timeout=int(head_timeout_s * 1000),
+            max_buffer_size=ORCHESTRATOR_LIMITS.max_head_bytes,
+        ),
         factory=True,
         log_level="warning",
     ).serve()
