@@ -204,3 +204,32 @@ def test_a_large_lane_body_ending_a_read_is_not_the_next_head(big_lane_server):
         (answer,) = _responses(sock, 1)
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"NEXT")
     assert lane.answered == 2
+
+
+def test_a_peer_sending_while_leaving_the_lanes_answers_unread_is_dropped():
+    lane = Upper()
+    app = Starlette(routes=[Route("/{path:path}", _app_answer, methods=["GET", "POST"])])
+    limits = HttpLimits(max_unread_bytes=64 * 1024)
+    with ThreadServer(app, **uvicorn_options(limits, "httptools", lane)) as server:
+        flood = _request("/lane", b"x" * 900) * 200  # each answered at once, ~1 KB back
+        with socket.create_connection((server.host, server.port)) as sock:
+            sock.settimeout(5)
+            dropped = False
+            try:
+                for _ in range(150):  # ~30 MB of answers if none were dropped, past the kernel's
+                    sock.sendall(flood)
+            except (ConnectionResetError, BrokenPipeError):
+                dropped = True
+            if not dropped:
+                try:
+                    while sock.recv(1 << 16):
+                        pass
+                    dropped = True
+                except ConnectionResetError:
+                    dropped = True
+        assert dropped
+        assert lane.answered < 150 * 200  # it stopped answering the flood
+        with socket.create_connection((server.host, server.port)) as sock:
+            sock.sendall(_request("/lane", b"ok"))
+            (answer,) = _responses(sock, 1)
+        assert answer.endswith(b"OK")

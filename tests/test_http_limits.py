@@ -72,3 +72,48 @@ def test_silent_and_slow_heads_are_dropped_answered_requests_are_not(server):
     finally:
         silent.close()
         slow.close()
+
+
+def _dropped_within(sock: socket.socket, within_s: float) -> bool:
+    """Whether the server closed ``sock`` within ``within_s`` in all (reading what it sends)."""
+    deadline = time.monotonic() + within_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(1 << 16):
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return False
+
+
+def test_a_peer_pipelining_without_reading_is_dropped_and_others_are_served():
+    pytest.importorskip("httptools")
+    app = Starlette(routes=[Route("/", _slow)])
+    limits = HttpLimits(max_pipelined=16)
+    with ThreadServer(app, **uvicorn_options(limits, "httptools")) as running:
+        address = (running.host, running.port)
+        one = b"GET /?s=0.05 HTTP/1.1\r\nHost: x\r\n\r\n"
+        # 16 pipelined requests are within the bound: all answered, in order
+        with socket.create_connection(address) as sock:
+            sock.sendall(one * 16)
+            data = b""
+            sock.settimeout(10)
+            while data.count(b"HTTP/1.1 200") < 16:
+                chunk = sock.recv(1 << 16)
+                assert chunk, data
+                data += chunk
+        # thousands queued behind one being answered: the connection is dropped (answering
+        # them one by one would take 2,000 s)
+        with socket.create_connection(address) as sock:
+            try:
+                sock.sendall(b"GET /?s=1.0 HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)
+            except (ConnectionResetError, BrokenPipeError):
+                pass
+            assert _dropped_within(sock, 5)
+        with socket.create_connection(address) as sock:  # the server is still there
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.settimeout(5)
+            assert sock.recv(1 << 16).startswith(b"HTTP/1.1 200")

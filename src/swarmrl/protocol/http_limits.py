@@ -14,6 +14,11 @@ up a server. ``guarded_http(limits)`` returns a uvicorn HTTP protocol class (for
 * answers ``413`` and closes once a body passes ``max_body_bytes``, counted as it arrives on the
   wire (chunked framing included: 2-byte chunks cost their framing too), and ``408`` once a
   body is not complete ``body_timeout_s`` seconds after its head;
+* drops (at once, unanswered) a connection that keeps sending requests while it leaves the
+  answers unread: more than ``max_pipelined`` requests queued behind the one being answered,
+  or more than ``max_unread_bytes`` of answers waiting for the peer to read them (uvicorn
+  parses every request of a read it has taken in and queues them all: 80,000 tiny pipelined
+  requests held about 200 MB);
 * answers uvicorn's own ``400`` for an unparsable request the same way: every refusal's body
   is ``limits.refusal(status, message)`` (plain text unless the server says otherwise), with
   ``connection: close``; no answer is written where a response has already begun.
@@ -67,6 +72,8 @@ class HttpLimits:
     keep_alive_s: float = 5.0  # uvicorn's idle keep-alive after a response (clients stay below)
     max_body_bytes: int = 8 << 20  # a body as received, chunked framing included
     body_timeout_s: float = 30.0  # to send a complete body, from the end of its head
+    max_pipelined: int = 64  # requests parsed and not yet answered on one connection
+    max_unread_bytes: int = 4 << 20  # answers written and not yet read by a peer still sending
     refusal: Refusal = plain_refusal  # the body of a 400, 408, 413 or 431 this layer answers
 
 
@@ -196,6 +203,22 @@ class _HeadGuard:
             self.transport.write(refusal_bytes(self.limits, status, message))
         self.transport.close()
 
+    def _unread_past_limit(self) -> bool:
+        """Drop the connection of a peer sending more while our answers to it go unread
+        (a refusal could not reach it, and would answer the wrong request of its pipeline)."""
+        unread = self.transport.get_write_buffer_size()
+        if unread <= self.limits.max_unread_bytes or self._refused:
+            return False
+        self._drop(f"{unread} bytes of answers unread while it sends more")
+        return True
+
+    def _drop(self, why: str) -> None:
+        self._head_done()
+        self._body_done()
+        self._refused = True
+        log.warning("dropped the connection from %s: %s", self.client, why)
+        self.transport.abort()
+
     # -- protocol hooks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]
@@ -231,7 +254,7 @@ def _guarded_h11() -> type:
                 return
             in_body = self._in_body
             super().data_received(data)
-            if self._refused:
+            if self._refused or self._unread_past_limit():
                 return
             state = self.conn.their_state
             if state is h11.SEND_BODY:
@@ -268,7 +291,7 @@ def _guarded_httptools() -> type | None:
             before = (self._heads, self._armed)
             in_body = self._in_body
             super().data_received(data)
-            if self._refused:
+            if self._refused or self._unread_past_limit():
                 return
             # Bytes in which a head completed, or a request was answered (the direct lane of
             # ``fastlane`` answers while parsing, and the next head is awaited at once), belong
@@ -306,6 +329,8 @@ def _guarded_httptools() -> type | None:
             if self._refused:
                 return
             self._head_complete()
+            if self._refused:  # dropped: too many requests queued unanswered
+                return
             super().on_headers_complete()
             if self.cycle is not None and self.cycle.scope is self.scope:
                 zerocopy.attach(self.scope, self.cycle)  # before the app's task first runs
@@ -315,6 +340,9 @@ def _guarded_httptools() -> type | None:
             self._heads += 1
             self._unanswered += 1
             self._head_done()
+            if self._unanswered > self.limits.max_pipelined:
+                self._drop(f"over {self.limits.max_pipelined} pipelined requests unanswered")
+                return
             self._body_begun()
 
         def on_body(self, body: bytes) -> None:
