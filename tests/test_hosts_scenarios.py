@@ -139,11 +139,18 @@ def test_the_orchestrators_host_cut_off_for_20_s_stalls_the_run_and_it_resumes(t
     assert outcome.report["rl_seconds"] >= 20, outcome.report["rl_seconds"]
 
 
+def _received(host) -> int:
+    """Bytes ``host``'s interface has received so far."""
+    return int(host.run(["cat", "/sys/class/net/eth0/statistics/rx_bytes"]))
+
+
 @pytest.mark.parametrize("how", ["killed", "cut off"])
 def test_a_relay_lost_mid_transfer_leaves_the_worker_to_the_origin(tmp_path, how):
-    """A worker fetching an 8 MiB version through a relay (its first source), its 20 Mbit/s
-    link half way through the version when the relay dies or its host is cut off: the worker
-    finishes from the origin, every shard verified, the bytes equal to the published ones."""
+    """A worker fetching an 8 MiB version through a relay (its first source), 4 MiB of it
+    through its 20 Mbit/s link when the relay dies or its host is cut off: the worker
+    finishes from the origin, every shard verified, the bytes equal to the published ones. Cut
+    off, the relay sends nothing more (no reset, no FIN): the worker gives it up once nothing
+    came for stall_timeout_s (5 s), not at request_timeout_s (30 s), and says so."""
     from safetensors.numpy import load_file
 
     from swarmrl.config.shardcast import ShardcastConfig
@@ -181,21 +188,31 @@ def test_a_relay_lost_mid_transfer_leaves_the_worker_to_the_origin(tmp_path, how
         sources = [f"http://{relay.address}:8471", f"http://{origin.address}:8470"]
         fetch = swarmrl + ["shardcast", "fetch", "--source", *sources, "--version", "1"]
         fetch += ["--out", str(tmp_path / "worker"), "--publisher-key", key.public_key_hex]
-        started = time.monotonic()
+        started, received = time.monotonic(), _received(worker)
         fetching = worker.popen(fetch + shard, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(1.7)  # half of the version's time on the worker's link
+        # half of the version on the worker's link (which carries nothing else), then lose it
+        deadline = time.monotonic() + 60
+        while _received(worker) - received < 4 << 20:
+            assert time.monotonic() < deadline and fetching.poll() is None, "no transfer began"
+            time.sleep(0.05)
         if how == "killed":
             os.killpg(following.pid, signal.SIGKILL)
         else:
             relay.cut()
+        lost = time.monotonic()
         out, err = fetching.communicate(timeout=80)
-        elapsed = time.monotonic() - started
+        elapsed, after_loss = time.monotonic() - started, time.monotonic() - lost
         assert fetching.returncode == 0, err.decode()[-3000:]
     path = out.decode().strip().splitlines()[-1]
     got = load_file(os.path.join(path, "model.safetensors"))
     assert sorted(got) == sorted(weights)
     for name, tensor in weights.items():
         assert (got[name] == tensor).all(), name
-    # the relay was really on the path: it was lost after the fetch began and before its end
-    assert elapsed > 1.7, elapsed
-    print(f"relay {how} mid-transfer: the worker held v1 {elapsed:.1f} s after it began")
+    if how == "cut off":
+        assert f"weight source {sources[0]} went silent" in err.decode(), err.decode()[-3000:]
+        # well before the old wait (the 30 s request timeout) would have ended
+        assert after_loss < cfg.request_timeout_s, after_loss
+    print(
+        f"relay {how} mid-transfer: the worker held v1 {elapsed:.1f} s after it began, "
+        f"{after_loss:.1f} s after the relay was lost"
+    )

@@ -10,9 +10,10 @@ contributed bytes, reports it, and starts over from a different source.
 A source that goes silent is given up quickly, not after a whole request's timeout: opening a
 connection may take ``connect_timeout_s``, and once an answer has begun (or for requests
 answered at once) ``stall_timeout_s`` without a byte ends the attempt. Such a source (or one
-that cannot be reached at all) *rests*: for ``REST_S`` seconds every other source is chosen
-first, so the fetch goes on from the next source instead of finding the silence again shard by
-shard; a resting source is still used where nothing else is left.
+that cannot be reached at all) *rests*: the other transfers from it are ended at once (they
+resume elsewhere), and for ``REST_S`` seconds every other source is chosen first, so the fetch
+goes on from the next source instead of finding the silence again shard by shard; a resting
+source is still used where nothing else is left.
 
 Source weight (higher is chosen more often, chosen at random in proportion)::
 
@@ -32,6 +33,7 @@ import random
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -134,8 +136,9 @@ class SourcePool:
                     bps if stats.ewma_bps is None else EWMA * bps + (1 - EWMA) * stats.ewma_bps
                 )
 
-    def failure(self, url: str, exc: BaseException | None = None) -> None:
-        """An attempt on ``url`` failed; a silence or an unreachable host also rests it."""
+    def failure(self, url: str, exc: BaseException | None = None) -> bool:
+        """An attempt on ``url`` failed; a silence or an unreachable host also rests it. True
+        when ``url`` was not resting before (the first sign of its silence)."""
         silent = isinstance(exc, TimeoutError) or (
             isinstance(exc, OSError) and exc.errno in UNREACHABLE
         )
@@ -143,7 +146,7 @@ class SourcePool:
             stats = self.stats[url]
             stats.failures += 1
             if not silent:
-                return
+                return False
             stats.silences += 1
             told = stats.rest_until > time.monotonic()
             stats.rest_until = time.monotonic() + REST_S
@@ -154,6 +157,7 @@ class SourcePool:
                 exc,
                 REST_S,
             )
+        return not told
 
     def corrupt(self, url: str, version: int, what: str, reason: str) -> None:
         with self._lock:
@@ -190,8 +194,9 @@ class Connections:
         self.headers = dict(headers or {})
         self.max_idle_s = max_idle_s
         self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: list[tuple[str, http.client.HTTPConnection]] = []
         self._all_lock = threading.Lock()
+        self._aborted: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
 
     def _cache(self) -> dict[str, tuple[http.client.HTTPConnection, float]]:
         return self._local.__dict__.setdefault("c", {})
@@ -200,7 +205,9 @@ class Connections:
         """This thread's connection to ``url`` and whether it is an open one being reused."""
         cache = self._cache()
         cached = cache.get(url)
-        if cached is not None and time.monotonic() - cached[1] >= self.max_idle_s:
+        if cached is not None and (
+            time.monotonic() - cached[1] >= self.max_idle_s or cached[0] in self._aborted
+        ):
             self.drop(url)  # the server may have closed it already: do not find out mid-request
             cached = None
         if cached is not None:
@@ -210,7 +217,7 @@ class Connections:
         conn = cls(parts.hostname or "127.0.0.1", parts.port, timeout=self.connect_timeout_s)
         cache[url] = (conn, time.monotonic())
         with self._all_lock:
-            self._all = [c for c in self._all if c.sock is not None] + [conn]
+            self._all = [(u, c) for u, c in self._all if c.sock is not None] + [(url, conn)]
         return conn, False
 
     def drop(self, url: str) -> None:
@@ -223,11 +230,14 @@ class Connections:
         for url in list(self._cache()):
             self.drop(url)
 
-    def abort(self) -> None:
-        """From any thread: shut down every open socket, waking reads blocked on them."""
+    def abort(self, url: str | None = None) -> None:
+        """From any thread: shut down every open socket (to ``url`` only, if given), waking
+        reads blocked on them."""
         with self._all_lock:
-            conns, self._all = self._all, []
+            conns = [c for u, c in self._all if url is None or u == url]
+            self._all = [(u, c) for u, c in self._all if url is not None and u != url]
         for conn in conns:
+            self._aborted.add(conn)
             sock = conn.sock
             if sock is not None:
                 try:
@@ -248,7 +258,7 @@ class Connections:
         try:
             return self._send(conn, url, path, headers, timeout_s)
         except STALE_CONNECTION:
-            if not reused:
+            if not reused or conn in self._aborted:  # ended on purpose: not a stale socket
                 raise
         conn, _ = self._conn(url)  # closed by the server while idle: once more, on a new one
         return self._send(conn, url, path, headers, timeout_s)
@@ -434,7 +444,8 @@ def download_object(
             pool.success(url, got - before, time.monotonic() - started)
         except (OSError, http.client.HTTPException) as exc:
             conns.drop(url)
-            pool.failure(url, exc)
+            if pool.failure(url, exc):  # silent: the requests waiting on it go elsewhere now
+                conns.abort(url)
             broke.add(url)
             attempts += 1
             last_error, last_was_corrupt = f"{url}: {type(exc).__name__}: {exc}", False
