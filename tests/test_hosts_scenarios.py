@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.skipif(NO_BED is not None, reason=NO_BED or ""), pytes
 ASYNC_LEVEL = 2  # configs/arith.toml's rl.async_level
 WAN = {"delay_ms": 75, "jitter_ms": 5, "loss": 0.01, "reset_probability": 0.02}
 SLOW_LINK = {"up_mbit": 20, "down_mbit": 20}
+FAR = {"delay_ms": 75, "jitter_ms": 5}  # 150 ms RTT
 # a policy that gets some sums right (most groups then carry a learning signal) and steps with
 # enough work in them for the links and the slow worker to matter
 LONGER = {
@@ -60,7 +61,8 @@ def check_outcome(outcome: Outcome) -> None:
 
 def test_workers_behind_slow_far_lossy_links_finish_the_run(tmp_path, cache):
     """20 Mbit/s each way, 150 ms RTT with jitter, 1 % loss (modelled) and 2 % of the
-    connections reset, on both workers' links to every server."""
+    connections reset, on both workers' links to every server. No weight source is taken for
+    a silent one (stall_timeout_s) across such links."""
     outcome = run_example(
         PAGE,
         tmp_path / "hosts",
@@ -69,6 +71,47 @@ def test_workers_behind_slow_far_lossy_links_finish_the_run(tmp_path, cache):
         impair={"gpu1.lan": WAN, "gpu2.lan": WAN},
     )
     check_outcome(outcome)
+    for worker in ("worker@gpu1", "worker@gpu2"):  # slow and far, but never silent for 5 s
+        assert "went silent" not in outcome.logs[worker], outcome.logs[worker][-2000:]
+
+
+def _counters(deployment: Deployment, host: str, port: int) -> dict[str, float]:
+    """The ``shardcast_*`` counters and gauges a server on ``host`` exposes, read from its host."""
+    read = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+    url = f"http://{deployment.hosts[host].address}:{port}/metrics"
+    text = deployment.hosts[host].run([sys.executable, "-c", read, url], timeout=30)
+    pairs = (line.split() for line in text.splitlines() if line.startswith("shardcast_"))
+    return {name.removeprefix("shardcast_"): float(value) for name, value in pairs}
+
+
+def test_a_relay_near_the_workers_carries_the_versions_over_a_slow_far_link(tmp_path, cache):
+    """The trainer's host (its origin) far away: its link 20 Mbit/s each way and 150 ms RTT to
+    every other host (jitter 5 ms); the relay on the workers' side of it, their first weight
+    source (the origin their fallback, across the far link; the page's validator shares the
+    trainer's host). The run ends as it must, and the relay carried the versions: it pulled
+    them across the far link and served the workers next to it."""
+    relay: dict[str, float] = {}
+    far = {"trainer.lan": FAR}
+    outcome = run_example(
+        PAGE,
+        tmp_path / "hosts",
+        config(tmp_path, cache),
+        links={"trainer.lan": SLOW_LINK},
+        impair={"trainer.lan": FAR, "relay.lan": far, "gpu1.lan": far, "gpu2.lan": far},
+        before_close=lambda deployment: relay.update(_counters(deployment, "relay.lan", 8471)),
+        timeout_s=120,
+    )
+    check_outcome(outcome)
+    # it followed the versions the run published, pulled across the far link, and served them
+    assert relay["versions_replicated_total"] >= 2 and relay["upstream_bytes_total"] > 0, relay
+    assert relay["bytes_served_total"] > 0, relay
+    print(
+        f"relay tier: {relay['versions_replicated_total']:.0f} versions pulled "
+        f"({relay['upstream_bytes_total'] / 1e6:.2f} MB across the far link), "
+        f"{relay['bytes_served_total'] / 1e6:.2f} MB served next to the workers "
+        f"(latest v{relay['latest_version']:.0f}); "
+        f"{outcome.report['rl_seconds']:.1f} s of RL"
+    )
 
 
 def test_a_worker_at_a_tenth_of_a_core_holds_nothing_back(tmp_path, cache):
