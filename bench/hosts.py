@@ -83,6 +83,7 @@ def one_run(args: argparse.Namespace, relay: bool, work: Path) -> list[tuple[flo
                 + ["relay", "--upstream", source, "--publisher-key", key.public_key_hex]
                 + ["--store", str(work / "relay"), "--host", near.address, "--port", "8471"]
                 + ["--log-level", "WARNING"]
+                + [arg for item in args.relay_set for arg in ("--set", f"shardcast.{item}")]
             )
             bed.wait_port(near, 8471, following)
             source = f"http://{near.address}:8471"
@@ -135,6 +136,13 @@ def main() -> None:
     )
     parser.add_argument("--delay-ms", type=float, default=75.0, help="one way, origin's link")
     parser.add_argument("--delta", action="store_true", help="then a delta version (docstring)")
+    parser.add_argument(
+        "--relay-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="[shardcast] settings of the relay, e.g. parallel_downloads=2",
+    )
     args = parser.parse_args()
     print(
         f"{args.size_mib} MiB, {args.workers} workers at {args.worker_mbit:g} Mbit/s down, "
