@@ -21,12 +21,16 @@ every weight moved by a step of relative size 1e-3 (each float32's low mantissa 
 which travels as a delta blob; its time to the last worker is set against the same bound for
 the blob's size (and the full version's time against the full size).
 
+The relay tier (a relay next to the workers, a slow far link to the origin):
+``--origin-mbit 20 --worker-mbit 100`` (150 ms RTT to the origin by default).
+
 Usage (as root): ``python bench/hosts.py [--runs 2] [--size-mib 8] [--workers 3] [--shard-kib N]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -79,6 +83,7 @@ def one_run(args: argparse.Namespace, relay: bool, work: Path) -> list[tuple[flo
                 + ["relay", "--upstream", source, "--publisher-key", key.public_key_hex]
                 + ["--store", str(work / "relay"), "--host", near.address, "--port", "8471"]
                 + ["--log-level", "WARNING"]
+                + [arg for item in args.relay_set for arg in ("--set", f"shardcast.{item}")]
             )
             bed.wait_port(near, 8471, following)
             source = f"http://{near.address}:8471"
@@ -131,12 +136,20 @@ def main() -> None:
     )
     parser.add_argument("--delay-ms", type=float, default=75.0, help="one way, origin's link")
     parser.add_argument("--delta", action="store_true", help="then a delta version (docstring)")
+    parser.add_argument(
+        "--relay-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="[shardcast] settings of the relay, e.g. parallel_downloads=2",
+    )
     args = parser.parse_args()
     print(
         f"{args.size_mib} MiB, {args.workers} workers at {args.worker_mbit:g} Mbit/s down, "
         f"origin {args.origin_mbit:g} Mbit/s up, {2 * args.delay_ms:g} ms RTT to the origin, "
         f"{args.shard_kib} KiB shards"
     )
+    print("load at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     results: dict[bool, list[list[tuple[float, float]]]] = {False: [], True: []}
     for _ in range(args.runs):  # direct and relay alternated
         for relay in (False, True):
@@ -149,8 +162,10 @@ def main() -> None:
             print(
                 f"{'relay ' if relay else 'direct'} {what}: last worker after "
                 f"{statistics.median(seconds):.2f} s (runs {', '.join(f'{s:.2f}' for s in seconds)}), "
-                f"bound {least:.2f} s, ratio {statistics.median(seconds) / least:.2f}"
+                f"bound {least:.2f} s, ratio {statistics.median(seconds) / least:.2f} "
+                f"({min(seconds) / least:.2f}-{max(seconds) / least:.2f})"
             )
+    print("load at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ with the page's command; needs root) of a small arith config; the scenarios are 
 - ``clean``: the same hosts with no cap, delay or loss (the baseline; loopback-like);
 - ``wan``: both workers behind 20 Mbit/s each way, 150 ms RTT (75 ms each way, ±5 ms jitter),
   1 % modelled loss and 2 % of connections reset (``swarmrl.testing.linkproxy``);
+- ``relay-tier``: the trainer's host (its origin) behind a 20 Mbit/s link with 150 ms RTT to
+  every other host, the relay on the workers' side (their first weight source);
 - ``slow``: gpu2's worker held to 10 % of a core once it generates;
 - ``cut-worker``: gpu1 cut off for 20 s once it has submitted;
 - ``cut-orch``: the orchestrator's host cut off for 20 s after the trainer's step 0.
@@ -43,6 +45,7 @@ CONFIG = {
 }
 WAN = {"delay_ms": 75, "jitter_ms": 5, "loss": 0.01, "reset_probability": 0.02}
 SLOW_LINK = {"up_mbit": 20, "down_mbit": 20}
+FAR = {"delay_ms": 75, "jitter_ms": 5}
 
 
 def _wait_for(role: Started, text: str, timeout_s: float = 120) -> None:
@@ -71,6 +74,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "wan": {
         "links": {"gpu1.lan": SLOW_LINK, "gpu2.lan": SLOW_LINK},
         "impair": {"gpu1.lan": WAN, "gpu2.lan": WAN},
+    },
+    "relay-tier": {
+        "links": {"trainer.lan": SLOW_LINK},
+        "impair": {"trainer.lan": FAR}
+        | {host: {"trainer.lan": FAR} for host in ("relay.lan", "gpu1.lan", "gpu2.lan")},
     },
     "slow": {"cpu": {"gpu2.lan": 1.0}, "during": _slow},
     "cut-worker": {"during": _cut("gpu1.lan", ("worker@gpu1", "submitted"), 20)},

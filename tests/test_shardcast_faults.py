@@ -5,10 +5,14 @@ A bad source here is a real HTTP server over a real store whose bytes were damag
 """
 
 import errno
+import logging
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -471,3 +475,100 @@ def test_connections_closed_by_an_idle_server_are_not_failures(tmp_path):
             shutil.rmtree(tmp_path / "out")
     finally:
         server.stop()
+
+
+class _FallsSilent:
+    """A TCP proxy in front of a real server that passes on the first ``after`` bytes the server
+    sends on each connection and then nothing more, the connection left open: what a worker
+    sees of a relay whose host is cut off mid-transfer."""
+
+    def __init__(self, target: str, after: int) -> None:
+        parts = target.rsplit(":", 1)
+        self.target = (parts[0].removeprefix("http://"), int(parts[1]))
+        self.after = after
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.silenced = 0  # connections that reached ``after`` bytes
+        self._open: list[socket.socket] = []
+        self._closing = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target, timeout=5)
+            server.settimeout(None)
+            self._open += [client, server]
+            threading.Thread(target=self._copy, args=(client, server, None), daemon=True).start()
+            threading.Thread(
+                target=self._copy, args=(server, client, self.after), daemon=True
+            ).start()
+
+    def _copy(self, source: socket.socket, sink: socket.socket, limit: int | None) -> None:
+        sent = 0
+        try:
+            while data := source.recv(65536):
+                if limit is not None and sent + len(data) >= limit:
+                    sink.sendall(data[: limit - sent])
+                    self.silenced += 1
+                    self._closing.wait()  # silent from here on, the connection held open
+                    return
+                sink.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._closing.set()
+        self.listener.close()
+        for sock in self._open:
+            sock.close()
+
+
+def test_a_source_gone_silent_mid_body_is_left_for_the_next_at_the_byte_it_reached(
+    tmp_path, caplog
+):
+    """A relay that stops sending part way through a shard (its host cut off: no reset, no
+    FIN) holds the fetch for stall_timeout_s, not request_timeout_s: the shard is resumed from
+    the origin at the last byte taken in (bodies are read a CHUNK at a time), the rest comes
+    from the origin while the silent source rests, and the version is byte-exact."""
+    cfg = CFG.model_copy(
+        update={"shard_size_bytes": 2 << 20, "stall_timeout_s": 0.5, "request_timeout_s": 60}
+    )
+    ck = write_checkpoint(tmp_path / "ck", random_weights(3 << 18, seed=6))  # 3 MiB: 2 shards
+    Publisher(tmp_path / "store", KEY, cfg).publish(ck, 1)
+    origin = serve_store(tmp_path / "store", cfg)
+    silent = _FallsSilent(origin.url, after=1_600_000)  # 1.5 MiB into the first shard's answer
+    try:
+        client = WeightClient([silent.url, origin.url], KEY.public_key_hex, tmp_path / "out", cfg)
+        client.pool.stats[origin.url].failures = 10**6  # the silent source is chosen first
+        with caplog.at_level(logging.INFO, logger="swarmrl.shardcast.transport"):
+            path = client.fetch(1)
+        assert (path / "model.safetensors").read_bytes() == (ck / "model.safetensors").read_bytes()
+    finally:
+        silent.close()
+        origin.stop()
+    assert silent.silenced >= 1
+    stats = client.pool.stats[silent.url]
+    assert stats.silences >= 1 and client.pool.resting(silent.url), stats
+    assert f"weight source {silent.url} went silent (no byte from {silent.url} for 0.5 s" in (
+        caplog.text
+    )
+    assert re.search(rf"resuming at byte [1-9]\d* of {2 << 20} from {origin.url}", caplog.text)
+
+
+def test_a_source_that_never_answers_a_request_is_left_after_stall_timeout_s(tmp_path, origin):
+    """The silence starts before the answer (the relay's host cut off between two requests)."""
+    silent = _FallsSilent(origin.url, after=0)
+    cfg = CFG.model_copy(update={"stall_timeout_s": 0.5, "request_timeout_s": 60})
+    try:
+        client = WeightClient([silent.url, origin.url], KEY.public_key_hex, tmp_path / "out", cfg)
+        path = client.fetch(1)
+        assert (path / "model.safetensors").read_bytes() == _weights_bytes(tmp_path)
+    finally:
+        silent.close()
+    assert client.pool.stats[silent.url].silences >= 1
+    assert client.pool.stats[silent.url].bytes_ok == 0

@@ -50,7 +50,25 @@ class ShardcastConfig(Section):
         "server offers it (swarmrl.protocol.zerocopy); false = streamed through ASGI messages.",
     )
     request_timeout_s: float = Field(
-        default=30.0, gt=0, description="Socket timeout of one HTTP request, seconds."
+        default=30.0,
+        gt=0,
+        description="Longest wait for a source's answer (except a long-poll's), seconds; caps "
+        "connect_timeout_s and stall_timeout_s.",
+    )
+    connect_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long opening a connection to a source (TCP and TLS) may take, seconds.",
+    )
+    stall_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="A source that sends no byte for this many seconds, while a body streams or "
+        "for a request answered at once (manifest, version list), is given up for that object: "
+        "the fetch resumes from the next source (at the last whole MiB taken in), and the "
+        "silent source comes after every other for 30 s. A shard or delta request may wait shard_wait_s longer for its "
+        "answer (a relay holds it while the shard arrives). A slow link still sends bytes "
+        "every few milliseconds (20 Mbit/s at 150 ms RTT: a 1448-byte segment every 0.6 ms).",
     )
     long_poll_timeout_s: float = Field(
         default=25.0,

@@ -91,10 +91,12 @@ class Assembly:
         writer: FileWriter,
         parallel: int,
         deadline: float,
+        answer_s: float | None = None,
         on_shard: Callable[[int], None] = lambda index: None,
         on_delta: Callable[[int], None] = lambda index: None,
     ) -> None:
         self.m, self.partial, self.pool, self.conns = manifest, partial, pool, conns
+        self.answer_s = answer_s  # how long a source may take to answer a shard or delta GET
         self.parent_dir, self.parent = parent_dir, parent
         self.writer, self.parallel, self.deadline = writer, parallel, deadline
         self.on_shard, self.on_delta = on_shard, on_delta
@@ -132,6 +134,7 @@ class Assembly:
                 deadline=self.deadline,
                 abort=self.abort,
                 max_attempts=self._max_attempts(),
+                answer_s=self.answer_s,
             )
             try:
                 out.finish()

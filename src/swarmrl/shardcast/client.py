@@ -54,6 +54,17 @@ HELD_HEADER = "X-Shardcast-Held-Version"
 CLIENT_HEADER = "X-Shardcast-Client"
 
 
+def connections(config: ShardcastConfig, headers: dict[str, str]) -> Connections:
+    """Pooled connections with the config's timeouts, reused only well inside keep-alive."""
+    return Connections(
+        config.request_timeout_s,
+        headers,
+        max_idle_s=0.8 * config.keep_alive_s,
+        connect_timeout_s=config.connect_timeout_s,
+        stall_timeout_s=config.stall_timeout_s,
+    )
+
+
 def parse_version_list(body: bytes) -> VersionList:
     try:
         return VersionList.model_validate_json(body)
@@ -69,7 +80,7 @@ def fetch_manifest(
     *,
     held: int | None,
     allow_rollback: bool,
-    timeout_s: float,
+    timeout_s: float | None = None,
 ) -> Manifest:
     """The first valid manifest of ``version`` among the sources (bad ones are reported)."""
     problems: list[str] = []
@@ -79,7 +90,7 @@ def fetch_manifest(
         try:
             status, body = conns.get_bytes(url, f"/v/{version}/manifest", MANIFEST_LIMIT, timeout_s)
         except (OSError, http.client.HTTPException) as exc:
-            pool.failure(url)
+            pool.failure(url, exc)
             problems.append(f"{url}: {exc}")
             continue
         if status != 200:
@@ -144,11 +155,7 @@ class WeightClient:
 
     def _connections(self) -> Connections:
         # reuse a kept-alive connection only well inside the servers' keep-alive
-        return Connections(
-            self.config.request_timeout_s,
-            {CLIENT_HEADER: self.client_id},
-            max_idle_s=0.8 * self.config.keep_alive_s,
-        )
+        return connections(self.config, {CLIENT_HEADER: self.client_id})
 
     def _judge_sources(self, version: int, backed: bool) -> None:
         """Record whether the sources that announced ``version`` could back it."""
@@ -181,7 +188,9 @@ class WeightClient:
         """The ``latest`` each reachable source lists, highest first, without repeats."""
         found: set[int] = set()
         problems = []
-        for url in self.pool.urls:
+        for url in sorted(self.pool.urls, key=self.pool.resting):  # resting sources last
+            if found and self.pool.resting(url):
+                continue  # asked only when no other source lists a version
             try:
                 resp = self.conns.get(url, "/versions", self._headers())
                 body = resp.read(MANIFEST_LIMIT)
@@ -191,6 +200,8 @@ class WeightClient:
             except (OSError, http.client.HTTPException, PeerError) as exc:
                 problems.append(f"{url}: {exc}")
                 self.conns.drop(url)
+                if isinstance(exc, OSError):
+                    self.pool.failure(url, exc)
                 continue
             if latest is not None:
                 found.add(latest)
@@ -240,7 +251,6 @@ class WeightClient:
                     self.trusted,
                     held=held,
                     allow_rollback=allow_rollback,
-                    timeout_s=self.config.request_timeout_s,
                 )
             except (PeerError, PeerUnavailable) as exc:  # advertised, but nobody backs it
                 self._judge_sources(target, backed=False)
@@ -351,6 +361,8 @@ def install_version(
             writer=writer,
             parallel=config.parallel_downloads,
             deadline=deadline,
+            # a relay holds a request for a shard still arriving for up to shard_wait_s
+            answer_s=min(config.request_timeout_s, config.shard_wait_s + config.stall_timeout_s),
             on_shard=on_shard,
             on_delta=on_delta,
         ).run()

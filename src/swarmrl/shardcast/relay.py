@@ -35,12 +35,13 @@ from swarmrl.shardcast.client import (
     CLIENT_HEADER,
     HELD_HEADER,
     MANIFEST_LIMIT,
+    connections,
     fetch_manifest,
     install_version,
     parse_version_list,
 )
 from swarmrl.shardcast.recheck import recheck_store
-from swarmrl.shardcast.transport import Connections, SourcePool
+from swarmrl.shardcast.transport import SourcePool
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,7 @@ class Follower:
         self.trusted = [k.lower() for k in trusted_publishers]
         self.pool = SourcePool(list(upstreams))
         self.node_id = f"relay-{uuid.uuid4().hex[:8]}"
-        idle = 0.8 * self.config.keep_alive_s  # reuse connections well inside keep-alive
-        self.conns = Connections(
-            self.config.request_timeout_s, {CLIENT_HEADER: self.node_id}, max_idle_s=idle
-        )
+        self.conns = connections(self.config, {CLIENT_HEADER: self.node_id})
         self.writer = writer or FileWriter()
         self.errors: deque[str] = deque(maxlen=ERRORS_KEPT)  # newest replication failures
         self._reported = 0
@@ -80,9 +78,7 @@ class Follower:
         self._cv = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watch_conns = Connections(
-            self.config.request_timeout_s, {CLIENT_HEADER: self.node_id}, max_idle_s=idle
-        )
+        self._watch_conns = connections(self.config, {CLIENT_HEADER: self.node_id})
 
     def start(self) -> None:
         for name in store.discard_stale_partials(self.catalog.root):
@@ -233,7 +229,6 @@ class Follower:
             self.trusted,
             held=self._held(),
             allow_rollback=False,
-            timeout_s=self.config.request_timeout_s,
         )
 
     def replicate(self, version: int) -> None:

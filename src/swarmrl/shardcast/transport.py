@@ -7,6 +7,14 @@ a broken or truncated response (a source that broke a transfer of this object is
 for it again while another source remains), and on a digest mismatch penalises every source that
 contributed bytes, reports it, and starts over from a different source.
 
+A source that goes silent is given up quickly, not after a whole request's timeout: opening a
+connection may take ``connect_timeout_s``, and once an answer has begun (or for requests
+answered at once) ``stall_timeout_s`` without a byte ends the attempt. Such a source (or one
+that cannot be reached at all) *rests*: the other transfers from it are ended at once (they
+resume elsewhere), and for ``REST_S`` seconds every other source is chosen first, so the fetch
+goes on from the next source instead of finding the silence again shard by shard; a resting
+source is still used where nothing else is left.
+
 Source weight (higher is chosen more often, chosen at random in proportion)::
 
     weight = throughput_ewma_bytes_per_s × (successes + 1) / (successes + failures + 1)
@@ -18,11 +26,14 @@ Knows nothing about manifests beyond a path, a size and a digest.
 
 from __future__ import annotations
 
+import errno
 import http.client
+import logging
 import random
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -37,7 +48,11 @@ from swarmrl.errors import (
 )
 from swarmrl.shardcast.manifest import new_hasher
 
+log = logging.getLogger(__name__)
+
 CHUNK = 1 << 20
+REST_S = 30.0  # how long a silent or unreachable source comes after every other one
+UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
 PRIOR_BPS = 100e6  # assumed throughput of a source never measured
 EWMA = 0.3
 
@@ -65,6 +80,8 @@ class SourceStats:
     failures: int = 0
     corrupt: int = 0
     bytes_ok: int = 0
+    silences: int = 0  # attempts it ended by sending nothing in time (or being unreachable)
+    rest_until: float = 0.0  # monotonic time until which other sources are chosen first
 
     def weight(self) -> float:
         bps = self.ewma_bps if self.ewma_bps is not None else PRIOR_BPS
@@ -88,16 +105,25 @@ class SourcePool:
         return list(self.stats)
 
     def choose(self, exclude: set[str]) -> str | None:
+        """A source not in ``exclude``, at random by weight; resting ones only if no other is left."""
+        now = time.monotonic()
         with self._lock:
             options = [s for u, s in self.stats.items() if u not in exclude]
             if not options:
                 return None
-            return self._rng.choices(options, weights=[s.weight() for s in options])[0].url
+            awake = [s for s in options if s.rest_until <= now] or options
+            return self._rng.choices(awake, weights=[s.weight() for s in awake])[0].url
 
     def ordered(self) -> list[str]:
-        """Sources best first (for one-off requests such as manifests)."""
+        """Sources best first, resting ones last (for one-off requests such as manifests)."""
+        now = time.monotonic()
         with self._lock:
-            return [s.url for s in sorted(self.stats.values(), key=lambda s: -s.weight())]
+            ranked = sorted(self.stats.values(), key=lambda s: (s.rest_until > now, -s.weight()))
+            return [s.url for s in ranked]
+
+    def resting(self, url: str) -> bool:
+        with self._lock:
+            return self.stats[url].rest_until > time.monotonic()
 
     def success(self, url: str, nbytes: int, seconds: float) -> None:
         with self._lock:
@@ -110,9 +136,28 @@ class SourcePool:
                     bps if stats.ewma_bps is None else EWMA * bps + (1 - EWMA) * stats.ewma_bps
                 )
 
-    def failure(self, url: str) -> None:
+    def failure(self, url: str, exc: BaseException | None = None) -> bool:
+        """An attempt on ``url`` failed; a silence or an unreachable host also rests it. True
+        when ``url`` was not resting before (the first sign of its silence)."""
+        silent = isinstance(exc, TimeoutError) or (
+            isinstance(exc, OSError) and exc.errno in UNREACHABLE
+        )
         with self._lock:
-            self.stats[url].failures += 1
+            stats = self.stats[url]
+            stats.failures += 1
+            if not silent:
+                return False
+            stats.silences += 1
+            told = stats.rest_until > time.monotonic()
+            stats.rest_until = time.monotonic() + REST_S
+        if not told and len(self.stats) > 1:
+            log.warning(
+                "weight source %s went silent (%s): the other sources first for %.0f s",
+                url,
+                exc,
+                REST_S,
+            )
+        return not told
 
     def corrupt(self, url: str, version: int, what: str, reason: str) -> None:
         with self._lock:
@@ -127,17 +172,31 @@ class Connections:
     idle connections after their keep-alive), and a GET that fails on a reused connection
     before any answer (the server closed it meanwhile) is sent once more on a fresh one: a GET
     is idempotent, and a stale socket is no fault of the source.
+
+    Opening a connection may take ``connect_timeout_s``; a GET waits ``stall_timeout_s`` for its
+    answer unless told otherwise (a long-poll), and once the answer has begun every read of its
+    body waits ``stall_timeout_s`` at most; ``timeout_s`` caps the two. Either wait ending
+    raises ``TimeoutError``, naming the source and what it did not do in time.
     """
 
     def __init__(
-        self, timeout_s: float, headers: dict[str, str] | None = None, max_idle_s: float = 4.0
+        self,
+        timeout_s: float,
+        headers: dict[str, str] | None = None,
+        max_idle_s: float = 4.0,
+        *,
+        connect_timeout_s: float | None = None,
+        stall_timeout_s: float | None = None,
     ) -> None:
         self.timeout_s = timeout_s
+        self.connect_timeout_s = min(connect_timeout_s or timeout_s, timeout_s)
+        self.stall_timeout_s = min(stall_timeout_s or timeout_s, timeout_s)
         self.headers = dict(headers or {})
         self.max_idle_s = max_idle_s
         self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: list[tuple[str, http.client.HTTPConnection]] = []
         self._all_lock = threading.Lock()
+        self._aborted: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
 
     def _cache(self) -> dict[str, tuple[http.client.HTTPConnection, float]]:
         return self._local.__dict__.setdefault("c", {})
@@ -146,17 +205,19 @@ class Connections:
         """This thread's connection to ``url`` and whether it is an open one being reused."""
         cache = self._cache()
         cached = cache.get(url)
-        if cached is not None and time.monotonic() - cached[1] >= self.max_idle_s:
+        if cached is not None and (
+            time.monotonic() - cached[1] >= self.max_idle_s or cached[0] in self._aborted
+        ):
             self.drop(url)  # the server may have closed it already: do not find out mid-request
             cached = None
         if cached is not None:
             return cached[0], cached[0].sock is not None
         parts = urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = cls(parts.hostname or "127.0.0.1", parts.port, timeout=self.timeout_s)
+        conn = cls(parts.hostname or "127.0.0.1", parts.port, timeout=self.connect_timeout_s)
         cache[url] = (conn, time.monotonic())
         with self._all_lock:
-            self._all = [c for c in self._all if c.sock is not None] + [conn]
+            self._all = [(u, c) for u, c in self._all if c.sock is not None] + [(url, conn)]
         return conn, False
 
     def drop(self, url: str) -> None:
@@ -169,11 +230,14 @@ class Connections:
         for url in list(self._cache()):
             self.drop(url)
 
-    def abort(self) -> None:
-        """From any thread: shut down every open socket, waking reads blocked on them."""
+    def abort(self, url: str | None = None) -> None:
+        """From any thread: shut down every open socket (to ``url`` only, if given), waking
+        reads blocked on them."""
         with self._all_lock:
-            conns, self._all = self._all, []
+            conns = [c for u, c in self._all if url is None or u == url]
+            self._all = [(u, c) for u, c in self._all if url is not None and u != url]
         for conn in conns:
+            self._aborted.add(conn)
             sock = conn.sock
             if sock is not None:
                 try:
@@ -188,12 +252,13 @@ class Connections:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> http.client.HTTPResponse:
-        """Send a GET and return the response (body unread). Network errors propagate."""
+        """Send a GET and return the response (body unread), waiting ``timeout_s`` (default:
+        ``stall_timeout_s``) for its answer. Network errors propagate."""
         conn, reused = self._conn(url)
         try:
             return self._send(conn, url, path, headers, timeout_s)
         except STALE_CONNECTION:
-            if not reused:
+            if not reused or conn in self._aborted:  # ended on purpose: not a stale socket
                 raise
         conn, _ = self._conn(url)  # closed by the server while idle: once more, on a new one
         return self._send(conn, url, path, headers, timeout_s)
@@ -206,13 +271,24 @@ class Connections:
         headers: dict[str, str] | None,
         timeout_s: float | None,
     ) -> http.client.HTTPResponse:
-        conn.timeout = timeout_s or self.timeout_s
-        if conn.sock is not None:
-            conn.sock.settimeout(conn.timeout)
+        answer_s = timeout_s or self.stall_timeout_s
         base = urlsplit(url).path.rstrip("/")
+        stage = "connect"
         try:
+            if conn.sock is None:
+                conn.timeout = self.connect_timeout_s
+                conn.connect()  # TCP and TLS, within connect_timeout_s
+            stage = "answer"
+            conn.timeout = answer_s
+            conn.sock.settimeout(answer_s)
             conn.request("GET", base + path, headers={**self.headers, **(headers or {})})
             response = conn.getresponse()
+            conn.sock.settimeout(self.stall_timeout_s)  # the body's reads from here on
+        except TimeoutError as exc:
+            self.drop(url)
+            waited = self.connect_timeout_s if stage == "connect" else answer_s
+            what = "no connection" if stage == "connect" else "no answer"
+            raise TimeoutError(f"{what} from {url} within {waited:.1f} s") from exc
         except (OSError, http.client.HTTPException):
             self.drop(url)
             raise
@@ -270,14 +346,19 @@ def download_object(
     deadline: float,
     abort: threading.Event,
     max_attempts: int,
+    answer_s: float | None = None,
 ) -> None:
-    """Fetch ``path`` (``size`` bytes, signed ``digest``) into ``sink``; see module docstring."""
+    """Fetch ``path`` (``size`` bytes, signed ``digest``) into ``sink``; see module docstring.
+
+    ``answer_s``: how long a source may take to answer (default: ``conns.stall_timeout_s``).
+    """
     got, hasher = 0, new_hasher(algorithm)
     contributors: set[str] = set()
     excluded: set[str] = set()  # corrupt or missing for this object
     broke: set[str] = set()  # cut a transfer of this object short: avoided while others remain
     attempts, last_error = 0, "no attempt made"
     last_was_corrupt = False  # the last failed attempt assembled bytes that missed the digest
+    last_url: str | None = None  # the source of the last bytes received
     buf = memoryview(bytearray(min(CHUNK, max(size, 1))))
     while True:
         if abort.is_set():
@@ -310,9 +391,21 @@ def download_object(
                     f"v{version} {what}: every source served corrupt bytes ({last_error})"
                 )
             raise ObjectMissing(f"v{version} {what}: no source has it ({last_error})")
+        if got and url != last_url:
+            log.info(
+                "v%d %s: resuming at byte %d of %d from %s (%s)",
+                version,
+                what,
+                got,
+                size,
+                url,
+                last_error,
+            )
         started, before = time.monotonic(), got
         try:
-            resp = conns.get(url, path, {"Range": f"bytes={got}-{size - 1}"} if got else None)
+            resp = conns.get(
+                url, path, {"Range": f"bytes={got}-{size - 1}"} if got else None, answer_s
+            )
             if resp.status == 404:
                 resp.read()
                 excluded.add(url)
@@ -325,11 +418,18 @@ def download_object(
                 continue
             _expect_range(resp, got, size)
             contributors.add(url)
+            last_url = url
             while got < size:
                 if abort.is_set():
                     conns.drop(url)
                     raise FetchAborted
-                n = resp.readinto(buf[: min(len(buf), size - got)])
+                try:
+                    n = resp.readinto(buf[: min(len(buf), size - got)])
+                except TimeoutError as exc:
+                    raise TimeoutError(
+                        f"no byte from {url} for {conns.stall_timeout_s:.1f} s "
+                        f"at byte {got} of {size}"
+                    ) from exc
                 if not n:
                     raise http.client.IncompleteRead(b"", size - got)
                 chunk = buf[:n]
@@ -344,7 +444,8 @@ def download_object(
             pool.success(url, got - before, time.monotonic() - started)
         except (OSError, http.client.HTTPException) as exc:
             conns.drop(url)
-            pool.failure(url)
+            if pool.failure(url, exc):  # silent: the requests waiting on it go elsewhere now
+                conns.abort(url)
             broke.add(url)
             attempts += 1
             last_error, last_was_corrupt = f"{url}: {type(exc).__name__}: {exc}", False

@@ -11,10 +11,11 @@ namespace's), ``/srv/`` → the host's folder, ``my.toml`` → the config given.
 says to copy between hosts (invites, the config) are copied.
 
 Links and machines can be made worse per host: ``links`` caps a host's bandwidth (``tbf``);
-``impair`` puts a ``linkproxy`` inside a host in front of every server it talks to (on
-``127.0.0.1`` at the server's port; that host's commands then name ``127.0.0.1`` where the page
-names the server), adding delay, jitter, modelled loss and resets to everything it sends and
-receives; ``cpu`` holds a host's roles to a fraction of a core.
+``impair`` puts a ``linkproxy`` inside a host in front of every server of the other hosts it
+talks to, or of those it names (``{"relay.lan": {"trainer.lan": {...}}}``), on ``127.0.0.1`` at
+the server's port (that host's commands then name ``127.0.0.1`` where the page names such a
+server), adding delay, jitter, modelled loss and resets to everything it sends and receives
+there; ``cpu`` holds a host's roles to a fraction of a core.
 
 Knows the page's layout and the roles' command lines, nothing about what the roles compute.
 """
@@ -89,12 +90,14 @@ class Deployment:
     root: Path
     config: Path  # stands for the page's my.toml, copied to every host
     links: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    impair: dict[str, dict[str, float]] = field(default_factory=dict)
+    # host → the impairment of its way to every other host's server, or → {server host: one}
+    impair: dict[str, dict[str, Any]] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     hosts: dict[str, Host] = field(default_factory=dict)
     placeholders: dict[str, str] = field(default_factory=dict)
     roles: list[Started] = field(default_factory=list)
     cgroups: dict[str, Path] = field(default_factory=dict)  # role name → its cgroup (``cpu``)
+    proxied: dict[str, set[str]] = field(default_factory=dict)  # host → servers it reaches by proxy
 
     def __post_init__(self) -> None:
         for name, page_address in PAGE_HOSTS.items():
@@ -105,14 +108,24 @@ class Deployment:
                 self.placeholders[page_address] = host.address
             self.folder(name).mkdir(parents=True)
             shutil.copy(self.config, self.folder(name) / "my.toml")
-        servers = [(self.hosts[name].address, port) for name, port in SERVERS.items()]
         for name, how in self.impair.items():
-            if name in SERVERS:  # its own server holds the port the proxy would listen on
-                raise ValueError(f"impair is for hosts that serve nothing, not {name}")
-            for seed, target in enumerate(servers):
+            per_server = (
+                how
+                if how and all(isinstance(v, dict) for v in how.values())
+                else {server: how for server in SERVERS if server != name}
+            )
+            for server, impairment in per_server.items():
+                if server == name or server not in SERVERS:  # its own port is its server's
+                    raise ValueError(f"{name} cannot reach {server} by proxy: not another server")
+                port = SERVERS[server]
                 self.hosts[name].proxy(
-                    target[1], target, listen_address="127.0.0.1", seed=seed, **how
+                    port,
+                    (self.hosts[server].address, port),
+                    listen_address="127.0.0.1",
+                    seed=list(SERVERS).index(server),
+                    **impairment,
                 )
+                self.proxied.setdefault(name, set()).add(server)
 
     def folder(self, host: str) -> Path:
         return self.root / host
@@ -124,8 +137,11 @@ class Deployment:
             arg = self.placeholders.get(arg, arg)
             for page_address, address in self.placeholders.items():
                 if re.fullmatch(r"[\d.]+", page_address):
-                    local = "127.0.0.1" if host in self.impair else address
-                    arg = arg.replace(f"//{page_address}:", f"//{local}:")
+                    server = next(h for h, a in PAGE_HOSTS.items() if a == page_address)
+                    proxied = server in self.proxied.get(host, ())
+                    arg = arg.replace(
+                        f"//{page_address}:", f"//{'127.0.0.1' if proxied else address}:"
+                    )
             arg = re.sub(
                 r"(^|=|sqlite:///)/srv/", lambda m: f"{m.group(1)}{self.folder(host)}/srv/", arg
             )
@@ -261,13 +277,15 @@ def run_example(
     config: Path,
     *,
     during: Callable[[Deployment, dict[str, Started]], None] | None = None,
+    before_close: Callable[[Deployment], None] | None = None,
     timeout_s: float = 80.0,
     **worse: Any,
 ) -> Outcome:
     """The page's worked example on a fresh bed (``worse``: ``links``, ``impair``, ``cpu`` of
     :class:`Deployment`), ``during`` called once every role is started (to cut a link, kill a
     relay…); returns when the trainer exits (raising with every role's log tail if it fails or
-    outlives ``timeout_s``), after waiting up to 20 s for workers and validators to stop."""
+    outlives ``timeout_s``), after waiting up to 20 s for workers and validators to stop and
+    calling ``before_close`` (the servers still up: to read a relay's counters…)."""
     started_at = time.monotonic()
     with TestBed() as bed:
         deployment = Deployment(bed, root, config, **worse)
@@ -285,6 +303,8 @@ def run_example(
                 while role.proc.poll() is None and time.monotonic() < settle:
                     time.sleep(0.2)
         exits = {name: role.proc.poll() for name, role in roles.items()}
+        if before_close is not None:
+            before_close(deployment)
         # the report again, now that the workers have stopped: what a worker submitted after
         # the trainer's end (a unit it held through a cut) is in the pool's final account
         after = deployment.after_run(page, ("report",))
