@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.pool.flow import spotcheck
 from swarmrl.pool.flow.work import HELD_UNTIL, credit, on_probation
 from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
@@ -36,6 +37,10 @@ from swarmrl.protocol.pool import (
     Verdict,
     VerdictReceipt,
     WorkUnit,
+)
+
+_CREDITED = Fast(
+    sa.select(db.credits.c.submission_id).where(db.credits.c.submission_id == sa.bindparam("s"))
 )
 
 
@@ -170,16 +175,19 @@ def record_verdict(
             accepted = node_row(conn, pool_id, row.node_id).accepted + 1
             conn.execute(db.nodes.update().where(node_where).values(accepted=accepted))
             held = on_probation(ctx, spec, accepted)
-            credit(
-                ctx,
-                conn,
-                spec,
-                row.submission_id,
-                row.node_id,
-                verdict.measured_tokens,
-                "validator",
-                held,
-            )
+            # a unit sent to a check at its release was credited when it arrived unchecked
+            credited = _CREDITED.run(conn, {"s": row.submission_id}).first() is not None
+            if not credited:
+                credit(
+                    ctx,
+                    conn,
+                    spec,
+                    row.submission_id,
+                    row.node_id,
+                    verdict.measured_tokens,
+                    "validator",
+                    held,
+                )
             if not held:  # probation passed (or none): credits held so far start their lock
                 conn.execute(
                     db.credits.update()
@@ -192,7 +200,7 @@ def record_verdict(
                 )
             assert verdict.behaviour_logprobs is not None
             ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
-            spotcheck.passed(ctx, conn, pool_id, row)
+            spotcheck.passed(ctx, conn, spec, row)
         else:
             if verdict.severity == "hard":  # a soft drop blames nobody: the record stands
                 spotcheck.failed(conn, pool_id, row.node_id)

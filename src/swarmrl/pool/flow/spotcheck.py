@@ -11,13 +11,17 @@ the epoch's secret is revealed anyone holding the ledger can recompute it.
 
 Trainability: a checked submission trains once its check passes (with the validator's
 behaviour log-probs). An unchecked one is stored as ``unchecked`` and becomes trainable (with
-the worker's declared log-probs) only when a check of a *later* submission of the same node
-passes; that release is a ``release`` ledger entry naming what it freed. A failed hard check
-bans the node and drops all its untrained work, unchecked included
-(``swarmrl.pool.trust.penalties``).
-So no unchecked unit trains unless a check the node could not foresee passed after it was
-submitted; what can slip through is a falsified unit followed by an honest checked one
-(docs/pool.md bounds it).
+the worker's declared log-probs) only once checks of ``release_after_checks`` (k) *later*
+submissions of the same node have passed; that release is a ``release`` ledger entry naming
+what it freed. Of the units a passed check would release, a share ``release_replay_fraction``
+(q), drawn under the epoch secret like the spot check (``is_replayed``), is sent to the
+validators instead (status ``pending``, named under ``replay`` in the entry): each trains only
+once its own check passes, and a failed one bans the node like any failed check. A failed hard
+check bans the node and drops all its untrained work, unchecked included, and takes back its
+credits still locked (``swarmrl.pool.trust.penalties``). So no unchecked unit trains unless k
+checks the node could not foresee passed after it was submitted; what can slip through is a
+falsified unit followed by k honest checked ones and not drawn for a replay (docs/toploc.md,
+"The spot-check residual", measures it).
 
 Quorum: with ``quorum`` k > 1 a rejection is one vote (``vote`` ledger entry) and the
 submission waits as ``disputed`` for other validators; it is rejected once more than half of k
@@ -33,7 +37,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
-from swarmrl.ledger.spotchecks import check_rate, is_checked
+from swarmrl.ledger.spotchecks import check_rate, is_checked, is_replayed
 from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.state import db
 from swarmrl.pool.trust import assignments
@@ -98,25 +102,62 @@ def decide(ctx: Context, conn: sa.Connection, spec: PoolSpec, node_id: str, sid:
     return Check(epoch, rate, is_checked(secret, spec.pool_id, sid, rate), bool(spec.validators))
 
 
-def passed(ctx: Context, conn: sa.Connection, pool_id: str, row: Any) -> list[str]:
-    """A check of submission ``row`` passed: the node's record grows and its unchecked work
-    submitted before ``row`` becomes trainable; returns the released submission ids."""
+def release_bound(conn: sa.Connection, spec: PoolSpec, node_id: str) -> float | None:
+    """Arrival time before which the node's unchecked work has k = ``release_after_checks``
+    passed checks of later submissions: the k-th latest arrival among its passed checks (None
+    while it has fewer). A passed check is a validated submission not rejected."""
+    subs = db.submissions
+    times = conn.execute(
+        sa.select(subs.c.received_at)
+        .where(
+            subs.c.pool_id == spec.pool_id,
+            subs.c.node_id == node_id,
+            subs.c.validated.is_(True),
+            subs.c.status != "rejected",
+        )
+        .order_by(subs.c.received_at.desc())
+        .limit(spec.release_after_checks)
+    ).scalars()
+    times = list(times)
+    return times[-1] if len(times) == spec.release_after_checks else None
+
+
+def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any) -> list[str]:
+    """A check of submission ``row`` (already marked accepted) passed: the node's record grows
+    and its unchecked work with k passed checks of later submissions is released, a drawn share
+    q of it to a check instead (module docstring); returns the submission ids made trainable."""
+    pool_id = spec.pool_id
     _set_clean(conn, pool_id, row.node_id, _clean(conn, pool_id, row.node_id) + 1)
+    bound = release_bound(conn, spec, row.node_id)
+    if bound is None:
+        return []
     subs = db.submissions
     earlier = sa.and_(
         subs.c.pool_id == pool_id,
         subs.c.node_id == row.node_id,
         subs.c.status == "unchecked",
-        subs.c.received_at < row.received_at,
+        subs.c.received_at < bound,
     )
     ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(earlier)).scalars())
-    if ids:
-        conn.execute(subs.update().where(subs.c.submission_id.in_(ids)).values(status="accepted"))
-        body = {"by": row.submission_id, "submission_ids": ids}
-        ctx.ledger.append(
-            conn, "release", body, pool_id=pool_id, node_id=row.node_id, ts=ctx.clock()
+    if not ids:
+        return []
+    body: dict[str, Any] = {"by": row.submission_id}
+    replay: list[str] = []
+    if spec.release_replay_fraction > 0:
+        epoch, secret = assignments.current(ctx, conn, pool_id)
+        replay = [s for s in ids if is_replayed(secret, pool_id, s, spec.release_replay_fraction)]
+        body["epoch"] = epoch
+    released = [s for s in ids if s not in set(replay)]
+    body["submission_ids"] = released
+    if replay:
+        body["replay"] = replay
+        conn.execute(subs.update().where(subs.c.submission_id.in_(replay)).values(status="pending"))
+    if released:
+        conn.execute(
+            subs.update().where(subs.c.submission_id.in_(released)).values(status="accepted")
         )
-    return ids
+    ctx.ledger.append(conn, "release", body, pool_id=pool_id, node_id=row.node_id, ts=ctx.clock())
+    return released
 
 
 def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
@@ -126,8 +167,8 @@ def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
 
 
 def releases_unchecked() -> sa.ColumnElement[bool]:
-    """Whether a submission's passed check would release unchecked work (``passed``): its
-    node has unchecked submissions received before it."""
+    """Whether a submission's passed check may release unchecked work (``passed``): its node
+    has unchecked submissions received before it (with k > 1 it may take more checks)."""
     subs = db.submissions
     earlier = subs.alias("earlier")
     return sa.exists().where(
