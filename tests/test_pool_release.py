@@ -14,15 +14,17 @@ import copy
 
 import sqlalchemy as sa
 
+from swarmrl.errors import Conflict
 from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.spotchecks import SpotCheckReplay, is_replayed
 from swarmrl.ledger.verify import export_lines, verify_lines
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
+from swarmrl.pool.state.db import make_engine, sqlite_url
 from swarmrl.pool.trust.audit import audit
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
-from test_pool_spotcheck import POOL, entries, judge_all, make_spec, statuses, submit
+from test_pool_spotcheck import POOL, entries, make_spec, replay, statuses, submit
 
 NODES = 40  # fresh nodes tried until one's falsified unit is unchecked: P(none) = 2^-40
 
@@ -44,9 +46,14 @@ def _until(server, node: PoolClient, status: str, falsified: bool = False) -> li
 
 
 def _judge(checker: PoolClient) -> None:
-    """Judge every pending unit, those a release sends to a check included."""
-    while judge_all(checker):
-        pass
+    """Judge every pending unit, those a release sends to a check included; a unit whose node
+    a verdict before it banned is dropped, and a verdict on it refused."""
+    while pending := checker.claim(POOL, limit=256):
+        for unit in pending:
+            try:
+                checker.verdict(POOL, replay(unit))
+            except Conflict as exc:
+                assert "is dropped" in str(exc)
 
 
 def _reverifies(server, orch: KeyPair, owner: KeyPair) -> None:
@@ -193,7 +200,11 @@ def test_units_replayed_at_release_train_once_passed_and_are_credited_once(tmp_p
         trainer, served = PoolClient(server.url, owner), set()
         node.join(POOL, CPU_NODE)
         mine = []
-        while sum(len(e["body"].get("replay", [])) for e in entries(server, "release")) < 3:
+
+        def count(key: str) -> int:
+            return sum(len(e["body"].get(key, [])) for e in entries(server, "release"))
+
+        while count("replay") < 3 or count("submission_ids") < 3:
             mine.append(submit(node).submission_id)
             _judge(checker)
             _serve(trainer, served)
@@ -217,3 +228,19 @@ def test_units_replayed_at_release_train_once_passed_and_are_credited_once(tmp_p
         assert set(credits) == set(mine)
         assert len(entries(server, "credit")) == len(mine)
         _reverifies(server, orch, owner)
+
+
+def test_a_database_made_before_the_release_count_gets_it_at_zero(tmp_path):
+    """An unchecked unit stored before ``submissions.passes_after`` existed gets the column at
+    0 when the orchestrator opens the database again, so it waits for the next passed check."""
+    url = sqlite_url(tmp_path / "pool.db")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE submissions DROP COLUMN passes_after")
+    engine.dispose()
+    engine = make_engine(url)
+    try:
+        columns = {c["name"]: c for c in sa.inspect(engine).get_columns("submissions")}
+        assert "passes_after" in columns and not columns["passes_after"]["nullable"]
+    finally:
+        engine.dispose()

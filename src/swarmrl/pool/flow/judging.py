@@ -65,7 +65,9 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
         _require_validator(spec, validator_key)
         oldest = current_version(conn, pool_id) - spec.async_level
         stale_last = sa.case((db.submissions.c.min_version >= oldest, 0), else_=1)
-        releasing_first = sa.case((spotcheck.releases_unchecked(), 0), else_=1)
+        releasing_first = sa.case(
+            (spotcheck.releases_unchecked(spec.release_after_checks), 0), else_=1
+        )
         rows = conn.execute(
             sa.select(db.submissions, db.leases.c.work)
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)

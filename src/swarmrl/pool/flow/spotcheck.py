@@ -102,43 +102,23 @@ def decide(ctx: Context, conn: sa.Connection, spec: PoolSpec, node_id: str, sid:
     return Check(epoch, rate, is_checked(secret, spec.pool_id, sid, rate), bool(spec.validators))
 
 
-def release_bound(conn: sa.Connection, spec: PoolSpec, node_id: str) -> float | None:
-    """Arrival time before which the node's unchecked work has k = ``release_after_checks``
-    passed checks of later submissions: the k-th latest arrival among its passed checks (None
-    while it has fewer). A passed check is a validated submission not rejected."""
-    subs = db.submissions
-    times = conn.execute(
-        sa.select(subs.c.received_at)
-        .where(
-            subs.c.pool_id == spec.pool_id,
-            subs.c.node_id == node_id,
-            subs.c.validated.is_(True),
-            subs.c.status != "rejected",
-        )
-        .order_by(subs.c.received_at.desc())
-        .limit(spec.release_after_checks)
-    ).scalars()
-    times = list(times)
-    return times[-1] if len(times) == spec.release_after_checks else None
-
-
 def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any) -> list[str]:
-    """A check of submission ``row`` (already marked accepted) passed: the node's record grows
-    and its unchecked work with k passed checks of later submissions is released, a drawn share
-    q of it to a check instead (module docstring); returns the submission ids made trainable."""
+    """A check of submission ``row`` passed: the node's record grows, each of its unchecked
+    submissions received before ``row`` counts one more passed check after it, and those with
+    k are released, a drawn share q of them to a check instead (module docstring); returns the
+    submission ids made trainable."""
     pool_id = spec.pool_id
     _set_clean(conn, pool_id, row.node_id, _clean(conn, pool_id, row.node_id) + 1)
-    bound = release_bound(conn, spec, row.node_id)
-    if bound is None:
-        return []
     subs = db.submissions
     earlier = sa.and_(
         subs.c.pool_id == pool_id,
         subs.c.node_id == row.node_id,
         subs.c.status == "unchecked",
-        subs.c.received_at < bound,
+        subs.c.received_at < row.received_at,
     )
-    ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(earlier)).scalars())
+    conn.execute(subs.update().where(earlier).values(passes_after=subs.c.passes_after + 1))
+    due = sa.and_(earlier, subs.c.passes_after >= spec.release_after_checks)
+    ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(due)).scalars())
     if not ids:
         return []
     body: dict[str, Any] = {"by": row.submission_id}
@@ -166,9 +146,9 @@ def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
     _set_clean(conn, pool_id, node_id, 0)
 
 
-def releases_unchecked() -> sa.ColumnElement[bool]:
-    """Whether a submission's passed check may release unchecked work (``passed``): its node
-    has unchecked submissions received before it (with k > 1 it may take more checks)."""
+def releases_unchecked(release_after_checks: int) -> sa.ColumnElement[bool]:
+    """Whether a submission's passed check would release unchecked work (``passed``): its
+    node has unchecked submissions received before it that wait for one more passed check."""
     subs = db.submissions
     earlier = subs.alias("earlier")
     return sa.exists().where(
@@ -176,6 +156,7 @@ def releases_unchecked() -> sa.ColumnElement[bool]:
         earlier.c.node_id == subs.c.node_id,
         earlier.c.status == "unchecked",
         earlier.c.received_at < subs.c.received_at,
+        earlier.c.passes_after >= release_after_checks - 1,
     )
 
 

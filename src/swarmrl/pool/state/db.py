@@ -101,6 +101,9 @@ submissions = sa.Table(
     sa.Column("claim_expires_at", sa.Float, nullable=True),
     sa.Column("verdict", sa.Text, nullable=True),  # Verdict JSON without behaviour log-probs
     sa.Column("consumed_step", sa.Integer, nullable=True),
+    # unchecked: checks of later submissions of its node passed since it arrived
+    # (swarmrl.pool.flow.spotcheck releases it at the pool's release_after_checks)
+    sa.Column("passes_after", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Index("ix_submissions_pool_status", "pool_id", "status"),
 )
 
@@ -259,6 +262,7 @@ def make_engine(url: str, fast_sql: bool = True) -> sa.Engine:
         metadata.create_all(engine)
         _add_lease_task_counts(engine)
         _add_batched_through(engine)
+        _add_passes_after(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
@@ -273,6 +277,17 @@ def _add_batched_through(engine: sa.Engine) -> None:
         return
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE run_progress ADD COLUMN batched_through INTEGER"))
+
+
+def _add_passes_after(engine: sa.Engine) -> None:
+    """A database made before ``submissions.passes_after`` existed gets the column at 0: its
+    unchecked work waits for the checks a pool with k = 1 (all made before) releases it at."""
+    if "passes_after" in {c["name"] for c in sa.inspect(engine).get_columns("submissions")}:
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("ALTER TABLE submissions ADD COLUMN passes_after INTEGER NOT NULL DEFAULT 0")
+        )
 
 
 def _add_lease_task_counts(engine: sa.Engine) -> None:
