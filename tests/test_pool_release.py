@@ -103,6 +103,42 @@ def test_an_unchecked_unit_is_released_only_after_k_later_checks_passed(tmp_path
         _reverifies(server, orch, owner)
 
 
+def test_a_young_nodes_unchecked_work_waits_until_it_has_passed_n_checks(tmp_path):
+    """n = 4: nothing of the node is released before its fourth passed check; from then every
+    unchecked unit that has a passed check after it is; a ledger claiming n = 5 for the same
+    pool is a reason (the release came too early)."""
+    orch, owner, validator, key = (KeyPair.generate() for _ in range(4))
+    spec = make_spec(
+        owner, [validator], validated_fraction=0.5, check_rate_decay=0.0, release_young_checks=4
+    )
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        node, checker = PoolClient(server.url, key), PoolClient(server.url, validator)
+        node.join(POOL, CPU_NODE)
+        held: list[str] = []
+        for _ in range(3):  # three passed checks (unchecked work, if any, before each)
+            units = _until(server, node, "pending")
+            held += [s for s in units if statuses(server)[s] == "unchecked"]
+            _judge(checker)
+            assert not entries(server, "release")
+            assert all(statuses(server)[s] == "unchecked" for s in held)
+        units = _until(server, node, "unchecked") + _until(server, node, "pending")
+        held += [s for s in units if statuses(server)[s] == "unchecked"]
+        _judge(checker)  # the fourth, and any after it
+        released = [s for e in entries(server, "release") for s in e["body"]["submission_ids"]]
+        assert sorted(released) == sorted(held)
+        assert all(statuses(server)[s] == "accepted" for s in held)
+        log = read_entries(server.ctx.engine)
+    spot = SpotCheckReplay()
+    assert not [r for e in log if (r := spot.feed(e))]
+    for e in log:
+        if e["kind"] == "pool_created":
+            e["body"]["spec"]["release_young_checks"] = 5
+    spot = SpotCheckReplay()
+    reasons = [r for e in log if (r := spot.feed(e))]
+    assert reasons and "releases none before 5" in reasons[0]
+
+
 def test_a_ledger_releasing_before_k_checks_does_not_reverify(tmp_path):
     """A pool created with k = 1 releases after one passed check; the same ledger claiming
     k = 2 in its ``pool_created`` entry is a reason (the release came too early)."""

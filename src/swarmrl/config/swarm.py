@@ -74,6 +74,15 @@ class SwarmSection(Section):
             "cheater's unchecked work until it is caught, and delays an honest worker's"
         ),
     )
+    spot_check_release_young: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description=(
+            "a worker with fewer passed checks than this has none of its unchecked submissions "
+            "trained until it has them (the pool's `release_young_checks`); 0 = no such wait"
+        ),
+    )
     spot_check_release_replay: float = Field(
         0.0,
         ge=0,

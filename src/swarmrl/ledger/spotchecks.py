@@ -18,8 +18,8 @@ request arrives), so it cannot learn or grind which of its submissions will be c
 :class:`SpotCheckReplay` folds ledger entries in order and re-derives, for every submission
 entry, the rate it must have been checked at and, once its epoch's secret is revealed, whether
 it must have been checked; it also checks that every ``release`` entry (unchecked work made
-trainable) follows passed checks of ``release_after_checks`` later submissions of the same node,
-and that the ones it sends to a check instead (``replay``) are exactly those whose release draw
+trainable) follows passed checks of ``release_after_checks`` later submissions of the same node
+and ``release_young_checks`` of the node in all, and that the ones it sends to a check instead (``replay``) are exactly those whose release draw
 ``HMAC-SHA256(secret, "release-check/<pool>/<submission id>") / 2^256`` is below
 ``release_replay_fraction`` (keyed with the secret of the epoch the release names). Knows nothing
 about databases or HTTP; the rates come from the pool's ``pool_created`` entry.
@@ -67,6 +67,7 @@ class _Pool:
     decay: float
     has_validators: bool
     release_after: int = 1  # passed checks of later submissions that release unchecked work
+    release_young: int = 0  # passed checks in all a node needs before anything is released
     replay_fraction: float = 0.0  # share of it checked instead at release
     clean: dict[str, int] = field(default_factory=dict)  # node → passed checks since a failure
     checked: dict[str, tuple[str, bool]] = field(default_factory=dict)  # sid → (node, checked)
@@ -109,6 +110,7 @@ class SpotCheckReplay:
                 float(spec.get("check_rate_decay", fields["check_rate_decay"].default)),
                 bool(spec.get("validators")),
                 int(spec.get("release_after_checks", fields["release_after_checks"].default)),
+                int(spec.get("release_young_checks", fields["release_young_checks"].default)),
                 float(
                     spec.get("release_replay_fraction", fields["release_replay_fraction"].default)
                 ),
@@ -199,6 +201,11 @@ class SpotCheckReplay:
         released = [str(s) for s in body.get("submission_ids", [])]
         replayed = [str(s) for s in body.get("replay", [])]
         later_passed = pool.passed_seqs.get(node, [])
+        if (released or replayed) and len(later_passed) < pool.release_young:
+            return (
+                f"release by {by} after {len(later_passed)} passed checks of node {node}; the "
+                f"pool releases none before {pool.release_young}"
+            )
         for sid in released + replayed:
             owner, checked = pool.checked.get(sid, ("", True))
             order = pool.order.get(sid, 1 << 62)

@@ -21,6 +21,7 @@ How each spec key follows from the config (``config_terms``)::
     validated_fraction  swarm.spot_check_floor
     check_rate_decay    swarm.spot_check_decay
     release_after_checks    swarm.spot_check_release_after
+    release_young_checks    swarm.spot_check_release_young
     release_replay_fraction swarm.spot_check_release_replay
     quorum              swarm.quorum
     max_tasks_per_lease swarm.rollouts_per_lease // rl.group_size (at least 1)
@@ -81,6 +82,10 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
     terms["release_after_checks"] = (
         "swarm.spot_check_release_after",
         swarm.spot_check_release_after,
+    )
+    terms["release_young_checks"] = (
+        "swarm.spot_check_release_young",
+        swarm.spot_check_release_young,
     )
     terms["release_replay_fraction"] = (
         "swarm.spot_check_release_replay",

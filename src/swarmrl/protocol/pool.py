@@ -93,6 +93,13 @@ class PoolSpec(Message):
         description="an unchecked submission trains once this many checks of its node's later "
         "submissions passed (swarmrl.pool.flow.spotcheck); 1 = the next passed one",
     )
+    release_young_checks: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="a node with fewer passed checks than this has none of its unchecked "
+        "submissions released (swarmrl.pool.flow.spotcheck); 0 = no such wait",
+    )
     release_replay_fraction: float = Field(
         0.0,
         ge=0,

@@ -202,7 +202,7 @@ def record_verdict(
                 )
             assert verdict.behaviour_logprobs is not None
             ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
-            spotcheck.passed(ctx, conn, spec, row)
+            spotcheck.passed(ctx, conn, spec, row, accepted)
         else:
             if verdict.severity == "hard":  # a soft drop blames nobody: the record stands
                 spotcheck.failed(conn, pool_id, row.node_id)

@@ -12,7 +12,8 @@ the epoch's secret is revealed anyone holding the ledger can recompute it.
 Trainability: a checked submission trains once its check passes (with the validator's
 behaviour log-probs). An unchecked one is stored as ``unchecked`` and becomes trainable (with
 the worker's declared log-probs) only once checks of ``release_after_checks`` (k) *later*
-submissions of the same node have passed; that release is a ``release`` ledger entry naming
+submissions of the same node have passed, and the node has passed ``release_young_checks`` (n)
+checks in all (a young node's unchecked work waits until then); that release is a ``release`` ledger entry naming
 what it freed. Of the units a passed check would release, a share ``release_replay_fraction``
 (q), drawn under the epoch secret like the spot check (``is_replayed``), is sent to the
 validators instead (status ``pending``, named under ``replay`` in the entry): each trains only
@@ -102,11 +103,12 @@ def decide(ctx: Context, conn: sa.Connection, spec: PoolSpec, node_id: str, sid:
     return Check(epoch, rate, is_checked(secret, spec.pool_id, sid, rate), bool(spec.validators))
 
 
-def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any) -> list[str]:
-    """A check of submission ``row`` passed: the node's record grows, each of its unchecked
-    submissions received before ``row`` counts one more passed check after it, and those with
-    k are released, a drawn share q of them to a check instead (module docstring); returns the
-    submission ids made trainable."""
+def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, accepted: int) -> list[str]:
+    """A check of submission ``row`` passed (the node's ``accepted`` checks now): the node's
+    record grows, each of its unchecked submissions received before ``row`` counts one more
+    passed check after it, and those with k are released once ``accepted`` ≥ n, a drawn share
+    q of them to a check instead (module docstring); returns the submission ids made
+    trainable."""
     pool_id = spec.pool_id
     _set_clean(conn, pool_id, row.node_id, _clean(conn, pool_id, row.node_id) + 1)
     subs = db.submissions
@@ -117,6 +119,8 @@ def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any) -> list[
         subs.c.received_at < row.received_at,
     )
     conn.execute(subs.update().where(earlier).values(passes_after=subs.c.passes_after + 1))
+    if accepted < spec.release_young_checks:
+        return []
     due = sa.and_(earlier, subs.c.passes_after >= spec.release_after_checks)
     ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(due)).scalars())
     if not ids:
