@@ -39,6 +39,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,6 +234,7 @@ def main() -> None:
     for seed in args.seeds:  # arms alternate within each seed
         for arm in arms:
             runs[(arm, seed)] = run_arm(arm, seed, args)
+            print(f"arm {arm} seed {seed} done", file=sys.stderr, flush=True)
     print(f"decay {args.decay}; {args.identities} identities per cheating strategy and "
           f"{args.honest} honest ones of {args.honest_units} units per arm; seeds {args.seeds}")  # fmt: skip
     header = ("arm (p, k, q, n)", "strategy", "caught", "falsified trained / caught (per seed)",
