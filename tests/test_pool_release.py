@@ -14,6 +14,7 @@ import copy
 
 import sqlalchemy as sa
 
+from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import Conflict
 from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
@@ -165,7 +166,7 @@ def test_a_ledger_releasing_before_k_checks_does_not_reverify(tmp_path):
     assert reasons and "passed checks of later submissions" in reasons[0]
 
 
-def _sparse_cheater_held_back(tmp_path, **rule) -> None:
+def _sparse_cheater_held_back(tmp_path, db_url: str = "", **rule) -> None:
     """A node passes its first check, then submits a falsified unit. When that unit is
     unchecked, honest units follow until one of them is checked and passes (today that check
     would release the falsified one to the trainer), then falsified ones until one is checked
@@ -173,7 +174,7 @@ def _sparse_cheater_held_back(tmp_path, **rule) -> None:
     credit taken back. Fresh nodes are tried until one's falsified unit is unchecked."""
     orch, owner, validator = (KeyPair.generate() for _ in range(3))
     spec = make_spec(owner, [validator], validated_fraction=0.5, check_rate_decay=0.0, **rule)
-    with local_orchestrator(tmp_path / "run", orch) as server:
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
         PoolClient(server.url, orch).create_pool(spec)
         checker, trainer, served = (
             PoolClient(server.url, validator),
@@ -211,8 +212,8 @@ def _sparse_cheater_held_back(tmp_path, **rule) -> None:
         _reverifies(server, orch, owner)
 
 
-def test_a_sparse_cheaters_unchecked_falsified_unit_is_not_trained_with_k_2(tmp_path):
-    _sparse_cheater_held_back(tmp_path, release_after_checks=2)
+def test_a_sparse_cheaters_unchecked_falsified_unit_is_not_trained_with_k_2(db_url, tmp_path):
+    _sparse_cheater_held_back(tmp_path, db_url, release_after_checks=2)
 
 
 def test_a_sparse_cheaters_unchecked_falsified_unit_is_replayed_at_release(tmp_path):

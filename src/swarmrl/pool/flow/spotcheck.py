@@ -13,8 +13,8 @@ Trainability: a checked submission trains once its check passes (with the valida
 behaviour log-probs). An unchecked one is stored as ``unchecked`` and becomes trainable (with
 the worker's declared log-probs) only once checks of ``release_after_checks`` (k) *later*
 submissions of the same node have passed, and the node has passed ``release_young_checks`` (n)
-checks in all (a young node's unchecked work waits until then); that release is a ``release`` ledger entry naming
-what it freed. Of the units a passed check would release, a share ``release_replay_fraction``
+checks in all (a young node's unchecked work waits until then); that release is a ``release``
+ledger entry naming what it freed (each unit counts its checks in ``passes_after``). Of the units a passed check would release, a share ``release_replay_fraction``
 (q), drawn under the epoch secret like the spot check (``is_replayed``), is sent to the
 validators instead (status ``pending``, named under ``replay`` in the entry): each trains only
 once its own check passes, and a failed one bans the node like any failed check. A failed hard

@@ -92,8 +92,9 @@ submissions = sa.Table(
     sa.Column("min_version", sa.Integer, nullable=False),
     sa.Column("auth", sa.Text, nullable=False),  # node key, signature, body digest (JSON)
     # pending (to be checked) → accepted | rejected | disputed (a rejection awaiting its quorum)
-    # | quarantined (unservable); unchecked (not selected) → accepted once a later check of its
-    # node passes (swarmrl.pool.flow.spotcheck); accepted → leased (in a batch) → trained
+    # | quarantined (unservable); unchecked (not selected) → accepted once checks of later
+    # submissions of its node passed, or pending when drawn for a check then
+    # (swarmrl.pool.flow.spotcheck); accepted → leased (in a batch) → trained
     # (acknowledged) or back to accepted (lease expired); any untrained one → dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),
