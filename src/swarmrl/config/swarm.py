@@ -64,6 +64,34 @@ class SwarmSection(Section):
             "last failed one): 1 for a new worker, back to 1 after a failure"
         ),
     )
+    spot_check_release_after: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description=(
+            "an unchecked submission trains once this many checks of the same worker's later "
+            "submissions passed (the pool's `release_after_checks`); more holds a sparse "
+            "cheater's unchecked work until it is caught, and delays an honest worker's"
+        ),
+    )
+    spot_check_release_young: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description=(
+            "a worker with fewer passed checks than this has none of its unchecked submissions "
+            "trained until it has them (the pool's `release_young_checks`); 0 = no such wait"
+        ),
+    )
+    spot_check_release_replay: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "share of the unchecked submissions a passed check would release that validators "
+            "check instead (the pool's `release_replay_fraction`); 0 = release them all"
+        ),
+    )
     quorum: int = Field(
         1,
         ge=1,

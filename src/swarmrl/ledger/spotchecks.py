@@ -18,8 +18,11 @@ request arrives), so it cannot learn or grind which of its submissions will be c
 :class:`SpotCheckReplay` folds ledger entries in order and re-derives, for every submission
 entry, the rate it must have been checked at and, once its epoch's secret is revealed, whether
 it must have been checked; it also checks that every ``release`` entry (unchecked work made
-trainable) follows a passed check of a later submission of the same node. Knows nothing about
-databases or HTTP; ``floor`` and ``decay`` come from the pool's ``pool_created`` entry
+trainable) follows passed checks of ``release_after_checks`` later submissions of the same node
+and ``release_young_checks`` of the node in all, and that the ones it sends to a check instead (``replay``) are exactly those whose release draw
+``HMAC-SHA256(secret, "release-check/<pool>/<submission id>") / 2^256`` is below
+``release_replay_fraction`` (keyed with the secret of the epoch the release names). Knows nothing
+about databases or HTTP; the rates come from the pool's ``pool_created`` entry
 (``swarmrl.ledger.replay``).
 """
 
@@ -41,9 +44,11 @@ def check_rate(clean: int, floor: float, decay: float) -> float:
     return max(floor, decay**clean)
 
 
-def draw(secret: str, pool_id: str, submission_id: str) -> float:
-    """The submission's uniform draw in [0, 1): HMAC-SHA256 under the epoch secret."""
-    message = f"spot-check/{pool_id}/{submission_id}".encode()
+def draw(secret: str, pool_id: str, submission_id: str, purpose: str = "spot-check") -> float:
+    """The submission's uniform draw in [0, 1): HMAC-SHA256 under the epoch secret. ``purpose``
+    keeps the draw at submission (``spot-check``) and the one at release (``release-check``)
+    independent."""
+    message = f"{purpose}/{pool_id}/{submission_id}".encode()
     mac = hmac.new(secret.encode(), message, hashlib.sha256).digest()
     return int.from_bytes(mac, "big") / 2**DRAW_BITS
 
@@ -52,15 +57,24 @@ def is_checked(secret: str, pool_id: str, submission_id: str, rate: float) -> bo
     return draw(secret, pool_id, submission_id) < rate
 
 
+def is_replayed(secret: str, pool_id: str, submission_id: str, fraction: float) -> bool:
+    """Whether an unchecked submission a passed check would release is checked instead."""
+    return draw(secret, pool_id, submission_id, "release-check") < fraction
+
+
 @dataclass
 class _Pool:
     floor: float
     decay: float
     has_validators: bool
+    release_after: int = 1  # passed checks of later submissions that release unchecked work
+    release_young: int = 0  # passed checks in all a node needs before anything is released
+    replay_fraction: float = 0.0  # share of it checked instead at release
     clean: dict[str, int] = field(default_factory=dict)  # node → passed checks since a failure
     checked: dict[str, tuple[str, bool]] = field(default_factory=dict)  # sid → (node, checked)
     order: dict[str, int] = field(default_factory=dict)  # sid → seq of its submission entry
     passed: set[str] = field(default_factory=set)  # checked submissions whose check passed
+    passed_seqs: dict[str, list[int]] = field(default_factory=dict)  # node → seqs of those
 
 
 @dataclass
@@ -75,7 +89,8 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
     subject: ClassVar[str] = "spot-check"
     secrets: dict[tuple[str | None, int], str] = field(default_factory=dict)
     open_epoch: dict[str | None, int] = field(default_factory=dict)  # newest committed epoch
-    unrevealed: list[tuple[str | None, int, str, float, bool]] = field(default_factory=list)
+    # (pool, epoch, submission, rate, checked, purpose) of draws awaiting their epoch's secret
+    unrevealed: list[tuple[str | None, int, str, float, bool, str]] = field(default_factory=list)
     verified: int = 0  # submission draws recomputed and matching
 
     def _pool(self, spec: dict[str, Any]) -> _Pool:
@@ -83,6 +98,9 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
             float(spec_value(spec, "validated_fraction")),
             float(spec_value(spec, "check_rate_decay")),
             bool(spec.get("validators")),
+            int(spec_value(spec, "release_after_checks")),
+            int(spec_value(spec, "release_young_checks")),
+            float(spec_value(spec, "release_replay_fraction")),
         )
 
     def _entry(self, entry: dict[str, Any], kind: str, body: dict[str, Any], pool_id: Any) -> str:
@@ -121,18 +139,31 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         key = (pool_id, int(check.get("epoch", -1)))
         if key[1] != self.open_epoch.get(pool_id):
             return f"submission {sid} was drawn in epoch {key[1]}, not the open one"
-        if key in self.secrets:
-            return self._draw(pool_id, key[1], sid, want, checked, self.secrets[key])
-        self.unrevealed.append((pool_id, key[1], sid, want, checked))
+        return self._draw_or_wait(pool_id, key[1], sid, want, checked, "spot-check")
+
+    def _draw_or_wait(
+        self, pool_id: str | None, epoch: int, sid: str, rate: float, checked: bool, purpose: str
+    ) -> str:
+        secret = self.secrets.get((pool_id, epoch))
+        if secret is not None:
+            return self._draw(pool_id, epoch, sid, rate, checked, secret, purpose)
+        self.unrevealed.append((pool_id, epoch, sid, rate, checked, purpose))
         return ""
 
     def _draw(
-        self, pool_id: str | None, epoch: int, sid: str, rate: float, checked: bool, secret: str
+        self,
+        pool_id: str | None,
+        epoch: int,
+        sid: str,
+        rate: float,
+        checked: bool,
+        secret: str,
+        purpose: str = "spot-check",
     ) -> str:
-        if is_checked(secret, str(pool_id), sid, rate) != checked:
+        if (draw(secret, str(pool_id), sid, purpose) < rate) != checked:
             return (
-                f"submission {sid}: recorded checked = {checked}, but the draw under the revealed "
-                f"secret of epoch {epoch} says {not checked}"
+                f"submission {sid}: recorded {purpose} = {checked}, but the draw under the "
+                f"revealed secret of epoch {epoch} says {not checked}"
             )
         self.verified += 1
         return ""
@@ -143,6 +174,7 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         if body.get("accept"):
             pool.clean[node] = pool.clean.get(node, 0) + 1
             pool.passed.add(sid)
+            pool.passed_seqs.setdefault(node, []).append(pool.order.get(sid, -1))
         elif body.get("severity", "hard") == "hard":  # soft: dropped without blame
             pool.clean[node] = 0
         if pool.checked.get(sid, (node, True))[1] is False:
@@ -154,18 +186,44 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         by = str(body.get("by"))
         if by not in pool.passed or pool.checked.get(by, ("", False))[0] != node:
             return f"release by {by}, which is no passed check of node {node}"
-        for sid in body.get("submission_ids", []):
-            owner, checked = pool.checked.get(str(sid), ("", True))
-            if owner != node or checked or pool.order.get(str(sid), 1 << 62) > pool.order[by]:
+        released = [str(s) for s in body.get("submission_ids", [])]
+        replayed = [str(s) for s in body.get("replay", [])]
+        later_passed = pool.passed_seqs.get(node, [])
+        if (released or replayed) and len(later_passed) < pool.release_young:
+            return (
+                f"release by {by} after {len(later_passed)} passed checks of node {node}; the "
+                f"pool releases none before {pool.release_young}"
+            )
+        for sid in released + replayed:
+            owner, checked = pool.checked.get(sid, ("", True))
+            order = pool.order.get(sid, 1 << 62)
+            if owner != node or checked or order > pool.order[by]:
                 return f"release of {sid}: not an earlier unchecked submission of node {node}"
+            passes = sum(seq > order for seq in later_passed)
+            if passes < pool.release_after:
+                return (
+                    f"release of {sid} after {passes} passed checks of later submissions; "
+                    f"the pool releases after {pool.release_after}"
+                )
+        if replayed or pool.replay_fraction > 0:
+            epoch = int(body.get("epoch", -1))
+            for sid in released + replayed:
+                reason = self._draw_or_wait(
+                    entry["pool_id"], epoch, sid, pool.replay_fraction, sid in replayed,
+                    "release-check",
+                )  # fmt: skip
+                if reason:
+                    return reason
+        for sid in replayed:  # checked from now on: a verdict on it is due
+            pool.checked[sid] = (node, True)
         return ""
 
     def finish(self) -> str:
         """Check the draws whose secret was revealed after their submission entry."""
-        for pool_id, epoch, sid, rate, checked in self.unrevealed:
+        for pool_id, epoch, sid, rate, checked, purpose in self.unrevealed:
             secret = self.secrets.get((pool_id, epoch))
             if secret is not None:
-                reason = self._draw(pool_id, epoch, sid, rate, checked, secret)
+                reason = self._draw(pool_id, epoch, sid, rate, checked, secret, purpose)
                 if reason:
                     return reason
         self.unrevealed = [u for u in self.unrevealed if (u[0], u[1]) not in self.secrets]

@@ -20,6 +20,9 @@ How each spec key follows from the config (``config_terms``)::
     async_level         rl.async_level
     validated_fraction  swarm.spot_check_floor
     check_rate_decay    swarm.spot_check_decay
+    release_after_checks    swarm.spot_check_release_after
+    release_young_checks    swarm.spot_check_release_young
+    release_replay_fraction swarm.spot_check_release_replay
     quorum              swarm.quorum
     max_tasks_per_lease swarm.rollouts_per_lease // rl.group_size (at least 1)
     lease_timeout_s     swarm.lease_timeout_s
@@ -76,6 +79,18 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
     terms["async_level"] = ("rl.async_level", config.rl.async_level)
     terms["validated_fraction"] = ("swarm.spot_check_floor", swarm.spot_check_floor)
     terms["check_rate_decay"] = ("swarm.spot_check_decay", swarm.spot_check_decay)
+    terms["release_after_checks"] = (
+        "swarm.spot_check_release_after",
+        swarm.spot_check_release_after,
+    )
+    terms["release_young_checks"] = (
+        "swarm.spot_check_release_young",
+        swarm.spot_check_release_young,
+    )
+    terms["release_replay_fraction"] = (
+        "swarm.spot_check_release_replay",
+        swarm.spot_check_release_replay,
+    )
     terms["quorum"] = ("swarm.quorum", swarm.quorum)
     terms["max_tasks_per_lease"] = (
         "swarm.rollouts_per_lease / rl.group_size",

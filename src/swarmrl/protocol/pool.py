@@ -87,6 +87,27 @@ class PoolSpec(Message):
         description="a node's check rate is max(validated_fraction, this ** checks passed since "
         "its last failed one): 1 for a new node, back to 1 after a failure",
     )
+    release_after_checks: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="an unchecked submission trains once this many checks of its node's later "
+        "submissions passed (swarmrl.pool.flow.spotcheck); 1 = the next passed one",
+    )
+    release_young_checks: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="a node with fewer passed checks than this has none of its unchecked "
+        "submissions released (swarmrl.pool.flow.spotcheck); 0 = no such wait",
+    )
+    release_replay_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of the unchecked submissions a passed check would release that are "
+        "checked instead, drawn under the epoch secret (swarmrl.pool.flow.spotcheck)",
+    )
     quorum: int = Field(
         1,
         ge=1,

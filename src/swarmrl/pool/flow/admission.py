@@ -29,12 +29,13 @@ a lease is granted iff ``W > 0``, ``S < D``, ``P < b_v · T`` and ``Q < b_t · T
 submissions can never train and do not count as supply. Once the last step has its batch,
 ``W · T`` is covered by what the trainer already holds and nothing more is leased.
 
-Unchecked work is supply the trainer cannot take yet: it waits for a later passed check of its
-node, and a node refused work submits nothing that could be checked. So a node that holds fresh
+Unchecked work is supply the trainer cannot take yet: it waits for passed checks of later
+submissions of its node (``release_after_checks`` of them, ``swarmrl.pool.flow.spotcheck``), and
+a node refused work submits nothing that could be checked. So a node that holds fresh
 unchecked work with nothing leased or awaiting a validator (``L_node + P_node = 0``) is
 granted the pool's smallest unit m even when the supply already covers the demand
 (:func:`unblock`): its next submission, checked with the node's rate p, is what releases that
-work before it goes stale. It is worth it when the units expected until a check cost no more
+work before it goes stale (or, with k > 1, one of the k checks it waits for). It is worth it when the units expected until a check cost no more
 than what they release, ``m / p ≤ U_node`` (never at p = 0). Only one such unit is on its way
 per node at a time, and never against the validation or trainable backlog or after the last
 step.

@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.pool.flow import spotcheck
 from swarmrl.pool.flow.work import HELD_UNTIL, credit, on_probation
 from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
@@ -32,6 +33,10 @@ from swarmrl.pool.trust.penalties import invalidate_in
 from swarmrl.pool.trust.service import Context, current_version, node_row
 from swarmrl.protocol.pool import PoolSpec, WorkUnit
 from swarmrl.protocol.verdicts import PendingSubmission, Verdict, VerdictReceipt
+
+_CREDITED = Fast(
+    sa.select(db.credits.c.submission_id).where(db.credits.c.submission_id == sa.bindparam("s"))
+)
 
 
 def _require_validator(spec: PoolSpec, public_key_hex: str) -> None:
@@ -55,7 +60,9 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
         _require_validator(spec, validator_key)
         oldest = current_version(conn, pool_id) - spec.async_level
         stale_last = sa.case((db.submissions.c.min_version >= oldest, 0), else_=1)
-        releasing_first = sa.case((spotcheck.releases_unchecked(), 0), else_=1)
+        releasing_first = sa.case(
+            (spotcheck.releases_unchecked(spec.release_after_checks), 0), else_=1
+        )
         rows = conn.execute(
             sa.select(db.submissions, db.leases.c.work)
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
@@ -165,16 +172,19 @@ def record_verdict(
             accepted = node_row(conn, pool_id, row.node_id).accepted + 1
             conn.execute(db.nodes.update().where(node_where).values(accepted=accepted))
             held = on_probation(ctx, spec, accepted)
-            credit(
-                ctx,
-                conn,
-                spec,
-                row.submission_id,
-                row.node_id,
-                verdict.measured_tokens,
-                "validator",
-                held,
-            )
+            # a unit sent to a check at its release was credited when it arrived unchecked
+            credited = _CREDITED.run(conn, {"s": row.submission_id}).first() is not None
+            if not credited:
+                credit(
+                    ctx,
+                    conn,
+                    spec,
+                    row.submission_id,
+                    row.node_id,
+                    verdict.measured_tokens,
+                    "validator",
+                    held,
+                )
             if not held:  # probation passed (or none): credits held so far start their lock
                 conn.execute(
                     db.credits.update()
@@ -187,7 +197,7 @@ def record_verdict(
                 )
             assert verdict.behaviour_logprobs is not None
             ctx.store.put_behaviour(row.rollout_key, verdict.behaviour_logprobs)
-            spotcheck.passed(ctx, conn, pool_id, row)
+            spotcheck.passed(ctx, conn, spec, row, accepted)
         else:
             if verdict.severity == "hard":  # a soft drop blames nobody: the record stands
                 spotcheck.failed(conn, pool_id, row.node_id)

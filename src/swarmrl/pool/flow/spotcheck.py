@@ -11,13 +11,18 @@ the epoch's secret is revealed anyone holding the ledger can recompute it.
 
 Trainability: a checked submission trains once its check passes (with the validator's
 behaviour log-probs). An unchecked one is stored as ``unchecked`` and becomes trainable (with
-the worker's declared log-probs) only when a check of a *later* submission of the same node
-passes; that release is a ``release`` ledger entry naming what it freed. A failed hard check
-bans the node and drops all its untrained work, unchecked included
-(``swarmrl.pool.trust.penalties``).
-So no unchecked unit trains unless a check the node could not foresee passed after it was
-submitted; what can slip through is a falsified unit followed by an honest checked one
-(docs/pool.md bounds it).
+the worker's declared log-probs) only once checks of ``release_after_checks`` (k) *later*
+submissions of the same node have passed, and the node has passed ``release_young_checks`` (n)
+checks in all (a young node's unchecked work waits until then); that release is a ``release``
+ledger entry naming what it freed (each unit counts its checks in ``passes_after``). Of the units a passed check would release, a share ``release_replay_fraction``
+(q), drawn under the epoch secret like the spot check (``is_replayed``), is sent to the
+validators instead (status ``pending``, named under ``replay`` in the entry): each trains only
+once its own check passes, and a failed one bans the node like any failed check. A failed hard
+check bans the node and drops all its untrained work, unchecked included, and takes back its
+credits still locked (``swarmrl.pool.trust.penalties``). So no unchecked unit trains unless k
+checks the node could not foresee passed after it was submitted; what can slip through is a
+falsified unit followed by k honest checked ones and not drawn for a replay (docs/toploc.md,
+"The spot-check residual", measures it).
 
 Quorum: with ``quorum`` k > 1 a rejection is one vote (``vote`` ledger entry) and the
 submission waits as ``disputed`` for other validators; it is rejected once more than half of k
@@ -33,7 +38,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
-from swarmrl.ledger.spotchecks import check_rate, is_checked
+from swarmrl.ledger.spotchecks import check_rate, is_checked, is_replayed
 from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.state import db
 from swarmrl.pool.trust import assignments
@@ -99,9 +104,13 @@ def decide(ctx: Context, conn: sa.Connection, spec: PoolSpec, node_id: str, sid:
     return Check(epoch, rate, is_checked(secret, spec.pool_id, sid, rate), bool(spec.validators))
 
 
-def passed(ctx: Context, conn: sa.Connection, pool_id: str, row: Any) -> list[str]:
-    """A check of submission ``row`` passed: the node's record grows and its unchecked work
-    submitted before ``row`` becomes trainable; returns the released submission ids."""
+def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, accepted: int) -> list[str]:
+    """A check of submission ``row`` passed (the node's ``accepted`` checks now): the node's
+    record grows, each of its unchecked submissions received before ``row`` counts one more
+    passed check after it, and those with k are released once ``accepted`` ≥ n, a drawn share
+    q of them to a check instead (module docstring); returns the submission ids made
+    trainable."""
+    pool_id = spec.pool_id
     _set_clean(conn, pool_id, row.node_id, _clean(conn, pool_id, row.node_id) + 1)
     subs = db.submissions
     earlier = sa.and_(
@@ -110,14 +119,30 @@ def passed(ctx: Context, conn: sa.Connection, pool_id: str, row: Any) -> list[st
         subs.c.status == "unchecked",
         subs.c.received_at < row.received_at,
     )
-    ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(earlier)).scalars())
-    if ids:
-        conn.execute(subs.update().where(subs.c.submission_id.in_(ids)).values(status="accepted"))
-        body = {"by": row.submission_id, "submission_ids": ids}
-        ctx.ledger.append(
-            conn, "release", body, pool_id=pool_id, node_id=row.node_id, ts=ctx.clock()
+    conn.execute(subs.update().where(earlier).values(passes_after=subs.c.passes_after + 1))
+    if accepted < spec.release_young_checks:
+        return []
+    due = sa.and_(earlier, subs.c.passes_after >= spec.release_after_checks)
+    ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(due)).scalars())
+    if not ids:
+        return []
+    body: dict[str, Any] = {"by": row.submission_id}
+    replay: list[str] = []
+    if spec.release_replay_fraction > 0:
+        epoch, secret = assignments.current(ctx, conn, pool_id)
+        replay = [s for s in ids if is_replayed(secret, pool_id, s, spec.release_replay_fraction)]
+        body["epoch"] = epoch
+    released = [s for s in ids if s not in set(replay)]
+    body["submission_ids"] = released
+    if replay:
+        body["replay"] = replay
+        conn.execute(subs.update().where(subs.c.submission_id.in_(replay)).values(status="pending"))
+    if released:
+        conn.execute(
+            subs.update().where(subs.c.submission_id.in_(released)).values(status="accepted")
         )
-    return ids
+    ctx.ledger.append(conn, "release", body, pool_id=pool_id, node_id=row.node_id, ts=ctx.clock())
+    return released
 
 
 def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
@@ -126,9 +151,9 @@ def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:
     _set_clean(conn, pool_id, node_id, 0)
 
 
-def releases_unchecked() -> sa.ColumnElement[bool]:
+def releases_unchecked(release_after_checks: int) -> sa.ColumnElement[bool]:
     """Whether a submission's passed check would release unchecked work (``passed``): its
-    node has unchecked submissions received before it."""
+    node has unchecked submissions received before it that wait for one more passed check."""
     subs = db.submissions
     earlier = subs.alias("earlier")
     return sa.exists().where(
@@ -136,6 +161,7 @@ def releases_unchecked() -> sa.ColumnElement[bool]:
         earlier.c.node_id == subs.c.node_id,
         earlier.c.status == "unchecked",
         earlier.c.received_at < subs.c.received_at,
+        earlier.c.passes_after >= release_after_checks - 1,
     )
 
 

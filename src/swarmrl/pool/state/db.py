@@ -92,8 +92,9 @@ submissions = sa.Table(
     sa.Column("min_version", sa.Integer, nullable=False),
     sa.Column("auth", sa.Text, nullable=False),  # node key, signature, body digest (JSON)
     # pending (to be checked) → accepted | rejected | disputed (a rejection awaiting its quorum)
-    # | quarantined (unservable); unchecked (not selected) → accepted once a later check of its
-    # node passes (swarmrl.pool.flow.spotcheck); accepted → leased (in a batch) → trained
+    # | quarantined (unservable); unchecked (not selected) → accepted once checks of later
+    # submissions of its node passed, or pending when drawn for a check then
+    # (swarmrl.pool.flow.spotcheck); accepted → leased (in a batch) → trained
     # (acknowledged) or back to accepted (lease expired); any untrained one → dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),
@@ -101,6 +102,9 @@ submissions = sa.Table(
     sa.Column("claim_expires_at", sa.Float, nullable=True),
     sa.Column("verdict", sa.Text, nullable=True),  # Verdict JSON without behaviour log-probs
     sa.Column("consumed_step", sa.Integer, nullable=True),
+    # unchecked: checks of later submissions of its node passed since it arrived
+    # (swarmrl.pool.flow.spotcheck releases it at the pool's release_after_checks)
+    sa.Column("passes_after", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Index("ix_submissions_pool_status", "pool_id", "status"),
 )
 
@@ -259,6 +263,7 @@ def make_engine(url: str, fast_sql: bool = True) -> sa.Engine:
         metadata.create_all(engine)
         _add_lease_task_counts(engine)
         _add_batched_through(engine)
+        _add_passes_after(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
@@ -273,6 +278,17 @@ def _add_batched_through(engine: sa.Engine) -> None:
         return
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE run_progress ADD COLUMN batched_through INTEGER"))
+
+
+def _add_passes_after(engine: sa.Engine) -> None:
+    """A database made before ``submissions.passes_after`` existed gets the column at 0: its
+    unchecked work waits for the checks a pool with k = 1 (all made before) releases it at."""
+    if "passes_after" in {c["name"] for c in sa.inspect(engine).get_columns("submissions")}:
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("ALTER TABLE submissions ADD COLUMN passes_after INTEGER NOT NULL DEFAULT 0")
+        )
 
 
 def _add_lease_task_counts(engine: sa.Engine) -> None:

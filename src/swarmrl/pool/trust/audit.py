@@ -14,7 +14,8 @@ whole chain against its key and re-derives from the ledger what those tables mus
 - every credit row has its ``credit`` entry with the same tokens, and is dropped exactly when a
   ``slash`` entry names it;
 - a submission's status agrees with its recorded spot-check decision, and unchecked work is
-  trainable only after a ``release`` entry names it (the decisions themselves are re-derived
+  trainable only after a ``release`` entry names it (one it sends to a check counts as
+  checked; the decisions themselves are re-derived
   by the chain verification, ``swarmrl.ledger.spotchecks``);
 - each node's evidence record (``node_evidence``) is the one its verdicts' measurements give
   (``swarmrl.ledger.evidence``), number for number: a record reset or deleted would let a node
@@ -76,6 +77,8 @@ class LedgerFacts:
                 self.checked[body["submission_id"]] = bool(body["check"]["checked"])
         elif kind == "release":
             self.released.update(body["submission_ids"])
+            for sid in body.get("replay", []):  # sent to a check at release instead
+                self.checked[sid] = True
         elif kind == "verdict":
             self.verdicts[body["submission_id"]] = bool(body["accept"])
             self.counts[(*who, "accepted")] += bool(body["accept"])
