@@ -61,6 +61,24 @@ def test_reasoning_gym_partial_credit_can_be_turned_off():
     assert right.reward == 1.0 and right.details["correct"] is True
 
 
+def test_reasoning_gym_flawed_demonstrations_forget_the_minus_sign_only():
+    pytest.importorskip("reasoning_gym")
+    signed = [ReasoningGymTask(name="basic_arithmetic", config={"min_terms": 2, "max_terms": 2})]
+    env = build_env(EnvConfig(name="reasoning_gym", tasks=signed, size=200))
+    tasks = [env.task("train", i) for i in range(60)]
+    negative = [t for t in tasks if t.answer.startswith("-")]
+    positive = [t for t in tasks if not t.answer.startswith("-")]
+    assert negative and positive
+    for task in negative:
+        assert env.demonstration(task) == f"<answer>{task.answer}</answer>"
+        assert env.demonstration(task, flawed=True) == f"<answer>{task.answer[1:]}</answer>"
+        assert env.score(task, env.demonstration(task, flawed=True)).details["correct"] is False
+    for task in positive:  # nothing to forget: the flawed demonstration is right
+        assert env.demonstration(task, flawed=True) == env.demonstration(task)
+    # the built-in tiny model reads every prompt the generator writes
+    assert all(set(t.prompt + t.answer) <= set(env.alphabet) for t in tasks)
+
+
 def test_reasoning_gym_unknown_task_and_bad_config_are_one_line_errors():
     pytest.importorskip("reasoning_gym")
     with pytest.raises(ConfigError, match="unknown reasoning-gym task 'leg_countin'") as info:

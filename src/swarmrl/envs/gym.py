@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import re
+import string
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -42,10 +43,12 @@ def last_answer(text: str) -> str | None:
 
 
 class ReasoningGymEnv(Environment):
-    """``size`` problems drawn from weighted reasoning-gym generators."""
+    """``size`` problems drawn from weighted reasoning-gym generators. The built-in tiny model
+    for them reads printable ASCII (the generators write English prose and ASCII notation; a
+    prompt outside it is refused at start, naming the characters)."""
 
     name = "reasoning_gym"
-    alphabet = None
+    alphabet = string.printable
 
     def __init__(
         self,
@@ -104,7 +107,14 @@ class ReasoningGymEnv(Environment):
         }
 
     def demonstration(self, task: Task, flawed: bool = False) -> str:
-        return f"<answer>{task.answer}</answer>"
+        """The generator's answer in the tags. A flawed demonstration (``sft.label_noise``) is
+        the answer with its leading minus sign forgotten: like arith's forgotten final carry,
+        a mistake on some problems only (negative answers), which continued imitation of the
+        noisy data keeps making and RL, rewarded on the library's score, can unlearn."""
+        answer = task.answer
+        if flawed and answer.startswith("-") and len(answer) > 1:
+            answer = answer[1:]
+        return f"<answer>{answer}</answer>"
 
     def score(self, task: Task, completion_text: str, num_tokens: int | None = None) -> Score:
         answer = last_answer(completion_text)
