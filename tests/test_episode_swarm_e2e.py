@@ -64,15 +64,19 @@ def test_a_worker_forging_tool_results_is_banned_and_none_of_its_forgeries_train
     assert swarm["submissions"]["rejected_trained"] == 0
     assert facts["ledger"]["verified"] is True
     assert "worker-1 cheated (forge_env_after:1)" in summary_text(facts)
-    # the honest worker's episodes trained every step; the forger's never did past its first
-    # (honest) unit: its later units were rejected or dropped with the ban
+    # the honest worker's episodes trained every step; the forger's unit with a forged turn
+    # was rejected, and what else of it was not dropped with the ban held nothing forged
     summary = json.loads((run_dir / "trainer" / "summary.json").read_text())
     consumed = summary["consumed_submissions"]
     subs = _submissions(run_dir)
     assert consumed and all(subs[s][1] == "trained" for s in consumed)
     assert any(subs[s][0] == honest for s in consumed)
     by_cheater = [s for s, (node, _) in subs.items() if node == cheater]
-    assert sum(subs[s][1] == "trained" for s in by_cheater) <= 1
+    assert any(subs[s][1] == "rejected" for s in by_cheater)
+    # a forger's unit may still train when none of its episodes had a turn to forge (answers
+    # without a tool call; a malformed call's "[?]" reads the same forged): the trainer
+    # recomputes every episode it trains, checked or not, and found no forged one
+    assert summary["flow"]["forged"] == []
     assert [s for s, (_, status) in subs.items() if status == "rejected"] == [
         s for s in by_cheater if subs[s][1] == "rejected"
     ]
