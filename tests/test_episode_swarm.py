@@ -193,6 +193,7 @@ def test_forged_text_changes_every_number():
     assert forge_text("[201954]") == "[201955]"
     assert forge_text("? 1-16") == "? 2-17"
     assert forge_text("<") == ">"
+    assert forge_text("[?]") == "[1]"  # a refused call reads as a result
 
 
 def test_environment_tokens_claimed_as_sampled_are_rejected(setup, honest):

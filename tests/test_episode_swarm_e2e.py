@@ -25,7 +25,7 @@ from swarmrl.pool.state.db import make_engine, sqlite_url
 pytestmark = pytest.mark.slow
 TOOL_ARITH = Path(swarmrl.__file__).resolve().parent / "configs" / "tool_arith.toml"
 
-STEPS = 5
+STEPS = 8
 TINY = [
     "model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.intermediate_size=128",
     "sft.steps=40", "sft.batch_size=64", "sft.train_examples=2000",
@@ -34,6 +34,9 @@ TINY = [
     "swarm.rollouts_per_lease=8", "swarm.ready_timeout_s=120", "swarm.give_up_s=90",
     "swarm.batch_timeout_s=120", "swarm.shutdown_grace_s=5",
     "swarm.workers=1", "swarm.cheaters=['forge_env_after:1']",
+    # every unit checked: what is tested is how a checked episode is judged, not the draw (a
+    # forged unit the draw skips waits unreleased and the run may end before a check finds it)
+    "swarm.spot_check_floor=1.0",
 ]  # fmt: skip
 
 
@@ -74,7 +77,7 @@ def test_a_worker_forging_tool_results_is_banned_and_none_of_its_forgeries_train
     by_cheater = [s for s, (node, _) in subs.items() if node == cheater]
     assert any(subs[s][1] == "rejected" for s in by_cheater)
     # a forger's unit may still train when none of its episodes had a turn to forge (answers
-    # without a tool call; a malformed call's "[?]" reads the same forged): the trainer
+    # without a tool call): the trainer
     # recomputes every episode it trains, checked or not, and found no forged one
     assert summary["flow"]["forged"] == []
     assert [s for s, (_, status) in subs.items() if status == "rejected"] == [

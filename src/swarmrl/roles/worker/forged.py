@@ -4,9 +4,10 @@ The worker runs the environment, so what it submits as a tool result or game fee
 claim. :func:`forging` returns the environment such a worker would use: the same task, limits
 and rules, but each environment turn changed before the model reads it: every number in it
 moved by one (a tool result that is not the tool's: ``[201954]`` → ``[201955]``, a game's
-range that lies), and where the turn has no number, ``<`` and ``>`` swapped (lower and higher). The model's later
-turns then read the forged text, as they would under a real forger; the trusted side's
-recomputation of each environment turn (``swarmrl.trainer.episode_check``) is what catches it.
+range that lies), where the turn has no number, ``<`` and ``>`` swapped (lower and higher),
+and a turn with neither (a refused call's ``[?]``) replaced by a made-up result, ``[1]``. The
+model's later turns then read the forged text, as they would under a real forger; the trusted
+side's recomputation of each environment turn (``swarmrl.trainer.episode_check``) is what catches it.
 
 Knows nothing about pools or proofs.
 """
@@ -22,13 +23,15 @@ from swarmrl.envs.multiturn import Message, MultiTurnEnvironment, Reply
 
 _NUMBER = re.compile(r"\d+")
 _SWAP = {"<": ">", ">": "<"}
+FORGED_RESULT = "[1]"  # what a turn with neither becomes: a made-up tool result
 
 
 def forge_text(text: str) -> str:
     """``text`` as a forger rewrites it (module docstring)."""
     if _NUMBER.search(text):
         return _NUMBER.sub(lambda m: str(int(m.group()) + 1), text)
-    return re.sub(r"[<>]", lambda m: _SWAP[m.group()], text)
+    swapped = re.sub(r"[<>]", lambda m: _SWAP[m.group()], text)
+    return swapped if swapped != text else FORGED_RESULT
 
 
 def forging(env: MultiTurnEnvironment) -> MultiTurnEnvironment:
