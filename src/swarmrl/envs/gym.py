@@ -13,8 +13,8 @@ The prompt asks for the answer between ``<answer>`` and ``</answer>``; the rewar
 library's score of the last such answer (0 without one), clipped to [0, 1]. ``correct`` means a
 score of 1. Some generators give partial credit to a wrong answer that contains the right one
 (``basic_arithmetic`` scores ``20`` for ``2`` at 0.5); with ``partial_credit=False`` the reward
-is 1 for a correct answer and 0 otherwise. Unknown generator names and bad config keywords are a one-line
-:class:`ConfigError` at start-up.
+is 1 for a correct answer and 0 otherwise. Unknown generator names and bad config keywords are
+a one-line :class:`ConfigError` at start-up.
 
 Knows nothing about tokens or models.
 """

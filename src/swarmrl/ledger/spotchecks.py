@@ -19,11 +19,11 @@ request arrives), so it cannot learn or grind which of its submissions will be c
 entry, the rate it must have been checked at and, once its epoch's secret is revealed, whether
 it must have been checked; it also checks that every ``release`` entry (unchecked work made
 trainable) follows passed checks of ``release_after_checks`` later submissions of the same node
-and ``release_young_checks`` of the node in all, and that the ones it sends to a check instead (``replay``) are exactly those whose release draw
-``HMAC-SHA256(secret, "release-check/<pool>/<submission id>") / 2^256`` is below
-``release_replay_fraction`` (keyed with the secret of the epoch the release names). Knows nothing
-about databases or HTTP; the rates come from the pool's ``pool_created`` entry
-(``swarmrl.ledger.replay``).
+and ``release_young_checks`` of the node in all, and that the ones it sends to a check instead
+(``replay``) are exactly those whose release draw ``HMAC-SHA256(secret,
+"release-check/<pool>/<submission id>") / 2^256`` is below ``release_replay_fraction`` (keyed
+with the secret of the epoch the release names). Knows nothing about databases or HTTP; the
+rates come from the pool's ``pool_created`` entry (``swarmrl.ledger.replay``).
 """
 
 from __future__ import annotations
