@@ -31,7 +31,7 @@ from swarmrl.errors import (
 )
 from swarmrl.identity import KeyPair
 from swarmrl.shardcast import Publisher, WeightClient, store
-from swarmrl.shardcast.assemble import FileWriter
+from swarmrl.shardcast.assemble import Assembly, FileWriter
 from swarmrl.testing.shardcast import random_weights, serve_store, write_checkpoint
 
 SHARD = 16 * 1024
@@ -232,27 +232,56 @@ def test_full_disk_is_a_clean_infra_error(tmp_path, origin):
     _assert_clean(tmp_path / "out")
 
 
-def test_corrupt_delta_falls_back_to_full_download(tmp_path, origin):
-    client = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
-    client.fetch(1)
+def _publish_v2_with_a_delta(tmp_path: Path) -> Path:
     weights = {
         k: v + np.float32(1e-4) * (np.arange(v.size) % 101 == 0)
         for k, v in random_weights(128 * 1024, 1).items()
     }
     ck2 = write_checkpoint(tmp_path / "ck2", weights)
-    m2 = Publisher(tmp_path / "origin", KEY, CFG).publish(ck2, 2)
-    assert m2.deltas
+    assert Publisher(tmp_path / "origin", KEY, CFG).publish(ck2, 2).deltas
+    return ck2
+
+
+def test_corrupt_delta_falls_back_to_full_download(tmp_path, origin, caplog):
+    client = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+    client.fetch(1)
+    ck2 = _publish_v2_with_a_delta(tmp_path)
     blob = store.delta_path(store.ready_dir(tmp_path / "origin", 2), 0)
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
     client.wait_for_newer(timeout_s=5)
-    path = client.fetch("latest")
+    with caplog.at_level(logging.WARNING, logger="swarmrl.shardcast.assemble"):
+        path = client.fetch("latest")
+    assert "v2: delta for model.safetensors unusable" in caplog.text  # a source's bad bytes
     assert (path / "model.safetensors").read_bytes() == (ck2 / "model.safetensors").read_bytes()
     assert client.last_report.delta_failures and client.last_report.downloaded == [
         "model.safetensors"
     ]
     assert any(r.what == "delta 0" for r in client.reports)
+
+
+def test_a_delta_whose_source_went_away_is_no_fault_of_the_delta(
+    tmp_path, origin, caplog, monkeypatch
+):
+    """The origin goes between the manifest and the delta (a run's end): the fetch fails as
+    unreachable, and the delta is not told as unusable at warning level."""
+    client = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+    client.fetch(1)
+    _publish_v2_with_a_delta(tmp_path)
+    client.wait_for_newer(timeout_s=5)
+    apply_delta = Assembly._apply_delta
+
+    def origin_goes_first(self, *args):
+        origin.stop()
+        return apply_delta(self, *args)
+
+    monkeypatch.setattr(Assembly, "_apply_delta", origin_goes_first)
+    with caplog.at_level(logging.DEBUG, logger="swarmrl.shardcast.assemble"):
+        with pytest.raises(InfraError, match="Connection refused"):
+            client.fetch(2)
+    told = [r for r in caplog.records if "v2: delta for model.safetensors" in r.getMessage()]
+    assert [r.levelno for r in told] == [logging.DEBUG], told
 
 
 def test_relay_killed_mid_transfer(tmp_path, origin):

@@ -397,3 +397,39 @@ def test_an_upstream_announcing_ever_newer_versions_is_heard_less_and_less(tmp_p
         relay.stop()
         liar.stop()
         origin.stop()
+
+
+@pytest.mark.parametrize("quiet_s", [10.0, 0.0])
+def test_an_upstream_gone_mid_replication_is_told_as_a_fault_only_once_it_stays_away(
+    tmp_path, caplog, monkeypatch, quiet_s
+):
+    """The run's end: the origin announces its last version and goes before the relay has it.
+    Away for less than ``SOURCES_AWAY_QUIET_S`` the relay says so at debug (and keeps trying);
+    with the bound at 0 the same failure is a warning."""
+    import logging
+
+    from swarmrl.shardcast import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "SOURCES_AWAY_QUIET_S", quiet_s)
+    pub = Publisher(tmp_path / "origin", KEY, CFG)
+    pub.publish(write_checkpoint(tmp_path / "ck1", random_weights(64 * 1024, seed=8)), 1)
+    origin = serve_store(tmp_path / "origin", CFG)
+    catalog = Catalog(tmp_path / "relay", CFG.keep_versions)
+    follower = Follower([origin.url], [KEY.public_key_hex], catalog, CFG)
+    install = follower._install
+
+    def origin_goes_first(manifest):
+        origin.stop()  # the manifest was read; the shards are no longer there to fetch
+        install(manifest)
+
+    monkeypatch.setattr(follower, "_install", origin_goes_first)
+    with caplog.at_level(logging.DEBUG, logger="swarmrl.shardcast.relay"):
+        follower.start()
+        try:
+            _wait(lambda: follower.errors, 60, "the failed replication")
+        finally:
+            follower.stop(timeout_s=5)
+    told = [r for r in caplog.records if "could not replicate v1" in r.getMessage()]
+    assert told and "Connection refused" in told[0].getMessage()
+    assert told[0].levelno == (logging.DEBUG if quiet_s else logging.WARNING)
+    assert catalog.latest(complete_only=True) is None

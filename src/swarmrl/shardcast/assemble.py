@@ -209,7 +209,10 @@ class Assembly:
         except (PeerError, InfraError, ValueError, OSError) as exc:
             if isinstance(exc, DiskWriteError):
                 raise
-            log.warning(
+            # a source out of reach is not a bad delta: the full download that follows meets
+            # the same sources and tells their absence its own way
+            log.log(
+                logging.DEBUG if isinstance(exc, InfraError) else logging.WARNING,
                 "v%d: delta for %s unusable, downloading it in full: %s",
                 self.m.version,
                 entry.path,

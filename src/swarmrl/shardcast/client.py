@@ -52,6 +52,10 @@ MANIFEST_LIMIT = 64 << 20
 UNBACKED_PAUSE_S = (0.5, 30.0)  # first and longest pause on a source after an unbacked notice
 HELD_HEADER = "X-Shardcast-Held-Version"
 CLIENT_HEADER = "X-Shardcast-Client"
+# sources unreachable for less than this are told at debug, not as a fault: at a run's end the
+# trainer's origin goes away while relays, workers and validators may still be fetching its
+# last version
+SOURCES_AWAY_QUIET_S = 10.0
 
 
 def connections(config: ShardcastConfig, headers: dict[str, str]) -> Connections:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import InfraError, PeerError
+from swarmrl.errors import DiskWriteError, InfraError, PeerError
 from swarmrl.protocol.shardcast import Manifest
 from swarmrl.shardcast import store
 from swarmrl.shardcast.assemble import FileWriter
@@ -35,6 +35,7 @@ from swarmrl.shardcast.client import (
     CLIENT_HEADER,
     HELD_HEADER,
     MANIFEST_LIMIT,
+    SOURCES_AWAY_QUIET_S,
     connections,
     fetch_manifest,
     install_version,
@@ -197,6 +198,7 @@ class Follower:
 
     def _replicate_loop(self) -> None:
         backoff = 1.0
+        away_since: float | None = None  # monotonic start of the upstreams' current absence
         while not self._stop.is_set():
             with self._cv:
                 self._cv.wait_for(lambda: self._stop.is_set() or bool(self._candidates()), 1.0)
@@ -212,10 +214,22 @@ class Follower:
                 continue
             try:
                 self._install(manifest)
-                backoff = 1.0
+                backoff, away_since = 1.0, None
             except (PeerError, InfraError, OSError) as exc:  # report, keep following
                 self.errors.append(f"v{target}: {type(exc).__name__}: {exc}")
-                log.warning("relay could not replicate v%d: %s", target, exc)
+                now = time.monotonic()
+                if isinstance(exc, InfraError) and not isinstance(exc, DiskWriteError):
+                    away_since = now if away_since is None else away_since
+                else:
+                    away_since = None
+                # upstreams out of reach for a moment (or gone as the run ends) are no fault
+                quiet = away_since is not None and now - away_since < SOURCES_AWAY_QUIET_S
+                log.log(
+                    logging.DEBUG if quiet else logging.WARNING,
+                    "relay could not replicate v%d: %s",
+                    target,
+                    exc,
+                )
                 self.catalog.count("replication_failures_total")
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)

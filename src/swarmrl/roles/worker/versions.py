@@ -18,12 +18,9 @@ from swarmrl.config.swarm import SwarmSection
 from swarmrl.errors import PeerError, PeerUnavailable, WaitTimeout
 from swarmrl.rolekit.toolkit import StatusReporter, retry
 from swarmrl.shardcast import WeightClient
+from swarmrl.shardcast.client import SOURCES_AWAY_QUIET_S
 
 Ready = tuple[int, Path]  # a downloaded version and its directory
-
-# weight sources away for less than this are told at debug, not as a fault: at a run's end the
-# trainer's origin goes away before every worker has heard that the run is over
-SOURCES_AWAY_QUIET_S = 10.0
 
 
 class VersionFollower:
