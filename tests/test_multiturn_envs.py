@@ -84,6 +84,47 @@ def test_guess_feedback_and_the_bisecting_demonstration() -> None:
     assert env.reply(env.task("train", 0), 0, [Message("model", "99")]).text == "?1-32"
 
 
+def test_guess_with_starting_ranges_holds_out_pairs_and_plays_from_the_range() -> None:
+    n = 12
+    env = GuessEnv(n=n, max_turns=5, ranges=True)
+    every = {
+        ((lo, hi), h)
+        for lo in range(1, n + 1)
+        for hi in range(lo + 1, n + 1)
+        for h in range(lo, hi + 1)
+    }
+    problems = {
+        split: [env.task(split, i) for i in range(env.split_size(split))]
+        for split in ("train", "heldout")
+    }
+    pairs = {
+        split: {env.start_and_hidden(t.problem_id) for t in tasks}
+        for split, tasks in problems.items()
+    }
+    assert pairs["train"] | pairs["heldout"] == every and not pairs["train"] & pairs["heldout"]
+    assert {h for _, h in pairs["train"]} == set(range(1, n + 1))  # every number trains somewhere
+    for task in problems["heldout"]:
+        (lo, hi), hidden = env.start_and_hidden(task.problem_id)
+        assert (task.prompt, task.answer) == (f"{lo}-{hi}?", str(hidden))
+        assert env.task_for_id(task.problem_id).split == "heldout"
+        turns = env.demonstration_turns(task)
+        assert turns[-1] == str(hidden) and len(turns) <= math.ceil(math.log2(hi - lo + 2))
+        transcript = [Message("model", turns[0])]
+        if len(turns) > 1:  # the feedback restates what is left of the starting range
+            guess = int(turns[0])
+            left = (lo, guess - 1) if hidden < guess else (guess + 1, hi)
+            assert (
+                env.reply(task, 0, transcript).text
+                == f"{'<' if hidden < guess else '>'}{left[0]}-{left[1]}"
+            )
+    with pytest.raises(ValueError, match="n <= 1024"):
+        GuessEnv(n=2048, ranges=True)
+    config = SwarmConfig.model_validate(
+        {"env": {"name": "guess", "guess_n": 8, "guess_ranges": True}}
+    )
+    assert build_env(config.env).space_size() == sum(L * (9 - L) for L in range(2, 9))
+
+
 def test_multiturn_config_keys_build_the_tasks() -> None:
     config = SwarmConfig.model_validate(
         {"env": {"name": "guess", "guess_n": 64, "max_turns": 7, "token_budget": 50}}

@@ -75,6 +75,12 @@ class EnvConfig(Section):
     guess_n: int = Field(
         32, ge=2, le=10**6, description="guess: the hidden number is in 1..guess_n"
     )
+    guess_ranges: bool = Field(
+        False,
+        description="guess: each problem starts from its own range of at least two numbers "
+        "in 1..guess_n (held out: (range, number) pairs never trained; guess_n <= 1024); "
+        "false: every problem starts from 1..guess_n",
+    )
     max_turns: int | None = Field(
         None,
         ge=1,

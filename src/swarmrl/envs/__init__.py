@@ -67,7 +67,9 @@ def _base_env(config: EnvConfig, scores: bool) -> Environment:
         }
         if config.name == "tool_arith":
             return ToolArithEnv(config.digits, config.heldout_fraction, **limits)
-        return GuessEnv(config.guess_n, config.heldout_fraction, **limits)
+        return GuessEnv(
+            config.guess_n, config.heldout_fraction, ranges=config.guess_ranges, **limits
+        )
     if config.name == "reverse":
         return ReverseEnv(config.reverse_len, config.heldout_fraction)
     if config.name == "math":

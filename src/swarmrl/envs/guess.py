@@ -12,7 +12,10 @@ of the range it states) rather than of the whole history. A held-out number's la
 copy it from the training numbers (24 of 1..32, 48 of 1..64; docs/tasks.md has the runs).
 
 The problem space is the hidden numbers, so held-out problems are numbers never hidden in
-training. Reward: 0 unless the number is found within ``max_turns`` guesses, else
+training. With ``ranges=True`` a problem is a starting range and a number in it (``9-20?``,
+every range of at least two numbers in 1..N): held-out problems are (range, number) pairs never
+played in training, while every number is hidden in some training range, so the one-number
+range ``h-h`` that ends a search is one training episodes reach for every ``h``. Reward: 0 unless the number is found within ``max_turns`` guesses, else
 ``1 − 0.5·(turns − 1)/max_turns``: every turn saved is worth something, so the policy is pushed
 toward bisection, whose worst case is ⌈log2(N+1)⌉ guesses (the optimum ⌈log2 N⌉ the reports
 compare with counts the turns that halve the range).
@@ -32,10 +35,21 @@ from collections.abc import Sequence
 from swarmrl.envs.base import Score, Task
 from swarmrl.envs.multiturn import Message, MultiTurnEnvironment, Reply, model_turns
 
+MAX_RANGES_N = 1024  # with starting ranges the problem space grows as n³/6
 
-def possible_range(hidden: int, guesses: Sequence[str], n: int) -> tuple[int, int]:
-    """The range of numbers still possible after the feedback to ``guesses``."""
-    lo, hi = 1, n
+
+def _per_lo(longest: int) -> int:
+    """Problems whose range starts at one ``lo``: ranges of 2..``longest`` numbers, each
+    holding as many hidden numbers as it is long."""
+    return longest * (longest + 1) // 2 - 1
+
+
+def possible_range(
+    hidden: int, guesses: Sequence[str], n: int, start: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """The range of numbers still possible after the feedback to ``guesses``, from ``start``
+    (``1..n`` unless given)."""
+    lo, hi = start or (1, n)
     for text in guesses:
         sign = guess_feedback(hidden, text, n)
         if sign == "<":
@@ -66,25 +80,47 @@ class GuessEnv(MultiTurnEnvironment):
         heldout_fraction: float = 0.25,
         max_turns: int = 6,
         token_budget: int = 96,
+        ranges: bool = False,
     ) -> None:
         super().__init__(heldout_fraction)
+        if ranges and not 2 <= n <= MAX_RANGES_N:
+            raise ValueError(f"guess with starting ranges needs 2 <= n <= {MAX_RANGES_N}, got {n}")
         self.n, self.max_turns, self.token_budget = n, max_turns, token_budget
+        self.ranges = ranges
 
     def space_size(self) -> int:
-        return self.n
+        # with ranges: for each lo, the ranges lo..lo+L-1 (L = 2..n-lo+1), each with L numbers
+        return sum(_per_lo(self.n - lo + 1) for lo in range(1, self.n)) if self.ranges else self.n
+
+    def start_and_hidden(self, problem_id: int) -> tuple[tuple[int, int], int]:
+        """``((lo, hi), hidden)`` of problem ``problem_id``."""
+        if not self.ranges:
+            return (1, self.n), problem_id + 1
+        left = problem_id
+        for lo in range(1, self.n):
+            count = _per_lo(self.n - lo + 1)
+            if left >= count:
+                left -= count
+                continue
+            for length in range(2, self.n - lo + 2):
+                if left < length:
+                    return (lo, lo + length - 1), lo + left
+                left -= length
+        raise IndexError(f"guess: problem {problem_id} outside 0..{self.space_size() - 1}")
 
     def hidden(self, task: Task) -> int:
-        return task.problem_id + 1
+        return self.start_and_hidden(task.problem_id)[1]
 
     def problem(self, problem_id: int) -> tuple[str, str]:
-        return f"1-{self.n}?", str(problem_id + 1)
+        (lo, hi), hidden = self.start_and_hidden(problem_id)
+        return f"{lo}-{hi}?", str(hidden)
 
     def reply(self, task: Task, seed: int, transcript: Sequence[Message]) -> Reply:
-        hidden = self.hidden(task)
+        start, hidden = self.start_and_hidden(task.problem_id)
         feedback = guess_feedback(hidden, transcript[-1].text, self.n)
         if feedback == "=":
             return Reply(done=True)
-        lo, hi = possible_range(hidden, model_turns(transcript), self.n)
+        lo, hi = possible_range(hidden, model_turns(transcript), self.n, start)
         return Reply(f"{feedback}{lo}-{hi}")
 
     def score_episode(self, task: Task, seed: int, transcript: Sequence[Message]) -> Score:
@@ -95,7 +131,8 @@ class GuessEnv(MultiTurnEnvironment):
         return Score(reward, {"correct": found, "turns": len(turns)})
 
     def demonstration_turns(self, task: Task, flawed: bool = False) -> list[str]:
-        hidden, lo, hi, turns = self.hidden(task), 1, self.n, []
+        (lo, hi), hidden = self.start_and_hidden(task.problem_id)
+        turns: list[str] = []
         while len(turns) < self.max_turns + 4:
             guess = lo + (hi - lo) // 4 if flawed else (lo + hi) // 2
             turns.append(str(guess))
