@@ -1,5 +1,6 @@
-"""The loss family side by side: every ``rl.loss`` on the colocated arith task (the embedded
-config), the same warm start, the same steps, the same seeds.
+"""The loss family side by side: every ``rl.loss`` on a colocated task (the embedded config's
+arith, or ``--config`` such as configs/gym_arith.toml), the same warm start, the same steps, the
+same seeds.
 
 The warm start is trained (or reused from ``run.cache_dir``) once and pinned by ``model.path``,
 so no arm pays for SFT and every arm starts from the same policy; each seed sets ``run.seed``
@@ -12,6 +13,7 @@ time: ratio).
 
     python bench/losses.py --steps 10 --seeds 0 1 2 [--losses clip dapo] [--set key=value ...]
     python bench/losses.py --steps 8 --seeds 0 1 --set eval.every=1 --plot losses.png
+    python bench/losses.py --config configs/gym_arith.toml --steps 40 --seeds 0 1 --set eval.every=10
 
 Prints a Markdown table and writes every run's figures to ``--out``. Timings are of whatever
 else the machine is doing at the same time; the arms run one after another, interleaved by
@@ -54,27 +56,27 @@ def char_model(config: SwarmConfig) -> Path:
     return out
 
 
-def warm_start(overrides: list[str]) -> str:
+def warm_start(config_file: str, overrides: list[str]) -> str:
     """Train (or reuse, from run.cache_dir) the warm start once; every arm loads it by path. A
     task without an alphabet is warm-started from :func:`char_model`."""
     from swarmrl.envs import build_env
     from swarmrl.trainer.warmstart import ensure_warm_start
 
-    config = load_config([EMBEDDED_DEFAULT], overrides)
+    config = load_config([config_file], overrides)
     env = build_env(config.env)
     if config.model.path is None and env.alphabet is None:
         base = json.dumps(str(char_model(config)))
         config = load_config(
-            [EMBEDDED_DEFAULT], [*overrides, f"model.path={base}", "model.warm_start=true"]
+            [config_file], [*overrides, f"model.path={base}", "model.warm_start=true"]
         )
     return str(ensure_warm_start(config, env).path)
 
 
-def one_run(overrides: list[str], loss: str, seed: int) -> dict:
+def one_run(config_file: str, overrides: list[str], loss: str, seed: int) -> dict:
     from swarmrl.trainer.colocated import run_colocated
 
     config = load_config(
-        [EMBEDDED_DEFAULT],
+        [config_file],
         [
             *overrides,
             f"rl.loss={json.dumps(loss)}",
@@ -202,7 +204,7 @@ def table(runs: list[dict], losses: list[str], steps: int, target: float | None)
 
 def report(runs: list[dict], overrides: list[str], args: argparse.Namespace) -> None:
     """The table (stdout) and, with ``--plot`` and evaluations during RL, the plot of ``runs``."""
-    config = load_config([EMBEDDED_DEFAULT], overrides)
+    config = load_config([args.config], overrides)
     losses = list(dict.fromkeys(r["loss"] for r in runs))
     evaluated = config.eval.every > 0
     print("\n".join(table(runs, losses, config.rl.steps, args.target if evaluated else None)))
@@ -217,6 +219,7 @@ def report(runs: list[dict], overrides: list[str], args: argparse.Namespace) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(EMBEDDED_DEFAULT), help="TOML config of the task")
     parser.add_argument("--out", default="bench/losses.json")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -228,17 +231,29 @@ def main() -> None:
     args = parser.parse_args()
     if args.table:
         saved = json.loads(Path(args.table).read_text())
+        args.config = saved.get("config", str(EMBEDDED_DEFAULT))
         report(saved["runs"], saved["overrides"], args)
         return
     started = time.perf_counter()
     base = [*QUICK, f"rl.steps={args.steps}", *args.overrides]
-    pinned = [*base, f"model.path={json.dumps(warm_start(base))}", "model.warm_start=false"]
-    runs = [
-        one_run(pinned, loss, seed)
+    warm = warm_start(args.config, base)
+    pinned = [*base, f"model.path={json.dumps(warm)}", "model.warm_start=false"]
+    order = [
+        (loss, seed)
         for i, seed in enumerate(args.seeds)
         for loss in args.losses[i % len(args.losses) :] + args.losses[: i % len(args.losses)]
     ]
-    Path(args.out).write_text(json.dumps({"overrides": pinned, "runs": runs}, indent=2) + "\n")
+    runs = []
+    for n, (loss, seed) in enumerate(order, 1):
+        runs.append(one_run(args.config, pinned, loss, seed))
+        done = runs[-1]
+        print(
+            f"[{n}/{len(order)}] {loss} seed {seed}: {100 * done['accuracy_before']:.1f} % -> "
+            f"{100 * done['accuracy_after']:.1f} % ({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+    saved = {"config": args.config, "overrides": pinned, "runs": runs}
+    Path(args.out).write_text(json.dumps(saved, indent=2) + "\n")
     report(runs, pinned, args)
     print(f"total {time.perf_counter() - started:.0f} s; figures in {args.out}")
 

@@ -10,7 +10,7 @@ with the page's command; needs root) of a small arith config; the scenarios are 
 - ``relay-tier``: the trainer's host (its origin) behind a 20 Mbit/s link with 150 ms RTT to
   every other host, the relay on the workers' side (their first weight source);
 - ``slow``: gpu2's worker held to 10 % of a core once it generates;
-- ``cut-worker``: gpu1 cut off for 20 s once it has submitted;
+- ``cut-worker``: gpu1 cut off for 60 s (``pool.dead_after_s``) once it generates;
 - ``cut-orch``: the orchestrator's host cut off for 20 s after the trainer's step 0.
 
 Per run: the RL loop's seconds per step, the wasted share (kept work never trained), the
@@ -81,7 +81,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         | {host: {"trainer.lan": FAR} for host in ("relay.lan", "gpu1.lan", "gpu2.lan")},
     },
     "slow": {"cpu": {"gpu2.lan": 1.0}, "during": _slow},
-    "cut-worker": {"during": _cut("gpu1.lan", ("worker@gpu1", "submitted"), 20)},
+    "cut-worker": {"during": _cut("gpu1.lan", ("worker@gpu1", "generating with policy"), 60)},
     "cut-orch": {"during": _cut("orch.lan", ("trainer@trainer", "step 0:"), 20)},
 }
 
