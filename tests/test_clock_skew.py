@@ -48,6 +48,8 @@ def test_a_node_whose_clock_is_off_joins_and_beats(pool, skew_s):
     view = client.join(POOL, CPU_NODE, make_invite(owner, POOL, 60))
     assert view.node_id == node.node_id
     assert abs(client.clock_offset_s + skew_s) < 2.0, client.clock_offset_s
+    # deadlines the orchestrator sets are read on its clock, not this machine's
+    assert abs(client.server_time() - time.time()) < 2.0
     for _ in range(3):
         client.heartbeat(POOL, Heartbeat(status="ok"))
 

@@ -5,6 +5,7 @@ verified ledger, nothing the orchestrator acknowledged to a worker missing from 
 nothing trained staler than ``rl.async_level``. Needs root (skips elsewhere, saying why)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -274,3 +275,26 @@ def test_a_relay_lost_mid_transfer_leaves_the_worker_to_the_origin(tmp_path, how
         f"relay {how} mid-transfer: the worker held v1 {elapsed:.1f} s after it began, "
         f"{after_loss:.1f} s after the relay was lost"
     )
+
+
+def test_workers_whose_clocks_are_90_s_off_work_as_the_others(tmp_path, cache):
+    """gpu1's clock 90 s ahead, gpu2's 90 s behind, for every command run on them (the keys,
+    the join and the workers: ``swarmrl.testing.skewclock``), where the orchestrator accepts a
+    signed request dated at most 5 s ahead and 60 s behind its own clock. Each worker learns the
+    orchestrator's clock from its answers and signs in it: the run ends as it must, every
+    submission it was told was taken in is there, and no lease was given up early for a
+    deadline read on the wrong clock."""
+    outcome = run_example(
+        PAGE,
+        tmp_path / "hosts",
+        config(tmp_path, cache),
+        skew={"gpu1.lan": 90.0, "gpu2.lan": -90.0},
+    )
+    check_outcome(outcome)
+    for worker, side in (("worker@gpu1", "ahead of"), ("worker@gpu2", "behind")):
+        log = outcome.logs[worker]
+        # learnt from the Date header's whole seconds: within a second or so
+        told = re.search(rf"this machine's clock is (\d+) s {side} the orchestrator's", log)
+        assert told and 88 <= int(told.group(1)) <= 92, log[-2000:]
+        assert "ran out" not in log, log[-2000:]
+    assert sum(outcome.receipts(w) for w in ("worker@gpu1", "worker@gpu2")) > 0

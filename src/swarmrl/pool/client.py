@@ -21,6 +21,7 @@ Knows the wire types, nothing about how the orchestrator decides.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from email.utils import parsedate_to_datetime
@@ -66,6 +67,7 @@ from swarmrl.protocol.verdicts import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 # A ``Date`` header says the server's second; a difference within this is not acted on.
 SKEW_TOLERANCE_S = 2.0
 _NODES = TypeAdapter(list[NodeView])
@@ -99,15 +101,31 @@ class _Base:
             return
         offset = server_s - (sent_at + received_at) / 2
         with self._clock_lock:
-            if abs(offset - self.clock_offset_s) > SKEW_TOLERANCE_S:
-                self.clock_offset_s = offset if abs(offset) > SKEW_TOLERANCE_S else 0.0
+            if abs(offset - self.clock_offset_s) <= SKEW_TOLERANCE_S:
+                return
+            self.clock_offset_s = offset if abs(offset) > SKEW_TOLERANCE_S else 0.0
+        if self.clock_offset_s:
+            log.info(
+                "this machine's clock is %.0f s %s the orchestrator's at %s; requests are signed "
+                "in the orchestrator's time",
+                abs(offset),
+                "behind" if offset > 0 else "ahead of",
+                self.url,
+            )
+        else:
+            log.info("this machine's clock agrees with the orchestrator's at %s again", self.url)
+
+    def server_time(self) -> float:
+        """The orchestrator's clock as this client knows it (Unix seconds): this machine's
+        clock shifted by the offset learnt from the orchestrator's answers. Deadlines the
+        orchestrator sets (a lease's) are in its time."""
+        return self.clock() + self.clock_offset_s
 
     def _prepare(
         self, method: str, path: str, payload: BaseModel | None
     ) -> tuple[str, bytes, dict[str, str]]:
         body = b"" if payload is None else payload.model_dump_json().encode()
-        now_s = self.clock() + self.clock_offset_s
-        headers = sign_request(self.keypair, method, path, body, now_s=now_s)
+        headers = sign_request(self.keypair, method, path, body, now_s=self.server_time())
         if payload is not None:
             headers["Content-Type"] = "application/json"
         return self.url + path, body, headers

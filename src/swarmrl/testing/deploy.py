@@ -15,7 +15,8 @@ Links and machines can be made worse per host: ``links`` caps a host's bandwidth
 talks to, or of those it names (``{"relay.lan": {"trainer.lan": {...}}}``), on ``127.0.0.1`` at
 the server's port (that host's commands then name ``127.0.0.1`` where the page names such a
 server), adding delay, jitter, modelled loss and resets to everything it sends and receives
-there; ``cpu`` holds a host's roles to a fraction of a core.
+there; ``cpu`` holds a host's roles to a fraction of a core; ``skew`` sets a host's wall clock
+that many seconds off for every command run on it (``swarmrl.testing.skewclock``).
 
 Knows the page's layout and the roles' command lines, nothing about what the roles compute.
 """
@@ -23,6 +24,7 @@ Knows the page's layout and the roles' command lines, nothing about what the rol
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -38,6 +40,7 @@ from swarmrl.identity import load_keypair
 from swarmrl.testing.hosts import Host, TestBed
 
 SWARMRL = [sys.executable, "-m", "swarmrl.cli"]
+SKEWCLOCK = str(Path(__file__).with_name("skewclock"))  # its sitecustomize sets a clock off
 # the page's hosts and the addresses it gives them; hosts without an address get one anyway
 PAGE_HOSTS = {
     "trainer.lan": "10.0.0.10",
@@ -93,6 +96,7 @@ class Deployment:
     # host → the impairment of its way to every other host's server, or → {server host: one}
     impair: dict[str, dict[str, Any]] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
+    skew: dict[str, float] = field(default_factory=dict)  # host → its clock's error, s
     hosts: dict[str, Host] = field(default_factory=dict)
     placeholders: dict[str, str] = field(default_factory=dict)
     roles: list[Started] = field(default_factory=list)
@@ -148,10 +152,24 @@ class Deployment:
             out.append(arg)
         return out
 
+    def environment(self, host: str) -> dict[str, str] | None:
+        """The environment of a command on ``host``: ours, with its clock set off if it is
+        skewed (None: ours unchanged)."""
+        if not self.skew.get(host):
+            return None
+        path = [SKEWCLOCK, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        return os.environ | {
+            "PYTHONPATH": os.pathsep.join(path),
+            "SWARMRL_CLOCK_SKEW_S": repr(self.skew[host]),
+        }
+
     def run(self, host: str, argv: list[str], timeout: float = 120.0) -> str:
         """One of the page's commands that runs to completion, on its host, in its folder."""
         return self.hosts[host].run(
-            SWARMRL + self.fill(host, argv), timeout=timeout, cwd=self.folder(host)
+            SWARMRL + self.fill(host, argv),
+            timeout=timeout,
+            cwd=self.folder(host),
+            env=self.environment(host),
         )
 
     def start(self, host: str, argv: list[str]) -> Started:
@@ -164,6 +182,7 @@ class Deployment:
                 SWARMRL + self.fill(host, argv),
                 cpu_fraction=self.cpu.get(host),
                 cwd=self.folder(host),
+                env=self.environment(host),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -281,7 +300,7 @@ def run_example(
     timeout_s: float = 80.0,
     **worse: Any,
 ) -> Outcome:
-    """The page's worked example on a fresh bed (``worse``: ``links``, ``impair``, ``cpu`` of
+    """The page's worked example on a fresh bed (``worse``: ``links``, ``impair``, ``cpu``, ``skew`` of
     :class:`Deployment`), ``during`` called once every role is started (to cut a link, kill a
     relay…); returns when the trainer exits (raising with every role's log tail if it fails or
     outlives ``timeout_s``), after waiting up to 20 s for workers and validators to stop and

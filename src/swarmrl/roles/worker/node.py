@@ -314,7 +314,8 @@ class WorkerNode:
             # stale: the trainer moved on while this unit was generated; the lease is still
             # ours, so the unit is generated again on a newer version (the pool's next policy
             # is announced within moments) while its deadline allows
-            left_s = work.deadline - time.time() - STALE_RETRY_MARGIN_S
+            # the deadline is in the orchestrator's time, and this machine's clock may be off
+            left_s = work.deadline - self.pool.server_time() - STALE_RETRY_MARGIN_S
             if left_s <= 0 or self.stop.is_set():
                 self.log.warning("lease %s ran out after a stale submission", work.lease_id[:8])
                 return
