@@ -5,7 +5,10 @@ come from a signed manifest: it picks a source by weight, streams the body throu
 digest into a sink (``pwrite`` at offsets), resumes with ``Range`` from another source after
 a broken or truncated response (a source that broke a transfer of this object is not asked
 for it again while another source remains), and on a digest mismatch penalises every source that
-contributed bytes, reports it, and starts over from a different source.
+contributed bytes, reports it, and starts over from a different source. Where no other source is
+left, one that served corrupt bytes is asked again, within the object's attempt bound: a damaged
+link delivers the signed bytes on a later try, a lying source never does and costs at most the
+bound.
 
 A source that goes silent is given up quickly, not after a whole request's timeout: opening a
 connection may take ``connect_timeout_s``, and once an answer has begun (or for requests
@@ -355,6 +358,7 @@ def download_object(
     got, hasher = 0, new_hasher(algorithm)
     contributors: set[str] = set()
     excluded: set[str] = set()  # corrupt or missing for this object
+    tainted: set[str] = set()  # of those, the ones that served corrupt bytes: a last resort
     broke: set[str] = set()  # cut a transfer of this object short: avoided while others remain
     attempts, last_error = 0, "no attempt made"
     last_was_corrupt = False  # the last failed attempt assembled bytes that missed the digest
@@ -373,18 +377,24 @@ def download_object(
             for url in contributors:
                 pool.corrupt(url, version, what, "digest mismatch")
             excluded |= contributors
+            tainted |= contributors
             last_error, last_was_corrupt = f"digest mismatch from {sorted(contributors)}", True
             got, hasher, contributors = 0, new_hasher(algorithm), set()
             attempts += 1
         if attempts >= max_attempts:
             if last_was_corrupt:
                 raise CorruptData(
-                    f"v{version} {what}: no source served the signed bytes ({last_error})"
+                    f"v{version} {what}: no source served the signed bytes in {attempts} tries "
+                    f"(corrupt bytes, {last_error})"
                 )
             raise PeerUnavailable(
                 f"v{version} {what}: gave up after {attempts} tries ({last_error})"
             )
-        url = pool.choose(excluded | broke) or pool.choose(excluded)
+        url = (
+            pool.choose(excluded | broke)
+            or pool.choose(excluded)
+            or pool.choose(excluded - tainted)  # only corrupt ones left: try one again
+        )
         if url is None:
             if any(pool.stats[u].corrupt for u in excluded):
                 raise CorruptData(

@@ -16,6 +16,10 @@ byte behind it as TCP's in-order delivery does. What this leaves out: the sender
 window halving after a loss (a real 1 % loss at 150 ms RTT cuts one TCP flow's rate to a few
 Mbit/s), so this model is kinder to bulk transfers than a real lossy link.
 
+Corruption is made: with ``corrupt`` each ``SEGMENT_BYTES`` of a chunk has one bit flipped
+with that probability, in whatever it carries (an HTTP head, a body, a shard), which is what a
+broken middlebox or a lying relay's link delivers past TCP's checksum.
+
 Run it in-process (``with LinkProxy(...) as proxy:``, a thread with its own event loop) or as a
 process inside a network namespace (``python -m swarmrl.testing.linkproxy --listen ...``).
 Knows nothing about HTTP, swarmrl's roles or namespaces.
@@ -42,6 +46,7 @@ class Impairment:
     jitter_s: float = 0.0  # half-width of the uniform jitter around delay_s, seconds
     rate_bytes_per_s: float | None = None  # pacing; None: as fast as the sockets go
     loss: float = 0.0  # probability that one SEGMENT_BYTES segment is lost (module docstring)
+    corrupt: float = 0.0  # probability that one SEGMENT_BYTES segment has a bit flipped
 
 
 SEGMENT_BYTES = 1448  # a TCP segment's payload on a 1500-byte Ethernet link
@@ -69,6 +74,7 @@ class LinkProxy:
         self.connections = 0  # connections accepted
         self.resets = 0  # of which reset on purpose
         self.stalls = 0  # chunks held one retransmission longer for a modelled loss
+        self.flips = 0  # bits flipped on purpose
         self._listen = listen
         self._rng = random.Random(seed)
         self._live: set[asyncio.Task[None]] = set()
@@ -152,14 +158,17 @@ class LinkProxy:
             server_r, server_w = await asyncio.wait_for(
                 asyncio.open_connection(*self.target), timeout=10.0
             )
-        except (TimeoutError, OSError):
+        except (TimeoutError, OSError, asyncio.CancelledError):
             client_w.transport.abort()
             return
-        await asyncio.gather(
-            self._pipe(client_r, server_w, self.up),
-            self._pipe(server_r, client_w, self.down),
-            return_exceptions=True,
-        )
+        try:
+            await asyncio.gather(
+                self._pipe(client_r, server_w, self.up),
+                self._pipe(server_r, client_w, self.down),
+                return_exceptions=True,
+            )
+        except asyncio.CancelledError:
+            pass  # the proxy is stopping: a connection's task ends quietly, not as an error
         for writer in (client_w, server_w):
             writer.close()
 
@@ -181,6 +190,8 @@ class LinkProxy:
                         if self._rng.random() < 1.0 - (1.0 - how.loss) ** segments:
                             self.stalls += 1
                             last_due += max(MIN_RTO_S, 2 * how.delay_s)
+                    if how.corrupt:
+                        chunk = self._flip(chunk, how.corrupt)
                     await queue.put((last_due, chunk))
             except OSError:
                 pass
@@ -211,6 +222,16 @@ class LinkProxy:
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await reading
 
+    def _flip(self, chunk: bytes, probability: float) -> bytes:
+        """``chunk`` with one bit flipped in each segment drawn with ``probability``."""
+        out = bytearray(chunk)
+        for start in range(0, len(out), SEGMENT_BYTES):
+            if self._rng.random() < probability:
+                at = self._rng.randrange(start, min(start + SEGMENT_BYTES, len(out)))
+                out[at] ^= 1 << self._rng.randrange(8)
+                self.flips += 1
+        return bytes(out)
+
 
 def _address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
@@ -225,10 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="uniform +- jitter, each way")
     parser.add_argument("--rate-bytes", type=float, default=None, help="bytes/s each way")
     parser.add_argument("--loss", type=float, default=0.0, help="per segment (modelled)")
+    parser.add_argument("--corrupt", type=float, default=0.0, help="per segment: one bit flipped")
     parser.add_argument("--reset-probability", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
-    way = Impairment(args.delay_ms / 1000, args.jitter_ms / 1000, args.rate_bytes, args.loss)
+    way = Impairment(
+        args.delay_ms / 1000, args.jitter_ms / 1000, args.rate_bytes, args.loss, args.corrupt
+    )
     proxy = LinkProxy(args.target, args.listen, way, way, args.reset_probability, args.seed)
     asyncio.run(proxy.serve_forever())
 
