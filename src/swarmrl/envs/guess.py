@@ -7,23 +7,26 @@ given every answer so far, and ends the episode when the guess is right::
     1-32?  │ 16<eos> │ <1-15 │ 8<eos> │ >9-15 │ 12<eos>     (hidden 12: found in 3 turns)
 
 Restating the range makes the policy's next move a function of the last reply (the midpoint
-of the range it states) rather than of the whole history. A held-out number's last range
-(``h-h``) is still one no training episode ends in, and the demo-size model does not learn to
-copy it from the training numbers (24 of 1..32, 48 of 1..64; docs/tasks.md has the runs).
+of the range it states) rather than of the whole history.
 
-The problem space is the hidden numbers, so held-out problems are numbers never hidden in
-training. With ``ranges=True`` a problem is a starting range and a number in it (``9-20?``,
-every range of at least two numbers in 1..N): held-out problems are (range, number) pairs never
-played in training, while every number is hidden in some training range, so the one-number
-range ``h-h`` that ends a search is one training episodes reach for every ``h``. Reward: 0 unless the number is found within ``max_turns`` guesses, else
+Without ``ranges`` every problem starts from ``1-N?``, the problem space is the hidden numbers,
+and held-out problems are numbers never hidden in training; a held-out number's last range
+(``h-h``) is then one no training episode ends in, and the demo-size model does not learn to
+copy it from the training numbers. With ``ranges=True`` a problem is a starting range and a
+number in it (``9-20?``, every range of at least two numbers in 1..N): held-out problems are
+(range, number) pairs never played in training, while every number is hidden in some training
+range, so the one-number range ``h-h`` that ends a search is one training episodes reach for
+every ``h`` (docs/tasks.md has the runs of both).
+
+Reward: 0 unless the number is found within ``max_turns`` guesses, else
 ``1 − 0.5·(turns − 1)/max_turns``: every turn saved is worth something, so the policy is pushed
-toward bisection, whose worst case is ⌈log2(N+1)⌉ guesses (the optimum ⌈log2 N⌉ the reports
-compare with counts the turns that halve the range).
+toward bisection, whose worst case is ⌈log2(L+1)⌉ guesses for a range of L numbers.
 
 The warm start's characteristic mistake (``flawed=True``) is searching by quarters instead of
 halves (guess ``lo + (hi − lo) // 4``): it still narrows the range, but too slowly to finish
-within the turn limit for most numbers, so imitating a mix in which most episodes search by
-quarters leaves greedy decoding failing, while sampling bisects often enough to be rewarded.
+within the turn limit for many numbers (most of 1..64 from ``1-64?``; one in eight of the
+starting ranges in 1..64), so imitating a mix in which most episodes search by quarters leaves
+greedy decoding failing there, while sampling bisects often enough to be rewarded.
 
 Knows nothing about tokens or models.
 """
