@@ -24,7 +24,9 @@ SMALL = {
     "env": {"digits": 1},
     "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
     "sft": {"steps": 4, "batch_size": 16},
-    "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2},
+    # 4 steps: the relay, started before the trainer's origin, notices it within its 2 s
+    # backoff and follows the versions while the run lasts
+    "rl": {"steps": 4, "prompts_per_step": 2, "group_size": 2},
     "eval": {"n": 4, "control": False},
 }
 LINKS = {
@@ -74,7 +76,7 @@ def test_the_pages_worked_example_runs_as_written_on_five_hosts(tmp_path):
         again = json.loads((run_dir / "report.json").read_text())
 
     assert report["status"] == "completed" and report["mode"] == "swarm", report
-    assert report["steps"] == 2
+    assert report["steps"] == 4
     assert report["ledger"]["verified"] and report["ledger"]["entries"] > 0
     swarm = report["swarm"]
     # both workers joined; with this little work, admission may keep one of them idle

@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 UNBACKED_COOLDOWN_S = (1.0, 60.0)  # first and longest wait before an unbacked version is retried
 UNBACKED_QUIET = 2  # failures on one version told at info before they warn
 ERRORS_KEPT = 100  # also the most unbacked versions remembered
+# an upstream that cannot be reached is asked again at most this far apart: a relay started
+# before its upstream (the order docs/deploy.md gives) follows it within this once it is up
+WATCH_BACKOFF_MAX_S = 2.0
 
 
 class Follower:
@@ -137,7 +140,7 @@ class Follower:
                 conns.close_all()
                 log.debug("upstream %s: %s (retrying in %.1fs)", url, exc, backoff)
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
                 continue
             if latest is not None:
                 with self._cv:
