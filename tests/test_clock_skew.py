@@ -7,14 +7,12 @@ import time
 import httpx
 import pytest
 
-from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
-from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import Heartbeat, PoolSpec
-from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
+from swarmrl.protocol.pool import Heartbeat
+from swarmrl.testing.pool_nodes import CPU_NODE, quiet_pool
 
 POOL = "skew"
 JSON = {"Content-Type": "application/json"}
@@ -22,20 +20,8 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    run = tmp_path_factory.mktemp("skew")
-    orch, owner = KeyPair.generate(), KeyPair.generate()
-    quiet = dict(unhealthy_after_s=3600, dead_after_s=7200, eject_after_s=10800)
-    with local_orchestrator(run, orch, PoolConfig(heartbeat_flush_s=0, **quiet)) as server:
-        spec = PoolSpec(
-            pool_id=POOL,
-            owner_key=owner.public_key_hex,
-            task_count=10,
-            samples_per_task=1,
-            sampling=SamplingParams(max_new_tokens=4),
-            validators=[KeyPair.generate().public_key_hex],
-        )
-        PoolClient(server.url, orch).create_pool(spec)
-        yield server, owner
+    with quiet_pool(tmp_path_factory.mktemp("skew"), POOL) as running:
+        yield running
 
 
 @pytest.mark.parametrize("skew_s", [90.0, -90.0, 600.0, -3600.0])

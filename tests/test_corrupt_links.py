@@ -12,18 +12,16 @@ import time
 import httpx
 import pytest
 
-from swarmrl.config.pool import PoolConfig
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import InfraError, PeerError
 from swarmrl.identity import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.invites import make_invite
-from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import Heartbeat, PoolSpec
+from swarmrl.protocol.pool import Heartbeat
 from swarmrl.shardcast import Publisher, WeightClient
 from swarmrl.testing.linkproxy import Impairment, LinkProxy
-from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
+from swarmrl.testing.pool_nodes import CPU_NODE, quiet_pool
 from swarmrl.testing.shardcast import random_weights, serve_store, write_checkpoint
 
 KEY = KeyPair.from_seed(b"\x0c" * 32)
@@ -95,19 +93,8 @@ def test_a_fetch_across_only_a_corrupting_link_is_exact_or_a_clear_failure(tmp_p
 
 @pytest.fixture
 def pool(tmp_path):
-    orch, owner = KeyPair.generate(), KeyPair.generate()
-    quiet = dict(unhealthy_after_s=3600, dead_after_s=7200, eject_after_s=10800)
-    with local_orchestrator(tmp_path, orch, PoolConfig(heartbeat_flush_s=0, **quiet)) as server:
-        spec = PoolSpec(
-            pool_id=POOL,
-            owner_key=owner.public_key_hex,
-            task_count=10,
-            samples_per_task=1,
-            sampling=SamplingParams(max_new_tokens=4),
-            validators=[KeyPair.generate().public_key_hex],
-        )
-        PoolClient(server.url, orch).create_pool(spec)
-        yield server, owner
+    with quiet_pool(tmp_path, POOL) as running:
+        yield running
 
 
 def test_the_orchestrator_refuses_what_a_corrupting_link_damaged_and_goes_on(pool):

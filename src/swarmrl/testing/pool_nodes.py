@@ -19,8 +19,10 @@ from pathlib import Path
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import WaitTimeout
 from swarmrl.identity.keys import KeyPair
+from swarmrl.pool.client import PoolClient
 from swarmrl.pool.server import OrchestratorServer, make_context
-from swarmrl.protocol.pool import NodeMetadata, Sample, WorkUnit
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.pool import NodeMetadata, PoolSpec, Sample, WorkUnit
 
 CPU_NODE = NodeMetadata(engine="torch", memory_gb=16.0, accelerator="cpu")
 
@@ -59,6 +61,26 @@ def local_orchestrator(
     server = OrchestratorServer(make_context(key or KeyPair.generate(), run_dir, config))
     with server:
         yield server
+
+
+@contextlib.contextmanager
+def quiet_pool(run_dir: str | Path, pool_id: str) -> Iterator[tuple[OrchestratorServer, KeyPair]]:
+    """A local orchestrator holding one small pool ``pool_id`` whose nodes are never judged
+    unhealthy, dead or ejected for silence (heartbeats applied at once): ``(server, owner)``,
+    the owner's key signing invites."""
+    orch, owner = KeyPair.generate(), KeyPair.generate()
+    quiet = dict(unhealthy_after_s=3600, dead_after_s=7200, eject_after_s=10800)
+    with local_orchestrator(run_dir, orch, PoolConfig(heartbeat_flush_s=0, **quiet)) as server:
+        spec = PoolSpec(
+            pool_id=pool_id,
+            owner_key=owner.public_key_hex,
+            task_count=10,
+            samples_per_task=1,
+            sampling=SamplingParams(max_new_tokens=4),
+            validators=[KeyPair.generate().public_key_hex],
+        )
+        PoolClient(server.url, orch).create_pool(spec)
+        yield server, owner
 
 
 def spawn_orchestrator(
