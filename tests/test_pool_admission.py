@@ -164,6 +164,31 @@ def test_groups_the_trainer_filtered_out_count_as_consumed_supply(pool):
     assert "enough" in refusal.reason
 
 
+def test_a_node_that_asks_the_moment_it_submits_does_not_take_every_opening(pool):
+    """Room for more work opens when the trainer takes a step. A node asking on the retry it was
+    told, before the node that just submitted asks, is served first: first come, first served."""
+    trainer, fast = pool
+    slow = PoolClient(fast.url, KeyPair.generate())
+    slow.join(POOL, CPU_NODE)
+    trainer.set_version(POOL, 0, steps=20, tasks_per_step=1)
+    units = [fast.lease(POOL).work for _ in range(2)]  # async_level 1: two steps of one task
+    assert None not in units  # fast now generates: it asks again once it submits
+    refused = slow.lease(POOL)  # the demand is covered: slow waits from now on
+    assert refused.outcome == "wait" and "enough" in refused.reason
+    _submit(fast, units)
+    served = trainer.batch(POOL, step=0, limit=1).submissions
+    trainer.set_version(POOL, 1)
+    trainer.ack_batch(POOL, [s.submission_id for s in served])  # room for one task opens
+    first = fast.lease(POOL)  # asks the moment it can, but slow has waited longer
+    assert first.outcome == "wait" and "waiting longer" in first.reason
+    assert slow.lease(POOL).outcome == "work"
+    assert fast.lease(POOL).outcome == "wait"  # the room is taken
+    served = trainer.batch(POOL, step=1, limit=1).submissions
+    trainer.set_version(POOL, 2)
+    trainer.ack_batch(POOL, [s.submission_id for s in served])
+    assert fast.lease(POOL).outcome == "work"  # slow was served last: fast's turn
+
+
 def _spot_checked_pool(db_url, tmp_path, floor: float):
     """A pool whose one validator checks a node's first unit, then a share ``floor`` of them."""
     orch, owner, node_key, checker_key = (KeyPair.generate() for _ in range(4))

@@ -7,10 +7,11 @@ import pytest
 
 from swarmrl.pool.flow.admission import (
     Admission,
-    StarvingAsks,
+    Askers,
     Supply,
     admit,
     demand,
+    fair_share,
     lowest_useful_version,
     steps_left,
     unblock,
@@ -91,7 +92,7 @@ def test_a_starving_trainer_looks_past_leases_once_every_one_is_overdue():
 
 
 def test_starving_grants_go_to_the_best_record_then_round_robin_among_equals():
-    asks = StarvingAsks()
+    asks = Askers()
     for t, (node, record) in enumerate([("fresh1", 0), ("old1", 3), ("old2", 3), ("fresh2", 0)]):
         asks.ask(node, record, now=float(t), within_s=10.0)
     assert asks.starving_turn() == "old1"  # a record beats asking first; then the longest wait
@@ -104,3 +105,25 @@ def test_starving_grants_go_to_the_best_record_then_round_robin_among_equals():
     assert asks.starving_turn() == "fresh1"
     asks.ask("fresh2", 0, now=11.5, within_s=10.0)  # fresh1 (asked at 0) no longer waits
     assert asks.starving_turn() == "fresh2"
+
+
+def test_ordinary_grants_are_first_come_first_served_and_leave_a_unit_for_each_earlier_asker():
+    queue = Askers()
+    for t, node in enumerate(["a", "b", "c"]):
+        queue.ask(node, 0, now=float(t), within_s=10.0)
+    assert [queue.ahead_of(n) for n in ("a", "b", "c")] == [0, 1, 2]
+    room3 = Admission(3, room=3)
+    assert fair_share(room3, queue.ahead_of("a"), smallest=1).tasks == 3  # first: all it asked
+    assert fair_share(room3, queue.ahead_of("c"), smallest=1).tasks == 1  # one unit each ahead
+    late = fair_share(Admission(2, room=2), queue.ahead_of("c"), smallest=1)
+    assert late.tasks == 0 and "2 node(s) waiting longer" in late.reason
+    assert fair_share(Admission(4, room=5), 1, smallest=2).tasks == 3  # 5 − 2 left, ≥ m = 2
+    assert fair_share(Admission(2, room=3), 1, smallest=2).tasks == 0  # 3 − 2 < m
+    queue.granted("a", now=3.0)
+    queue.ask("a", 0, now=3.5, within_s=10.0)  # asks again at once: behind b and c
+    assert [queue.ahead_of(n) for n in ("b", "c", "a")] == [0, 1, 2]
+    queue.ask("c", 0, now=11.5, within_s=10.0)  # b (last asked at 1) no longer waits
+    assert "b" not in queue.askers and queue.ahead_of("c") == 0 and queue.ahead_of("a") == 1
+    # grants the room does not bound (the trainer's pace unknown, a starving or lifted grant)
+    assert fair_share(Admission(8), 5, smallest=1).tasks == 8
+    assert fair_share(Admission(0, "covered", covered=True), 0, 1).tasks == 0

@@ -69,7 +69,7 @@ Fair grants under starvation. The override above hands out one unit, then the le
 holds the gate shut until it is overdue; whoever asks first when it opens would take the next
 unit, so a pack of fresh identities polling faster than an honest node could take every grant
 and starve it. So a grant the override makes goes by a turn no identity wins by asking first
-or by being new (:meth:`StarvingAsks.starving_turn`): among the nodes that asked while the trainer starved
+or by being new (:meth:`Askers.starving_turn`): among the nodes that asked while the trainer starved
 and asked again within :data:`ASKING_WITHIN_RETRIES` admission retries (so still wait), first
 the best record, ``min(accepted verdicts, probation length)`` (a node past probation outranks
 every fresh identity, and nodes past it are equals), then round-robin among equals (least
@@ -77,6 +77,17 @@ recently granted such a unit first, never granted first), then the longest waiti
 whose turn it is not is told to wait; a winner that stops asking drops out after that window,
 so a gone node delays the grant by that much at most. The askers are kept per server process,
 as the starvation signal is: with several processes a node competes where its requests land.
+
+Fair grants otherwise. Room for more work opens when the trainer takes a step, and whoever asks
+first would fill it: a node that asks the moment it submits (it has a free slot at once) would
+take every opening from a node that asks on the retry it was told, and a node that submits
+often could hold the others out of a run. So the ordinary grants are first come, first served
+among the nodes still asking (:meth:`Askers.ahead_of`): a node's place is when its current run
+of asks began, a grant sends it to the back, and a grant to a node leaves the smallest unit m
+for each node waiting longer, ``room − ahead · m ≥ m``, or it is told to wait. A new identity
+joins at the back, so asking first or being new wins nothing here either. Nodes that stop
+asking drop out after the same window as above. The lift :func:`unblock` makes for a node's own
+unchecked work is not queued: it is that node's work the unit releases.
 
 Pure arithmetic; the counts come from ``swarmrl.pool.flow.progress``. Knows nothing about the
 database or HTTP.
@@ -113,12 +124,15 @@ class Admission:
     """A lease decision: ``tasks`` > 0 grants at most that many tasks; 0 says wait (``reason``).
     ``covered``: refused only because the supply covers the demand (no backlog bound, not the
     run's end), the one refusal :func:`unblock` may lift. ``starving``: granted only because
-    the trainer starves (the override), so it goes by :meth:`StarvingAsks.starving_turn`."""
+    the trainer starves (the override), so it goes by :meth:`Askers.starving_turn`. ``room``:
+    the tasks the demand leaves for all askers, shared first come, first served
+    (:meth:`Askers.ahead_of`)."""
 
     tasks: int
     reason: str = ""
     covered: bool = False
     starving: bool = False
+    room: int | None = None  # D − S where the supply bounds the grant; None: no bound
 
 
 def steps_left(version: int, steps: int | None, async_level: int) -> int:
@@ -208,7 +222,7 @@ def admit(
             f"{need} it can train while fresh",
             covered=True,
         )
-    return Admission(max(smallest, min(wanted, room)))
+    return Admission(max(smallest, min(wanted, room)), room=room)
 
 
 def without_supply(
@@ -238,7 +252,7 @@ def unblock(decision: Admission, node: Supply, smallest: int, check_rate: float)
 
 @dataclass
 class Asker:
-    """A node waiting for a starving trainer's grant (module docstring, "Fair grants")."""
+    """A node waiting for a grant (module docstring, "Fair grants")."""
 
     record: int  # its accepted verdicts, capped at the probation length
     first_asked: float  # s: when its current run of asks began
@@ -246,8 +260,9 @@ class Asker:
 
 
 @dataclass
-class StarvingAsks:
-    """One pool's askers while its trainer starves, and when each node last had such a grant."""
+class Askers:
+    """One pool's nodes waiting for a grant, and when each last had one: one set for the grants
+    a starving trainer forces, one for the ordinary grants (module docstring, "Fair grants")."""
 
     askers: dict[str, Asker] = field(default_factory=dict)
     granted_at: dict[str, float] = field(default_factory=dict)
@@ -277,8 +292,32 @@ class StarvingAsks:
 
         return min(self.askers, key=rank)
 
+    def ahead_of(self, node_id: str) -> int:
+        """How many waiting nodes an ordinary grant serves before ``node_id``: those whose run
+        of asks began earlier (first come, first served; module docstring)."""
+        me = self.askers[node_id]
+        return sum(
+            1
+            for other, asker in self.askers.items()
+            if (asker.first_asked, other) < (me.first_asked, node_id)
+        )
+
     def granted(self, node_id: str, now: float) -> None:
-        """``node_id`` took a starving grant at ``now``: it waits no more, and goes to the back
-        of its equals."""
+        """``node_id`` took a grant at ``now``: it waits no more, and goes to the back."""
         self.askers.pop(node_id, None)
         self.granted_at[node_id] = now
+
+
+def fair_share(decision: Admission, ahead: int, smallest: int) -> Admission:
+    """``decision`` for a node with ``ahead`` nodes waiting longer: each of them keeps the
+    smallest unit of the room, and the node gets what is left, or waits (module docstring,
+    "Fair grants otherwise"). Grants without a room bound pass unchanged."""
+    if not decision.tasks or decision.room is None or ahead == 0:
+        return decision
+    left = decision.room - ahead * smallest
+    if left < smallest:
+        return Admission(
+            0,
+            f"{ahead} node(s) waiting longer are served first (room for {decision.room} tasks)",
+        )
+    return Admission(max(smallest, min(decision.tasks, left)), room=left)

@@ -129,10 +129,13 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
                     f"{run.batched_through}; only work of version ≥ {ahead} can still train",
                 )
             useful = max(useful, ahead)
+        within = _asking_within_s(ctx)
+        queue = ctx.lease_asks.setdefault(pool_id, admission.Askers())
+        queue.ask(node_id, 0, now, within)  # ordinary grants: first come, first served
         if waiting_for is not None:  # a grant the starving trainer forces goes by turns
-            asks = ctx.starving_asks.setdefault(pool_id, admission.StarvingAsks())
+            asks = ctx.starving_asks.setdefault(pool_id, admission.Askers())
             record = min(row.accepted, max(1, ctx.config.probation_submissions))
-            asks.ask(node_id, record, now, _asking_within_s(ctx))
+            asks.ask(node_id, record, now, within)
         admitted = _admission(ctx, conn, spec, run, version, row.measured_tps, now, waiting_for)
         if admitted.starving:
             asks = ctx.starving_asks[pool_id]
@@ -148,8 +151,11 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             own = progress.node_supply(conn, spec, version, node_id)
             rate = spotcheck.node_rate(conn, spec, node_id)
             admitted = admission.unblock(admitted, own, spec.min_tasks_per_lease, rate)
+        ahead = queue.ahead_of(node_id)
+        admitted = admission.fair_share(admitted, ahead, spec.min_tasks_per_lease)
         if not admitted.tasks:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
+        queue.granted(node_id, now)
         lease_id = _new_id()
         orphan = _ORPHAN.run(conn, {"p": pool_id, "n": node_id}).first()
         if orphan is not None:

@@ -66,9 +66,10 @@ class Context:
     # per pool: when a trainer's batch request last came back empty, and for which step
     # (swarmrl.pool.flow.admission)
     starved_at: dict[str, tuple[float, int]] = field(default_factory=dict)
-    # per pool: the nodes waiting for a starving trainer's grant, a
-    # swarmrl.pool.flow.admission.StarvingAsks (typed there: flow lies above trust)
+    # per pool: the nodes waiting for a starving trainer's grant, and those waiting for an
+    # ordinary one, each a swarmrl.pool.flow.admission.Askers (typed there: flow lies above trust)
     starving_asks: dict[str, Any] = field(default_factory=dict)
+    lease_asks: dict[str, Any] = field(default_factory=dict)
     # heartbeats answered by this process and not yet written (swarmrl.pool.trust.beats)
     beats: BeatBuffer = field(default_factory=BeatBuffer)
 
