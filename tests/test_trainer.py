@@ -189,6 +189,32 @@ def test_colocated_run_is_reproducible(tmp_path):
     assert 0.0 < rows[0]["reward_mean"] < 1.0  # partial credit: a real signal to learn from
 
 
+def test_workers_in_a_lower_dtype_than_the_trainer_are_a_measured_mismatch(tmp_path):
+    """inference.dtype = bfloat16 under a float32 trainer: the generator samples in bfloat16, so
+    even the first, on-policy step sees the engines differ; in the trainer's own dtype only
+    rounding is left. rl.correction acts on that mismatch."""
+    from swarmrl.config import SwarmConfig
+
+    assert SwarmConfig().engine_dtype == "float32"  # None follows the trainer's model.dtype
+    assert SwarmConfig.model_validate({"model": {"dtype": "bfloat16"}}).engine_dtype == "bfloat16"
+
+    def first_step(*extra: str) -> dict:
+        rows: list[dict] = []
+        config = _small_run_config(tmp_path, "rl.steps=1", *extra)
+        run_colocated(config, Hooks(on_step=rows.append))
+        return rows[0]
+
+    same = first_step()
+    lower = first_step("inference.dtype=bfloat16")
+    assert same["mismatch_kl"] < 1e-7
+    assert lower["mismatch_kl"] > max(1e-6, 100 * same["mismatch_kl"]), (lower, same)
+    masked = first_step("inference.dtype=bfloat16", "rl.correction=mask_token",
+                        "rl.correction_low=0.999", "rl.correction_high=1.001")  # fmt: skip
+    assert 0.0 < masked["corrected_fraction"]
+    assert first_step("rl.correction=mask_token", "rl.correction_low=0.999",
+                      "rl.correction_high=1.001")["corrected_fraction"] == 0.0  # fmt: skip
+
+
 def _cli(*args, cwd):
     return subprocess.run(
         [sys.executable, "-m", "swarmrl.cli", *args],

@@ -43,4 +43,10 @@ class InferenceConfig(Section):
     backend: Literal["torch", "vllm"] = Field(
         "torch", description="inference engine: torch (built-in) or vllm"
     )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="dtype workers and validators generate, replay and prove in (the verifier "
+        "is calibrated in it); None = model.dtype. Lower than the trainer's (bfloat16 under a "
+        "float32 trainer) it is the engine mismatch rl.correction is for",
+    )
     vllm: VllmConfig = Field(default_factory=VllmConfig)

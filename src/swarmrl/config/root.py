@@ -35,6 +35,12 @@ class SwarmConfig(Section):
     swarm: SwarmSection = Field(default_factory=SwarmSection)
     log: LogConfig = Field(default_factory=LogConfig)
 
+    @property
+    def engine_dtype(self) -> str:
+        """The dtype the policy generates and is replayed in: ``inference.dtype``, else the
+        trainer's ``model.dtype``."""
+        return self.inference.dtype or self.model.dtype
+
     @field_validator("env")
     @classmethod
     def _a_run_plays_it(cls, env: EnvConfig) -> EnvConfig:

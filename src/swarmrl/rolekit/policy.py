@@ -42,10 +42,11 @@ def load_version(
     version: int,
     device: str = "cpu",
     inference: InferenceConfig | None = None,
+    dtype: str = "float32",
 ) -> LoadedVersion:
     """Load the checkpoint in ``path`` (a ready shardcast version directory) into the engine
-    ``inference.backend`` names (the torch engine by default)."""
-    engine = open_engine(path, inference or InferenceConfig(), device=device)
+    ``inference.backend`` names (the torch engine by default), in ``dtype``."""
+    engine = open_engine(path, inference or InferenceConfig(), dtype=dtype, device=device)
     return LoadedVersion(version, version_digest(path), engine, load_tokenizer(path), Path(path))
 
 

@@ -14,6 +14,7 @@ import copy
 import tempfile
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
@@ -27,11 +28,14 @@ def policy_engine(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     device: str,
+    dtype: str | None = None,
 ) -> Engine:
-    """An engine generating with (a copy of) ``policy``'s current weights."""
+    """An engine generating with (a copy of) ``policy``'s current weights, in ``dtype`` (None:
+    ``config.engine_dtype``, the swarm's workers' dtype)."""
     require_backend(config.inference.backend)
+    dtype = dtype or config.engine_dtype
     if config.inference.backend == "torch":
-        return TorchEngine(copy.deepcopy(policy), tokenizer, device)
+        return TorchEngine(copy.deepcopy(policy).to(getattr(torch, dtype)), tokenizer, device)
     from swarmrl.inference.vllm_engine import VllmEngine
 
     scratch = Path(tempfile.mkdtemp(prefix="swarmrl-policy-"))
@@ -39,7 +43,7 @@ def policy_engine(
     return VllmEngine(
         scratch,
         config.inference.vllm,
-        dtype=config.model.dtype,
+        dtype=dtype,
         device=device,
         remove_on_close=True,
     )

@@ -236,7 +236,9 @@ class Learner:
         if self.config.inference.backend == "torch":
             return TorchEngine(model, tokenizer, self.device)
         if self._eval_engine is None:
-            self._eval_engine = policy_engine(self.config, model, tokenizer, self.device)
+            self._eval_engine = policy_engine(
+                self.config, model, tokenizer, self.device, dtype=self.config.model.dtype
+            )
         else:
             self._eval_engine.load_state_dict(model.state_dict())
         return self._eval_engine

@@ -178,7 +178,7 @@ def calibrate_verifier(
     started = time.monotonic()
     document = ensure_thresholds(
         model_dir,
-        config.model.dtype,
+        config.engine_dtype,
         out,
         plan=plan,
         cache_dir=config.run.cache_dir,
@@ -188,7 +188,7 @@ def calibrate_verifier(
         "verifier thresholds for %s (%s) in %.1f s: %s -> %s (validators read it through "
         "toploc.thresholds_path)",
         model_dir,
-        config.model.dtype,
+        config.engine_dtype,
         time.monotonic() - started,
         json.dumps(document["thresholds"]),
         out,

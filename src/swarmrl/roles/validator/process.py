@@ -96,7 +96,11 @@ class Versions:
             stop=self.stop,
         )
         if len(self.loaded) < KEEP_LOADED[self.config.inference.backend]:
-            return load_version(path, version, inference=self.config.inference)
+            loaded = load_version(
+                path, version, inference=self.config.inference, dtype=self.config.engine_dtype
+            )
+            self.log.info("engine: %s", loaded.engine.describe())
+            return loaded
         oldest = self.loaded.popitem(last=False)[1]
         try:
             return swap_version(oldest, path, version)

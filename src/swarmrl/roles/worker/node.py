@@ -135,7 +135,10 @@ class WorkerNode:
             return
         version, path = ready
         if self.policy is None:
-            self.policy = load_version(path, version, inference=self.config.inference)
+            self.policy = load_version(
+                path, version, inference=self.config.inference, dtype=self.config.engine_dtype
+            )
+            self.log.info("engine: %s", self.policy.engine.describe())
         else:
             swap_version(self.policy, path, version)
         if self.corrupted:

@@ -1,0 +1,23 @@
+"""Workers and validators in a lower dtype than the trainer (``inference.dtype``): the verifier
+is calibrated in the workers' dtype, honest work passes, and the trainer measures the engine
+mismatch from the first step, the one no staleness is in."""
+
+import json
+
+from swarmrl.testing.runs import SWARM_SHORT, short_run
+
+
+def test_a_swarm_of_bfloat16_workers_under_a_float32_trainer(tmp_path):
+    run_dir, _ = short_run(tmp_path, [*SWARM_SHORT, "inference.dtype=bfloat16"])
+    thresholds = json.loads((run_dir / "toploc-thresholds.json").read_text())
+    assert thresholds["dtype"] == "bfloat16"
+    for role in ("worker-0", "validator-0"):
+        log = (run_dir / "logs" / f"{role}.log").read_text()
+        assert "'dtype': 'torch.bfloat16'" in log, role
+    report = json.loads((run_dir / "report.json").read_text())
+    submissions = report["swarm"]["submissions"]
+    assert submissions["accepted"] > 0 and submissions["rejected"] == 0, submissions
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = rows[0]
+    assert first["staleness_max"] == 0  # version-0 samples only: what differs is the engine
+    assert first["mismatch_kl"] > 1e-6, first["mismatch_kl"]  # float32 engines: below 1e-8
