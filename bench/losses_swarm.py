@@ -184,7 +184,7 @@ def main() -> None:
     for arm in args.arms:
         arm_settings(arm)  # a misspelt arm fails before any run
     base = [*QUICK, f"rl.steps={args.steps}", *args.overrides]
-    pinned = [*base, f"model.path={json.dumps(warm_start(base))}"]
+    pinned = [*base, f"model.path={json.dumps(warm_start(str(EMBEDDED_DEFAULT), base))}"]
     runs = []
     for i, seed in enumerate(args.seeds):
         order = args.arms[i % len(args.arms) :] + args.arms[: i % len(args.arms)]
