@@ -93,6 +93,63 @@ def test_delta_roundtrip_and_sparsity(tmp_path):
     os.close(fd)
 
 
+def test_a_delta_in_byte_ranges_rebuilds_each_range_alone(tmp_path):
+    rng = np.random.default_rng(1)
+    old = rng.integers(0, 256, 300_001, dtype=np.uint8)
+    new = old.copy()
+    new[rng.choice(old.size, 300, replace=False)] ^= 1
+    (tmp_path / "old").write_bytes(old.tobytes())
+    (tmp_path / "new").write_bytes(new.tobytes())
+    ranges = [(0, 100_000), (100_000, 150_001), (250_001, None)]  # the last: to the end
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT)
+    try:
+        os.ftruncate(fd, old.size)
+        for i, (offset, length) in reversed(list(enumerate(ranges))):  # any order
+            blob = tmp_path / f"blob{i}"
+            encode_delta(tmp_path / "old", tmp_path / "new", blob, offset=offset, length=length)
+            apply_delta(tmp_path / "old", blob, fd, old.size, offset=offset, length=length)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "out").read_bytes() == new.tobytes()
+    scratch = os.open(tmp_path / "scratch", os.O_RDWR | os.O_CREAT)
+    try:
+        with pytest.raises(ValueError, match="longer"):  # a range's blob on a shorter range
+            apply_delta(tmp_path / "old", tmp_path / "blob0", scratch, old.size, 0, 50_000)
+        with pytest.raises(ValueError, match="outside"):
+            apply_delta(tmp_path / "old", tmp_path / "blob2", scratch, old.size, 300_000, 2)
+    finally:
+        os.close(scratch)
+    with pytest.raises(ValueError, match="outside"):
+        encode_delta(tmp_path / "old", tmp_path / "new", tmp_path / "x", 0, 300_000, 2)
+
+
+def test_a_files_deltas_must_cover_it_in_order(tmp_path, key):
+    pub = Publisher(tmp_path / "store", key, CFG)
+    weights = random_weights(100_000, 0)
+    pub.publish(write_checkpoint(tmp_path / "ck1", weights), 1)
+    weights = {k: v + np.float32(1e-3) for k, v in weights.items()}
+    m = pub.publish(write_checkpoint(tmp_path / "ck2", weights), 2)
+    assert len(m.deltas) > 2
+    verify_manifest(m, [key.public_key_hex])
+
+    def signed(deltas):
+        return sign_manifest(m.model_copy(update={"deltas": deltas}), key)
+
+    first, second, *rest = m.deltas
+    gap = second.model_copy(update={"offset": second.offset + 1})
+    short = [first, second, *rest[:-1]]  # the file's last bytes rebuilt by nothing
+    past = rest[-1].model_copy(update={"length": rest[-1].length + 1})
+    for deltas, match in [
+        ([first, gap, *rest], "not the next ones"),
+        ([second.model_copy(update={"index": 0}), first.model_copy(update={"index": 1}),
+          *rest], "not the next ones"),
+        (short, "stop short"),
+        ([first, second, *rest[:-1], past], "not the next ones"),
+    ]:  # fmt: skip
+        with pytest.raises(CorruptData, match=match):
+            verify_manifest(signed(deltas), [key.public_key_hex])
+
+
 def test_publisher_deltas_keyframes_and_pruning(tmp_path, key):
     pub = Publisher(tmp_path / "store", key, CFG)
     weights = random_weights(100_000, 0)
@@ -105,8 +162,14 @@ def test_publisher_deltas_keyframes_and_pruning(tmp_path, key):
             assert m.keyframe and m.deltas == []
         elif version > 1:
             assert not m.keyframe and m.parent_version == version - 1
-            assert [d.path for d in m.deltas] == ["model.safetensors"]  # config/tokenizer unchanged
-            assert m.deltas[0].size < 0.1 * m.total_bytes
+            weights_file = next(f for f in m.files if f.path == "model.safetensors")
+            # config/tokenizer unchanged; the weights: one delta per shard, each its byte range
+            assert {d.path for d in m.deltas} == {"model.safetensors"}
+            assert len(weights_file.shards) > 1
+            assert [(d.offset, d.length) for d in m.deltas] == [
+                (sh.offset, sh.size) for sh in weights_file.shards
+            ]
+            assert sum(d.size for d in m.deltas) < 0.1 * m.total_bytes
     assert store.ready_versions(tmp_path / "store") == [3, 4]  # keep_versions=2
     with pytest.raises(UserError, match="newer"):
         pub.publish(tmp_path / "ck4", 4)

@@ -270,13 +270,13 @@ def test_a_delta_whose_source_went_away_is_no_fault_of_the_delta(
     client.fetch(1)
     _publish_v2_with_a_delta(tmp_path)
     client.wait_for_newer(timeout_s=5)
-    apply_delta = Assembly._apply_delta
+    apply_deltas = Assembly._apply_deltas
 
     def origin_goes_first(self, *args):
         origin.stop()
-        return apply_delta(self, *args)
+        return apply_deltas(self, *args)
 
-    monkeypatch.setattr(Assembly, "_apply_delta", origin_goes_first)
+    monkeypatch.setattr(Assembly, "_apply_deltas", origin_goes_first)
     with caplog.at_level(logging.DEBUG, logger="swarmrl.shardcast.assemble"):
         with pytest.raises(InfraError, match="Connection refused"):
             client.fetch(2)

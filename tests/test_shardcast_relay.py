@@ -109,6 +109,55 @@ def test_two_tier_relays_push_new_versions_and_ship_deltas(tmp_path):
         origin.stop()
 
 
+def test_a_relay_passes_on_each_part_of_a_delta_while_the_rest_arrives(tmp_path, monkeypatch):
+    """A file's delta comes in parts, one per shard: a relay serves a part it holds (verified)
+    while a later part is still on its way, as it does with shards."""
+    from swarmrl.shardcast.assemble import Assembly
+
+    weights = random_weights(256 * 1024, seed=4)
+    pub = Publisher(tmp_path / "origin", KEY, CFG)
+    pub.publish(write_checkpoint(tmp_path / "ck1", weights), 1)
+    origin = serve_store(tmp_path / "origin", CFG)
+    relay = _Relay(tmp_path / "relay", [origin.url])
+    last_may_come = threading.Event()
+    download = Assembly._download
+
+    def last_part_held_back(self, path, size, digest, what, fd, base):
+        held_at_relay = str(tmp_path / "relay") in str(self.partial)
+        if held_at_relay and what == f"delta {len(self.m.deltas) - 1}":
+            last_may_come.wait(15)
+        return download(self, path, size, digest, what, fd, base)
+
+    monkeypatch.setattr(Assembly, "_download", last_part_held_back)
+    try:
+        _wait(lambda: relay.catalog.latest(complete_only=True) == 1, 15, "v1 at the relay")
+        bumped = {
+            k: v + np.float32(1e-4) * (np.arange(v.size) % 211 == 0) for k, v in weights.items()
+        }
+        m2 = pub.publish(write_checkpoint(tmp_path / "ck2", bumped), 2)
+        assert len(m2.deltas) > 1
+        _wait(lambda: relay.catalog.get(2) is not None, 15, "v2 in progress at the relay")
+        first = httpx.get(f"{relay.url}/v/2/delta/0", timeout=10)
+        blob = store.delta_path(store.ready_dir(tmp_path / "origin", 2), 0).read_bytes()
+        assert first.status_code == 200 and first.content == blob
+        assert relay.catalog.latest(complete_only=True) == 1  # the last part not there yet
+        last = httpx.get(f"{relay.url}/v/2/delta/{len(m2.deltas) - 1}", timeout=10)
+        assert last.status_code == 503  # still arriving (the relay holds it 0.5 s, then says so)
+        last_may_come.set()
+        _wait(lambda: relay.catalog.latest(complete_only=True) == 2, 15, "v2 at the relay")
+        client = WeightClient([relay.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        client.fetch(1)
+        path = client.fetch(2)
+        assert client.last_report.from_delta == ["model.safetensors"]
+        assert (path / "model.safetensors").read_bytes() == (
+            tmp_path / "ck2" / "model.safetensors"
+        ).read_bytes()
+    finally:
+        last_may_come.set()
+        relay.stop()
+        origin.stop()
+
+
 def test_clients_behind_are_counted_and_told_at_once(tmp_path):
     pub = Publisher(tmp_path / "origin", KEY, CFG)
     pub.publish(write_checkpoint(tmp_path / "ck1", random_weights(1000)), 1)

@@ -74,6 +74,15 @@ class DeltaEntry(_Wire):
     )
     size: int = Field(ge=0, description="Length of the compressed blob in bytes.")
     digest: str = Field(description="Hex digest (manifest's algorithm) of the blob bytes.")
+    offset: int = Field(
+        0,
+        ge=0,
+        description="First byte of the file the blob rebuilds. A file's deltas from one parent "
+        "follow one another in index order and cover it from 0 to its end, without gaps.",
+    )
+    length: int | None = Field(
+        None, ge=0, description="Bytes of the file the blob rebuilds from offset; None: to the end."
+    )
 
 
 class Manifest(_Wire):

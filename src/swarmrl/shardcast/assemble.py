@@ -4,8 +4,9 @@ For every file of the manifest, cheapest first:
 
 1. **reuse** — the parent version we hold has the same file with the same shard digests:
    copy it locally;
-2. **delta** — the manifest carries a delta from the parent we hold: fetch the blob (checked
-   against its signed digest), XOR it onto the parent file;
+2. **delta** — the manifest carries a delta from the parent we hold: fetch its blobs (one per
+   byte range of the file, in parallel, each checked against its signed digest and passed on
+   through ``on_delta`` at once), XOR each onto its range of the parent file;
 3. **download** — fetch its shards from the sources in parallel.
 
 Whatever path produced a file's bytes, each shard is checked against its signed digest before
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarmrl.errors import InfraError, PeerError, WaitTimeout
-from swarmrl.protocol.shardcast import FileEntry, Manifest, ShardEntry
+from swarmrl.protocol.shardcast import DeltaEntry, FileEntry, Manifest, ShardEntry
 from swarmrl.shardcast import delta as delta_codec
 from swarmrl.shardcast import store
 from swarmrl.shardcast.manifest import digest_bytes
@@ -187,24 +188,54 @@ class Assembly:
                 log.warning(
                     "v%d: reusing %s from the parent failed: %s", self.m.version, entry.path, exc
                 )
-        for delta in self.m.deltas:
-            if delta.path == entry.path and delta.parent_version == self.parent.version:
-                if self._apply_delta(entry, delta.index, delta.size, delta.digest):
-                    return True
-        return False
+        parts = [
+            d
+            for d in self.m.deltas
+            if d.path == entry.path and d.parent_version == self.parent.version
+        ]
+        return bool(parts) and self._apply_deltas(entry, parts)
 
-    def _apply_delta(self, entry: FileEntry, index: int, size: int, digest: str) -> bool:
-        blob = store.delta_path(self.partial, index)
+    def _apply_deltas(self, entry: FileEntry, parts: list[DeltaEntry]) -> bool:
+        """Rebuild ``entry`` from the parent's copy and its delta ``parts`` (each a byte range,
+        fetched in parallel, each served on through ``on_delta`` once its blob is verified);
+        True when the file verifies, else False and it is downloaded in full."""
         fd = self._fds[entry.path]
-        try:
+        fetched: list[int] = []
+
+        def one(part: DeltaEntry) -> None:
+            blob = store.delta_path(self.partial, part.index)
             blob_fd = os.open(blob, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 self._download(
-                    f"/v/{self.m.version}/delta/{index}", size, digest, f"delta {index}", blob_fd, 0
+                    f"/v/{self.m.version}/delta/{part.index}",
+                    part.size,
+                    part.digest,
+                    f"delta {part.index}",
+                    blob_fd,
+                    0,
                 )
             finally:
                 os.close(blob_fd)
-            delta_codec.apply_delta(self.parent_dir / entry.path, blob, fd, entry.size)  # type: ignore[operator]
+            fetched.append(part.index)
+            self.on_delta(part.index)  # verified bytes: a relay may pass them on now
+            delta_codec.apply_delta(
+                self.parent_dir / entry.path,  # type: ignore[operator]
+                blob,
+                fd,
+                entry.size,
+                offset=part.offset,
+                length=part.length,
+            )
+
+        try:
+            with ThreadPoolExecutor(max_workers=min(self.parallel, len(parts))) as executor:
+                outcomes = [executor.submit(one, part) for part in parts]
+            errors = [f.exception() for f in outcomes if f.exception() is not None]
+            disk = [e for e in errors if isinstance(e, DiskWriteError)]
+            if disk:
+                raise disk[0]
+            if errors:
+                raise errors[0]  # type: ignore[misc]
             _verify_file_on_disk(fd, entry, self.m.digest_algorithm)
         except (PeerError, InfraError, ValueError, OSError) as exc:
             if isinstance(exc, DiskWriteError):
@@ -219,9 +250,10 @@ class Assembly:
                 exc,
             )
             self.report.delta_failures.append(f"{entry.path}: {exc}")
-            blob.unlink(missing_ok=True)
+            for part in parts:
+                if part.index not in fetched:  # a verified blob may already be passed on
+                    store.delta_path(self.partial, part.index).unlink(missing_ok=True)
             return False
-        self.on_delta(index)
         self._mark_file(entry)
         self.report.from_delta.append(entry.path)
         return True

@@ -85,9 +85,24 @@ def _check_layout(manifest: Manifest) -> None:
             expected_index += 1
         if offset != entry.size:
             raise CorruptData(f"manifest v{manifest.version}: shards of {entry.path} do not sum")
+    sizes = {f.path: f.size for f in manifest.files}
+    ends: dict[tuple[str, int], int] = {}  # (file, parent) -> where its next delta must start
     for i, delta in enumerate(manifest.deltas):
         if delta.index != i or delta.path not in seen:
             raise CorruptData(f"manifest v{manifest.version}: bad delta entry {i}")
+        key = (delta.path, delta.parent_version)
+        end = delta.offset + (
+            sizes[delta.path] - delta.offset if delta.length is None else delta.length
+        )
+        if delta.offset != ends.get(key, 0) or end > sizes[delta.path]:
+            raise CorruptData(
+                f"manifest v{manifest.version}: delta {i} of {delta.path} covers bytes "
+                f"{delta.offset}-{end}, not the next ones of the file"
+            )
+        ends[key] = end
+    for (path, _), end in ends.items():
+        if end != sizes[path]:
+            raise CorruptData(f"manifest v{manifest.version}: the deltas of {path} stop short")
     if manifest.root_digest != root_digest(manifest.digest_algorithm, manifest.files):
         raise CorruptData(f"manifest v{manifest.version}: root digest does not match its shards")
 

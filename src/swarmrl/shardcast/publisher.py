@@ -163,7 +163,9 @@ class Publisher:
     def _encode_deltas(
         self, partial: Path, files: list[FileEntry], parent: int
     ) -> list[DeltaEntry]:
-        """Delta blobs for the files whose parent copy has the same size and is not identical."""
+        """Delta blobs for the files whose parent copy has the same size and is not identical: one
+        per shard of the file, each rebuilding that shard's bytes (so a relay passes on a part
+        while the next arrives); none for a file whose parts together are not smaller than it."""
         parent_dir = store.ready_dir(self.store_dir, parent)
         parent_files = {f.path: f for f in store.load_manifest(parent_dir).files}
         deltas: list[DeltaEntry] = []
@@ -173,21 +175,33 @@ class Publisher:
                 continue
             if [s.digest for s in old.shards] == [s.digest for s in entry.shards]:
                 continue  # unchanged: clients reuse their copy of the parent file
-            blob = store.delta_path(partial, len(deltas))
-            size = delta_codec.encode_delta(
-                parent_dir / entry.path, partial / entry.path, blob, self.config.zstd_level
-            )
-            if size >= entry.size:
-                blob.unlink()
-                continue
-            deltas.append(
-                DeltaEntry(
-                    index=len(deltas),
-                    path=entry.path,
-                    parent_version=parent,
-                    encoding=delta_codec.ENCODING,
-                    size=size,
-                    digest=_file_digest(blob, self.config.digest),
+            parts: list[DeltaEntry] = []
+            for shard in entry.shards:
+                index = len(deltas) + len(parts)
+                blob = store.delta_path(partial, index)
+                size = delta_codec.encode_delta(
+                    parent_dir / entry.path,
+                    partial / entry.path,
+                    blob,
+                    self.config.zstd_level,
+                    offset=shard.offset,
+                    length=shard.size,
                 )
-            )
+                parts.append(
+                    DeltaEntry(
+                        index=index,
+                        path=entry.path,
+                        parent_version=parent,
+                        encoding=delta_codec.ENCODING,
+                        size=size,
+                        digest=_file_digest(blob, self.config.digest),
+                        offset=shard.offset,
+                        length=shard.size,
+                    )
+                )
+            if sum(p.size for p in parts) >= entry.size:
+                for p in parts:
+                    store.delta_path(partial, p.index).unlink()
+                continue
+            deltas.extend(parts)
         return deltas
