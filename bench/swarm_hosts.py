@@ -14,8 +14,10 @@ with the page's command; needs root) of a small arith config; the scenarios are 
 - ``cut-orch``: the orchestrator's host cut off for 20 s after the trainer's step 0.
 
 Per run: the RL loop's seconds per step, the wasted share (kept work never trained), the
-rejections, the most stale step trained, whether the exported ledger verifies, and "lost":
-submissions a worker was told were taken in that the pool's final account lacks.
+rejections, the most stale step trained, whether the exported ledger verifies, "lost":
+submissions a worker was told were taken in that the pool's final account lacks, and the
+held-out accuracy (100 problems, greedy) before and after RL: whether the run learnt across
+its links.
 
 Usage (as root): ``python bench/swarm_hosts.py [--runs 2] [--scenarios clean wan ...]``.
 """
@@ -41,7 +43,7 @@ CONFIG = {
     "model": {"tiny": {"hidden_size": 64, "num_layers": 2, "intermediate_size": 128}},
     "sft": {"steps": 60, "batch_size": 64},
     "rl": {"steps": 8, "prompts_per_step": 16, "group_size": 4},
-    "eval": {"n": 4, "control": False},
+    "eval": {"n": 100, "control": False},  # held-out greedy accuracy before and after RL
 }
 WAN = {"delay_ms": 75, "jitter_ms": 5, "loss": 0.01, "reset_probability": 0.02}
 SLOW_LINK = {"up_mbit": 20, "down_mbit": 20}
@@ -110,6 +112,8 @@ def figures(outcome: Outcome) -> dict[str, float]:
         "verified": float(outcome.report["ledger"]["verified"]),
         "lost": lost,
         "slow_receipts": outcome.receipts("worker@gpu2"),
+        "before": outcome.report["eval"]["before"]["accuracy"],
+        "after": outcome.report["eval"]["after"]["accuracy"],
         "fast_receipts": outcome.receipts("worker@gpu1"),
     }
 
@@ -155,7 +159,10 @@ def main() -> None:
             f"lost {sum(r['lost'] for r in runs):.0f}; "
             f"ledger verified {sum(r['verified'] for r in runs):.0f}/{len(runs)}; "
             f"units gpu1/gpu2 {statistics.median(r['fast_receipts'] for r in runs):.0f}/"
-            f"{statistics.median(r['slow_receipts'] for r in runs):.0f}"
+            f"{statistics.median(r['slow_receipts'] for r in runs):.0f}; "
+            f"held-out {statistics.median(r['before'] for r in runs):.0%} → "
+            f"{statistics.median(r['after'] for r in runs):.0%} "
+            f"({min(r['after'] for r in runs):.0%}–{max(r['after'] for r in runs):.0%})"
         )
 
 

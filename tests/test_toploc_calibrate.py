@@ -112,6 +112,12 @@ def test_run_start_thresholds_catch_int8_weights_the_defaults_pass(tmp_path, mon
     assert not any(v.accepted for v in caught)
     assert sum("hidden_states" in v.codes for v in caught) >= 8
     assert all(v.accepted for v in verdicts(calibrated, honest_items))
+    # float8 (e4m3) weights, emulated: coarser than int8 per channel, caught the same way
+    fp8_model = attacks.fp8_per_channel(model)
+    pairs = zip(fp8_model.parameters(), model.parameters(), strict=True)
+    assert any(not torch.equal(a, b) for a, b in pairs)
+    fp8 = attacks.with_engine(worker, TorchEngine(fp8_model, tokenizer), prompts, seeds)
+    assert not any(v.accepted for v in verdicts(calibrated, items_of(fp8)))
     torch.set_num_threads(previous)
 
 

@@ -6,7 +6,8 @@ the binding check passes and the content checks must do the catching:
 
 * ``with_engine``      generate with other weights (perturbed, older, another model, other
                        dtype) and prove them honestly (the proofs match *those* weights);
-                       ``int8_per_channel`` makes the cheapest such model: int8 weights
+                       ``int8_per_channel`` and ``fp8_per_channel`` make the cheapest such
+                       models: int8 or float8 weights
 * ``changed_prompt``   generate from other prompts of the same length, claim the assigned one
 * ``tampered_token``   replace one output token after the fact, keep the proofs
 * ``other_sampling``   sample with another temperature or seed, claim the assigned one
@@ -101,6 +102,20 @@ def int8_per_channel(model: torch.nn.Module) -> torch.nn.Module:
         if param.dim() == 2:
             scale = param.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # [out, 1]
             param.copy_((param / scale).round().clamp(-127, 127) * scale)
+    return quantized
+
+
+@torch.no_grad()
+def fp8_per_channel(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose matrices are rounded to float8 e4m3 per output channel (scale =
+    max |row| / 448, e4m3's largest normal) and stored dequantized in the model's dtype: what an
+    fp8 inference kernel computes, emulated where there is none."""
+    quantized = copy.deepcopy(model)
+    for param in quantized.parameters():
+        if param.dim() == 2:
+            scale = param.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448
+            fp8 = (param.float() / scale).to(torch.float8_e4m3fn)
+            param.copy_((fp8.float() * scale).to(param.dtype))
     return quantized
 
 

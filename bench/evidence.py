@@ -1,0 +1,223 @@
+"""The per-node evidence (a CUSUM per measure, docs/toploc.md) across engines: honest nodes that
+must never be flagged, and cheaper engines that must be, within 20 checked units.
+
+    python bench/evidence.py [--dtype bfloat16] [--units 2000] [--cheat-units 40]
+        [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--out FILE]
+
+On the declared model of ``bench/toploc.py`` (``toploc_cases``: a tiny model trained on the
+reverse task), in ``--dtype``:
+
+1. **Thresholds** calibrated the way a pool does it across engines (``recommend`` over the
+   honest measurements of every pairing together: the "cross" set of ``bench/cross_engine.py``).
+2. **Honest nodes**: per pairing (worker engine -> validator engine), ``--units`` units of
+   ``--unit-samples`` fresh honest samples each (batch 8), each unit judged and its
+   measurements (``swarmrl.toploc.evidence.unit_measures``) added to one node's record at the
+   default drift k and limit h. Reported: units rejected, the record's highest S per measure and
+   the mean x per measure, and whether the node was ever flagged (the target: never).
+3. **Cheaper engines**, each a node of its own claiming the declared model, on the torch
+   engine, judged by each validator: int8 weights (``int8_per_channel``), float8 e4m3 weights
+   (``fp8_per_channel``) and the older version (step 100 of 150). Reported: the unit at which
+   the node is stopped, by a rejected unit or by its record (the target: within 20), and how
+   many of its units were accepted before.
+
+A unit of one sample is the hardest case for the honest side (a unit's mean over more samples
+varies less). Every number is a count over real generations and replays; nothing is resampled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarmrl.config.toploc import ToplocConfig
+from swarmrl.identity import KeyPair
+from swarmrl.inference.engine import TorchEngine
+from swarmrl.ledger.evidence import Cusum, add_unit
+from swarmrl.protocol import SamplingParams
+from swarmrl.testing import cheats as attacks
+from swarmrl.toploc.calibrate import Measurements, measure, recommend
+from swarmrl.toploc.evidence import unit_measures
+from swarmrl.toploc.verify import Verifier
+from toploc_cases import DIGEST, build_models
+
+PAIRINGS = ("torch->torch", "vllm->torch", "vllm->vllm", "torch->vllm")
+KEY = KeyPair.from_seed(bytes(32))
+BATCH = 8
+
+
+def generate(engine: Any, prompts, params, seeds) -> list:
+    out = []
+    for start in range(0, len(prompts), BATCH):
+        out += engine.generate(
+            prompts[start : start + BATCH], params, seeds[start : start + BATCH], return_hidden=True
+        )
+    return out
+
+
+class Engines:
+    """The torch engine and (when a pairing needs it) one vLLM engine, both in ``dtype``."""
+
+    def __init__(self, model, tokenizer, dtype: str, scratch: Path, need_vllm: bool) -> None:
+        self.torch = TorchEngine(model, tokenizer)
+        self.vllm = None
+        if need_vllm:
+            from swarmrl.inference.vllm_engine import VllmEngine
+
+            declared = scratch / "declared"
+            model.save_pretrained(declared, safe_serialization=True)
+            tokenizer.save_pretrained(declared)
+            self.vllm = VllmEngine(declared, dtype=dtype)
+
+    def get(self, backend: str) -> Any:
+        return self.vllm if backend == "vllm" else self.torch
+
+    def close(self) -> None:
+        if self.vllm is not None:
+            self.vllm.close()
+
+
+def judge_units(
+    verifier: Verifier,
+    worker: attacks.Worker,
+    gens: list,
+    unit_samples: int,
+    cfg: ToplocConfig,
+    stop_when_caught: bool,
+) -> dict:
+    """Judge ``gens`` unit by unit into one node's record; what happened to the node."""
+    record: dict[str, Cusum] = {}
+    rejected, accepted, caught_at, how = 0, 0, None, ""
+    xs: dict[str, list[float]] = {}
+    units = [gens[i : i + unit_samples] for i in range(0, len(gens), unit_samples)]
+    for n, unit in enumerate(units, start=1):
+        subs = worker.prove(unit)
+        items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
+        verdicts = verifier.check_many(items)
+        if not all(v.accepted for v in verdicts):
+            rejected += 1
+            if caught_at is None:
+                caught_at = n
+                how = "rejected: " + next(
+                    r.detail for v in verdicts if not v.accepted for r in v.reasons
+                )
+            if stop_when_caught:
+                break
+            continue
+        accepted += 1
+        measures = unit_measures(verdicts, [c.logprobs for _, c in subs], cfg)
+        for name, x in measures.items():
+            xs.setdefault(name, []).append(x)
+        flagged = add_unit(record, measures, cfg.evidence_drift, cfg.evidence_limit)
+        if flagged and caught_at is None:
+            caught_at, how = n, flagged
+            if stop_when_caught:
+                break
+    return {
+        "units": len(units),
+        "judged": accepted + rejected,
+        "rejected": rejected,
+        "accepted": accepted,
+        "caught_at": caught_at,
+        "how": how,
+        "mean_x": {k: sum(v) / len(v) for k, v in xs.items()},
+        "max_x": {k: max(v) for k, v in xs.items()},
+        "final_s": {k: c.value for k, c in record.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--units", type=int, default=2000, help="honest units per pairing")
+    parser.add_argument("--unit-samples", type=int, default=1)
+    parser.add_argument("--cheat-units", type=int, default=40)
+    parser.add_argument("--calibration", type=int, default=256, help="samples per worker engine")
+    parser.add_argument("--pairings", nargs="+", default=list(PAIRINGS), choices=PAIRINGS)
+    parser.add_argument("--out", default="bench/evidence.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    models = build_models(started)
+    dtype = getattr(torch, args.dtype)
+    model, older = models.model.to(dtype), models.older.to(dtype)
+    params = SamplingParams(temperature=1.0, max_new_tokens=48)
+    pairs = [tuple(p.split("->")) for p in args.pairings]
+    workers = sorted({w for w, _ in pairs})
+    results: dict[str, Any] = {"args": vars(args), "training": models.training}
+
+    def save() -> None:
+        results["seconds"] = round(time.perf_counter() - started, 1)
+        Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+    with tempfile.TemporaryDirectory(prefix="evidence-") as scratch:
+        need_vllm = any("vllm" in p for p in pairs)
+        engines = Engines(model, models.tokenizer, args.dtype, Path(scratch), need_vllm)
+        try:
+            cfg = ToplocConfig()
+            measured = Measurements()
+            for w in workers:
+                prompts = models.prompt_fn(args.calibration, 900)
+                seeds = list(range(900_000, 900_000 + args.calibration))
+                gens = generate(engines.get(w), prompts, params, seeds)
+                for wv, v in pairs:
+                    if wv == w:
+                        measured.extend(measure(engines.get(v), gens, params, cfg))
+            thresholds = recommend(measured, cfg.topk)
+            cfg = ToplocConfig(**thresholds)  # the default drift and limit
+            results["thresholds"] = thresholds
+            results["drift_limit"] = [cfg.evidence_drift, cfg.evidence_limit]
+            print(f"cross thresholds {thresholds} ({time.perf_counter() - started:.0f}s)")
+            verifiers = {
+                v: Verifier(
+                    engines.get(v),
+                    cfg,
+                    eos_token_ids=engines.torch.eos_ids,
+                    vocab_size=len(models.tokenizer),
+                )
+                for v in {v for _, v in pairs}
+            }
+            total = args.units * args.unit_samples
+            results["honest"] = {}
+            for w in workers:
+                prompts = models.prompt_fn(total, 0)
+                gens = generate(engines.get(w), prompts, params, list(range(total)))
+                worker = attacks.Worker(engines.get(w), KEY, params, 7, DIGEST)
+                for wv, v in pairs:
+                    if wv != w:
+                        continue
+                    row = judge_units(verifiers[v], worker, gens, args.unit_samples, cfg, False)
+                    results["honest"][f"{w}->{v}"] = row
+                    print(f"honest {w}->{v}: {json.dumps(row)}", flush=True)
+                    save()
+            cheaters = {
+                "int8 weights": attacks.int8_per_channel(model),
+                "fp8 (e4m3) weights": attacks.fp8_per_channel(model),
+                "older version (step 100 of 150)": copy.deepcopy(older),
+            }
+            total = args.cheat_units * args.unit_samples
+            prompts = models.prompt_fn(total, 77)
+            seeds = list(range(5000, 5000 + total))
+            worker = attacks.Worker(engines.torch, KEY, params, 7, DIGEST)
+            results["cheats"] = {}
+            for name, cheat_model in cheaters.items():
+                gens = generate(TorchEngine(cheat_model, models.tokenizer), prompts, params, seeds)
+                for v in sorted(verifiers):
+                    row = judge_units(verifiers[v], worker, gens, args.unit_samples, cfg, True)
+                    results["cheats"][f"{name} -> {v}"] = row
+                    print(f"cheat {name} -> {v}: {json.dumps(row)}", flush=True)
+                    save()
+        finally:
+            engines.close()
+    save()
+    print(f"done in {time.perf_counter() - started:.0f}s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
