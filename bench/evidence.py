@@ -1,7 +1,8 @@
 """The per-node evidence (a CUSUM per measure, docs/toploc.md) across engines: honest nodes that
 must never be flagged, and cheaper engines that must be, within 20 checked units.
 
-    python bench/evidence.py [--dtype bfloat16] [--units 2000] [--cheat-units 40]
+    python bench/evidence.py [--dtype bfloat16] [--units 2000] [--unit-samples 1]
+        [--cheat-units 40] [--drift K --limit H]
         [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--out FILE]
 
 On the declared model of ``bench/toploc.py`` (``toploc_cases``: a tiny model trained on the
@@ -12,7 +13,7 @@ reverse task), in ``--dtype``:
 2. **Honest nodes**: per pairing (worker engine -> validator engine), ``--units`` units of
    ``--unit-samples`` fresh honest samples each (batch 8), each unit judged and its
    measurements (``swarmrl.toploc.evidence.unit_measures``) added to one node's record at the
-   default drift k and limit h. Reported: units rejected, the record's highest S per measure and
+   drift k and limit h (toploc's defaults, or ``--drift``/``--limit``). Reported: units rejected, the record's highest S per measure and
    the mean x per measure, and whether the node was ever flagged (the target: never).
 3. **Cheaper engines**, each a node of its own claiming the declared model, on the torch
    engine, judged by each validator: int8 weights (``int8_per_channel``), float8 e4m3 weights
@@ -140,6 +141,9 @@ def main() -> None:
     parser.add_argument("--cheat-units", type=int, default=40)
     parser.add_argument("--calibration", type=int, default=256, help="samples per worker engine")
     parser.add_argument("--pairings", nargs="+", default=list(PAIRINGS), choices=PAIRINGS)
+    parser.add_argument("--seed", type=int, default=0, help="offsets the honest and cheat sets")
+    parser.add_argument("--drift", type=float, help="the CUSUM's k (default: toploc's)")
+    parser.add_argument("--limit", type=float, help="the CUSUM's h (default: toploc's)")
     parser.add_argument("--out", default="bench/evidence.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -170,7 +174,8 @@ def main() -> None:
                     if wv == w:
                         measured.extend(measure(engines.get(v), gens, params, cfg))
             thresholds = recommend(measured, cfg.topk)
-            cfg = ToplocConfig(**thresholds)  # the default drift and limit
+            chosen = {"evidence_drift": args.drift, "evidence_limit": args.limit}
+            cfg = ToplocConfig(**thresholds, **{k: v for k, v in chosen.items() if v is not None})
             results["thresholds"] = thresholds
             results["drift_limit"] = [cfg.evidence_drift, cfg.evidence_limit]
             print(f"cross thresholds {thresholds} ({time.perf_counter() - started:.0f}s)")
@@ -186,8 +191,9 @@ def main() -> None:
             total = args.units * args.unit_samples
             results["honest"] = {}
             for w in workers:
-                prompts = models.prompt_fn(total, 0)
-                gens = generate(engines.get(w), prompts, params, list(range(total)))
+                prompts = models.prompt_fn(total, args.seed)
+                first = args.seed * 10_000_000
+                gens = generate(engines.get(w), prompts, params, list(range(first, first + total)))
                 worker = attacks.Worker(engines.get(w), KEY, params, 7, DIGEST)
                 for wv, v in pairs:
                     if wv != w:
@@ -202,8 +208,8 @@ def main() -> None:
                 "older version (step 100 of 150)": copy.deepcopy(older),
             }
             total = args.cheat_units * args.unit_samples
-            prompts = models.prompt_fn(total, 77)
-            seeds = list(range(5000, 5000 + total))
+            prompts = models.prompt_fn(total, 77 + args.seed)
+            seeds = list(range(5000 + args.seed * 1_000_000, 5000 + args.seed * 1_000_000 + total))
             worker = attacks.Worker(engines.torch, KEY, params, 7, DIGEST)
             results["cheats"] = {}
             for name, cheat_model in cheaters.items():

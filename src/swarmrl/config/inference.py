@@ -47,6 +47,7 @@ class InferenceConfig(Section):
         None,
         description="dtype workers and validators generate, replay and prove in (the verifier "
         "is calibrated in it); None = model.dtype. Lower than the trainer's (bfloat16 under a "
-        "float32 trainer) it is the engine mismatch rl.correction is for",
+        "float32 trainer) it is the engine mismatch rl.correction is for; in bfloat16 raise "
+        "toploc.calibration_samples (docs/toploc.md)",
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)
