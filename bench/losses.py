@@ -12,6 +12,7 @@ of the per-seed differences to the default ``clip`` of the same run (accuracy: p
 time: ratio).
 
     python bench/losses.py --steps 10 --seeds 0 1 2 [--losses clip dapo] [--set key=value ...]
+    python bench/losses.py --losses clip clip+tis_token clip+mask_sequence --set inference.dtype=bfloat16
     python bench/losses.py --steps 8 --seeds 0 1 --set eval.every=1 --plot losses.png
     python bench/losses.py --config configs/gym_arith.toml --steps 40 --seeds 0 1 --set eval.every=10
 
@@ -72,16 +73,31 @@ def warm_start(config_file: str, overrides: list[str]) -> str:
     return str(ensure_warm_start(config, env).path)
 
 
+CORRECTIONS = ("tis_token", "tis_sequence", "mask_token", "mask_sequence")
+
+
+def arm(text: str) -> str:
+    """``LOSS`` or ``LOSS+CORRECTION`` (argparse type: a misspelt arm fails before any run)."""
+    loss, _, correction = text.partition("+")
+    if loss not in LOSSES or (correction and correction not in CORRECTIONS):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a loss of {', '.join(LOSSES)}, optionally +{'/+'.join(CORRECTIONS)}"
+        )
+    return text
+
+
 def one_run(config_file: str, overrides: list[str], loss: str, seed: int) -> dict:
     from swarmrl.trainer.colocated import run_colocated
 
+    name, _, correction = loss.partition("+")
     config = load_config(
         [config_file],
         [
             *overrides,
-            f"rl.loss={json.dumps(loss)}",
+            f"rl.loss={json.dumps(name)}",
             f"run.seed={seed}",
-            *LOSS_SETTINGS.get(loss, []),
+            *LOSS_SETTINGS.get(name, []),
+            *([f"rl.correction={json.dumps(correction)}"] if correction else []),
         ],
     )
     result = run_colocated(config).result
@@ -223,7 +239,14 @@ def main() -> None:
     parser.add_argument("--out", default="bench/losses.json")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    parser.add_argument(
+        "--losses",
+        nargs="+",
+        default=list(LOSSES),
+        type=arm,
+        help="losses, or LOSS+CORRECTION arms (clip+tis_token): the corrections act where the "
+        "generator's engine differs from the trainer's (--set inference.dtype=bfloat16)",
+    )
     parser.add_argument("--target", type=float, default=0.8, help="held-out accuracy to reach")
     parser.add_argument("--plot", help="with eval.every > 0: held-out accuracy per step, PNG")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
