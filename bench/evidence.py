@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from cross_engine import generate
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
@@ -51,15 +52,6 @@ from toploc_cases import DIGEST, build_models
 PAIRINGS = ("torch->torch", "vllm->torch", "vllm->vllm", "torch->vllm")
 KEY = KeyPair.from_seed(bytes(32))
 BATCH = 8
-
-
-def generate(engine: Any, prompts, params, seeds) -> list:
-    out = []
-    for start in range(0, len(prompts), BATCH):
-        out += engine.generate(
-            prompts[start : start + BATCH], params, seeds[start : start + BATCH], return_hidden=True
-        )
-    return out
 
 
 class Engines:
@@ -169,7 +161,7 @@ def main() -> None:
             for w in workers:
                 prompts = models.prompt_fn(args.calibration, 900)
                 seeds = list(range(900_000, 900_000 + args.calibration))
-                gens = generate(engines.get(w), prompts, params, seeds)
+                gens = generate(engines.get(w), prompts, params, seeds, BATCH)
                 for wv, v in pairs:
                     if wv == w:
                         measured.extend(measure(engines.get(v), gens, params, cfg))
@@ -193,7 +185,9 @@ def main() -> None:
             for w in workers:
                 prompts = models.prompt_fn(total, args.seed)
                 first = args.seed * 10_000_000
-                gens = generate(engines.get(w), prompts, params, list(range(first, first + total)))
+                gens = generate(
+                    engines.get(w), prompts, params, list(range(first, first + total)), BATCH
+                )
                 worker = attacks.Worker(engines.get(w), KEY, params, 7, DIGEST)
                 for wv, v in pairs:
                     if wv != w:
@@ -213,7 +207,9 @@ def main() -> None:
             worker = attacks.Worker(engines.torch, KEY, params, 7, DIGEST)
             results["cheats"] = {}
             for name, cheat_model in cheaters.items():
-                gens = generate(TorchEngine(cheat_model, models.tokenizer), prompts, params, seeds)
+                gens = generate(
+                    TorchEngine(cheat_model, models.tokenizer), prompts, params, seeds, BATCH
+                )
                 for v in sorted(verifiers):
                     row = judge_units(verifiers[v], worker, gens, args.unit_samples, cfg, True)
                     results["cheats"][f"{name} -> {v}"] = row

@@ -76,30 +76,41 @@ def warm_start(config_file: str, overrides: list[str]) -> str:
 CORRECTIONS = ("tis_token", "tis_sequence", "mask_token", "mask_sequence")
 
 
-def arm(text: str) -> str:
-    """``LOSS`` or ``LOSS+CORRECTION`` (argparse type: a misspelt arm fails before any run)."""
-    loss, _, correction = text.partition("+")
+def arm_settings(arm: str) -> list[str]:
+    """``LOSS`` or ``LOSS+CORRECTION`` (e.g. ``clip+tis_token``) as config overrides;
+    ``ValueError`` for anything else."""
+    loss, _, correction = arm.partition("+")
     if loss not in LOSSES or (correction and correction not in CORRECTIONS):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a loss of {', '.join(LOSSES)}, optionally +{'/+'.join(CORRECTIONS)}"
+        raise ValueError(
+            f"{arm!r}: a loss of {', '.join(LOSSES)}, optionally +{'/+'.join(CORRECTIONS)}"
         )
+    settings = [f"rl.loss={json.dumps(loss)}", *LOSS_SETTINGS.get(loss, [])]
+    return settings + ([f"rl.correction={json.dumps(correction)}"] if correction else [])
+
+
+def parse_arm(text: str) -> str:
+    """argparse type of an arm: a misspelt one fails before any run."""
+    try:
+        arm_settings(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
     return text
+
+
+def interleaved(arms: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """Every (arm, seed), seed by seed, each seed starting one arm later: neither a change in
+    load nor the process's first run falls on one arm alone."""
+    return [
+        (a, seed)
+        for i, seed in enumerate(seeds)
+        for a in arms[i % len(arms) :] + arms[: i % len(arms)]
+    ]
 
 
 def one_run(config_file: str, overrides: list[str], loss: str, seed: int) -> dict:
     from swarmrl.trainer.colocated import run_colocated
 
-    name, _, correction = loss.partition("+")
-    config = load_config(
-        [config_file],
-        [
-            *overrides,
-            f"rl.loss={json.dumps(name)}",
-            f"run.seed={seed}",
-            *LOSS_SETTINGS.get(name, []),
-            *([f"rl.correction={json.dumps(correction)}"] if correction else []),
-        ],
-    )
+    config = load_config([config_file], [*overrides, f"run.seed={seed}", *arm_settings(loss)])
     result = run_colocated(config).result
     # an evaluation "during" RL at step s is taken after s optimizer steps (trainer.loop)
     curve = [(0, result.evals["before"]["accuracy"])]
@@ -243,7 +254,7 @@ def main() -> None:
         "--losses",
         nargs="+",
         default=list(LOSSES),
-        type=arm,
+        type=parse_arm,
         help="losses, or LOSS+CORRECTION arms (clip+tis_token): the corrections act where the "
         "generator's engine differs from the trainer's (--set inference.dtype=bfloat16)",
     )
@@ -261,11 +272,7 @@ def main() -> None:
     base = [*QUICK, f"rl.steps={args.steps}", *args.overrides]
     warm = warm_start(args.config, base)
     pinned = [*base, f"model.path={json.dumps(warm)}", "model.warm_start=false"]
-    order = [
-        (loss, seed)
-        for i, seed in enumerate(args.seeds)
-        for loss in args.losses[i % len(args.losses) :] + args.losses[: i % len(args.losses)]
-    ]
+    order = interleaved(args.losses, args.seeds)
     runs = []
     for n, (loss, seed) in enumerate(order, 1):
         runs.append(one_run(args.config, pinned, loss, seed))

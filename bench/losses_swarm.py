@@ -34,10 +34,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from losses import LOSS_SETTINGS, LOSSES, low_after, plot, spread, steps_text, steps_to, warm_start
+from losses import (
+    LOSSES,
+    arm_settings,
+    interleaved,
+    low_after,
+    parse_arm,
+    plot,
+    spread,
+    steps_text,
+    steps_to,
+    warm_start,
+)
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 
-CORRECTIONS = ("tis_token", "tis_sequence", "mask_token", "mask_sequence")
 # the embedded config's task, model, warm start and lr; 8 prompts a step instead of 32 (at 16,
 # bench/losses.py's batch, one swarm step took held-out accuracy from 48 % to 80 %: nothing left
 # to tell the losses apart by steps); a held-out evaluation every step; no SFT control (it runs
@@ -51,17 +61,6 @@ QUICK = [
     "swarm.workers=2",
     "swarm.ready_timeout_s=300",
 ]
-
-
-def arm_settings(arm: str) -> list[str]:
-    """``LOSS`` or ``LOSS+CORRECTION`` (e.g. ``clip+tis_token``) as config overrides."""
-    loss, _, correction = arm.partition("+")
-    if loss not in LOSSES or (correction and correction not in CORRECTIONS):
-        raise SystemExit(
-            f"--arms: {arm!r} is not LOSS or LOSS+CORRECTION ({LOSSES}, {CORRECTIONS})"
-        )
-    settings = [f"rl.loss={json.dumps(loss)}", *LOSS_SETTINGS.get(loss, [])]
-    return settings + ([f"rl.correction={json.dumps(correction)}"] if correction else [])
 
 
 def one_run(overrides: list[str], arm: str, seed: int, work: Path, timeout_s: float) -> dict:
@@ -162,6 +161,7 @@ def main() -> None:
         "--arms",
         nargs="+",
         default=[*LOSSES, "clip+tis_token"],
+        type=parse_arm,
         help="LOSS or LOSS+CORRECTION (rl.correction), e.g. clip+tis_token",
     )
     parser.add_argument("--target", type=float, default=0.8, help="held-out accuracy to reach")
@@ -181,23 +181,17 @@ def main() -> None:
         return
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="swarmrl-losses-swarm-"))
-    for arm in args.arms:
-        arm_settings(arm)  # a misspelt arm fails before any run
     base = [*QUICK, f"rl.steps={args.steps}", *args.overrides]
     pinned = [*base, f"model.path={json.dumps(warm_start(str(EMBEDDED_DEFAULT), base))}"]
     runs = []
-    for i, seed in enumerate(args.seeds):
-        order = args.arms[i % len(args.arms) :] + args.arms[: i % len(args.arms)]
-        for arm in order:
-            runs.append(one_run(pinned, arm, seed, work, args.timeout))
-            print(
-                f"{arm} seed {seed}: {runs[-1]['curve']} mismatch_kl "
-                f"{runs[-1]['mismatch_kl']:.2e} wall {runs[-1]['wall_s']:.0f} s",
-                flush=True,
-            )
-            Path(args.out).write_text(
-                json.dumps({"overrides": pinned, "runs": runs}, indent=2) + "\n"
-            )
+    for name, seed in interleaved(args.arms, args.seeds):
+        runs.append(one_run(pinned, name, seed, work, args.timeout))
+        print(
+            f"{name} seed {seed}: {runs[-1]['curve']} mismatch_kl "
+            f"{runs[-1]['mismatch_kl']:.2e} wall {runs[-1]['wall_s']:.0f} s",
+            flush=True,
+        )
+        Path(args.out).write_text(json.dumps({"overrides": pinned, "runs": runs}, indent=2) + "\n")
     report(runs, pinned, args)
     print(
         f"total {time.perf_counter() - started:.0f} s; figures in {args.out}, plot {args.plot}, "

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from losses import interleaved
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 
 ARMS = {
@@ -112,14 +113,12 @@ def main() -> None:
     overrides = [*BASE, f"rl.steps={args.steps}", f"swarm.workers={args.workers}", *args.overrides]
     work = Path(tempfile.mkdtemp(prefix="swarmrl-release-"))
     runs = []
-    for i, seed in enumerate(args.seeds):
-        order = args.arms[i % len(args.arms) :] + args.arms[: i % len(args.arms)]
-        for arm in order:
-            runs.append(one_run(overrides, arm, seed, work, args.timeout))
-            print(json.dumps(runs[-1]), flush=True)
-            Path(args.out).write_text(
-                json.dumps({"overrides": overrides, "runs": runs}, indent=1) + "\n"
-            )
+    for arm, seed in interleaved(args.arms, args.seeds):
+        runs.append(one_run(overrides, arm, seed, work, args.timeout))
+        print(json.dumps(runs[-1]), flush=True)
+        Path(args.out).write_text(
+            json.dumps({"overrides": overrides, "runs": runs}, indent=1) + "\n"
+        )
     report(runs)
     print(f"figures in {args.out}; runs in {work}")
 

@@ -33,7 +33,12 @@ from swarmrl.protocol.pool import (
     Requirements,
     Submission,
 )
-from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
+from swarmrl.testing.pool_nodes import (
+    CPU_NODE,
+    NEVER_SILENT,
+    local_orchestrator,
+    synthetic_samples,
+)
 
 POOL = "secure"
 
@@ -45,8 +50,9 @@ def env(tmp_path_factory):
     # beats written at once: the tests compare the database before and after refused requests,
     # which a flush of an earlier test's beats in between would change; and silence never moves
     # a node during the module (a loaded machine can take longer than the default 15 s)
-    silence = dict(unhealthy_after_s=3600, dead_after_s=7200, eject_after_s=10800)
-    cfg = PoolConfig(max_body_bytes=64 << 10, request_window_s=30, heartbeat_flush_s=0, **silence)
+    cfg = PoolConfig(
+        max_body_bytes=64 << 10, request_window_s=30, heartbeat_flush_s=0, **NEVER_SILENT
+    )
     with local_orchestrator(run, orch, cfg) as server:
         spec = PoolSpec(
             pool_id=POOL,

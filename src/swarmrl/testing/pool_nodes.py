@@ -63,14 +63,19 @@ def local_orchestrator(
         yield server
 
 
+# pool settings under which silence never moves a node (unhealthy, dead, ejected) in a test's time
+NEVER_SILENT = {"unhealthy_after_s": 3600, "dead_after_s": 7200, "eject_after_s": 10800}
+
+
 @contextlib.contextmanager
 def quiet_pool(run_dir: str | Path, pool_id: str) -> Iterator[tuple[OrchestratorServer, KeyPair]]:
     """A local orchestrator holding one small pool ``pool_id`` whose nodes are never judged
     unhealthy, dead or ejected for silence (heartbeats applied at once): ``(server, owner)``,
     the owner's key signing invites."""
     orch, owner = KeyPair.generate(), KeyPair.generate()
-    quiet = dict(unhealthy_after_s=3600, dead_after_s=7200, eject_after_s=10800)
-    with local_orchestrator(run_dir, orch, PoolConfig(heartbeat_flush_s=0, **quiet)) as server:
+    with local_orchestrator(
+        run_dir, orch, PoolConfig(heartbeat_flush_s=0, **NEVER_SILENT)
+    ) as server:
         spec = PoolSpec(
             pool_id=pool_id,
             owner_key=owner.public_key_hex,
