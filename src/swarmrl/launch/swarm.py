@@ -31,6 +31,7 @@ Knows how to wire roles together; nothing about what they compute.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -369,25 +370,44 @@ def redraw(display: LiveDisplay, sup: Supervisor, plan: SwarmPlan) -> None:
 
 class StepRows:
     """The trainer's step rows (``trainer/steps.jsonl``, one JSON line per finished step), read
-    as they are appended: a line still being written waits for the next read; a file rewritten
-    shorter (a restarted trainer writes its history again) is read again from its start."""
+    as they are appended: a line still being written waits for the next read; a file replaced
+    (a restarted trainer puts its history in place as a new file) or cut shorter is read again
+    from its start, and so is one whose text at the offset is not a whole row."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.rows: list[dict[str, Any]] = []
         self._offset = 0
+        self._identity: tuple[int, int] | None = None
 
     def read(self) -> list[dict[str, Any]]:
         try:
             with self.path.open("rb") as f:
-                if f.seek(0, 2) < self._offset:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
                     self.rows, self._offset = [], 0
+                    self._identity = (st.st_dev, st.st_ino)
                 f.seek(self._offset)
                 data = f.read()
+                if self._offset:
+                    try:
+                        return self._take(data)
+                    except ValueError:  # rewritten in place under the offset: start over
+                        self.rows, self._offset = [], 0
+                        f.seek(0)
+                        data = f.read()
         except FileNotFoundError:
             return self.rows
+        try:
+            return self._take(data)
+        except ValueError:  # not rows (yet): shown as none rather than crashing the display
+            self.rows, self._offset = [], 0
+            return self.rows
+
+    def _take(self, data: bytes) -> list[dict[str, Any]]:
         complete = data[: data.rfind(b"\n") + 1]
-        self.rows += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        self.rows += rows
         self._offset += len(complete)
         return self.rows
 

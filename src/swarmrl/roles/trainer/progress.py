@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -57,8 +58,11 @@ def role_hooks(
     rows of the steps before a resume; ``policy_dir`` gets the policy once RL ends."""
     waited = [0.0, 0.0]  # seconds waiting for rollouts, seconds in steps
     control_began = [0.0]  # monotonic clock when the control arm began
-    with steps_file.open("w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in history)
+    # a new file put in place whole: a reader following the old one by its offset sees it
+    # replaced (another inode), never a shorter history rewritten under its offset
+    scratch = steps_file.with_name(f".{steps_file.name}.tmp")
+    scratch.write_text("".join(json.dumps(row) + "\n" for row in history))
+    os.replace(scratch, steps_file)
 
     def on_step(row: dict[str, Any]) -> None:
         history.append(row)
