@@ -111,6 +111,7 @@ class _Case:
     moduli: np.ndarray | None = None
     coeffs: np.ndarray | None = None
     prefill: Prefill | None = None
+    scorer: Scorer | None = None
     reasons: list[Rejection] = field(default_factory=list)
 
     def reject(self, code: RejectionCode, detail: str) -> None:
@@ -149,19 +150,21 @@ class Verifier:
         self,
         items: Sequence[tuple[Any, Any, Any]],
         shared: Sequence[Hashable | None] | None = None,
+        scorers: Sequence[Scorer | None] | None = None,
     ) -> list[ProofVerdict]:
         """Verdicts for many samples; the hidden-state comparison runs as one batch.
 
         ``shared``: one key per item; items with the same key whose sequences extend one
         another (an episode segment's model calls) are replayed by one prefill
-        (``swarmrl.toploc.prefill.prefill_many``).
+        (``swarmrl.toploc.prefill.prefill_many``). ``scorers``: one per item, in place of the
+        verifier's own (items of several submissions, each scored by its own tasks).
 
         Input that slips past every specific check and still breaks a stage becomes a
         "replay" rejection (the validator's own failure, logged with its traceback) rather
         than an exception: one bad sample must not take the validator down.
         """
         try:
-            return self._check_many(items, shared)
+            return self._check_many(items, shared, scorers)
         except Exception as exc:  # recovery intended: see docstring
             log.exception("verifier failed on a batch of %d samples", len(items))
             detail = f"validator error: {type(exc).__name__}: {exc}"[:2000]
@@ -171,9 +174,14 @@ class Verifier:
             ]
 
     def _check_many(
-        self, items: Sequence[tuple[Any, Any, Any]], shared: Sequence[Hashable | None] | None
+        self,
+        items: Sequence[tuple[Any, Any, Any]],
+        shared: Sequence[Hashable | None] | None,
+        scorers: Sequence[Scorer | None] | None,
     ) -> list[ProofVerdict]:
         cases = [self._screen(b, c, a) for b, c, a in items]
+        for case, scorer in zip(cases, scorers or [self.scorer] * len(cases), strict=True):
+            case.scorer = scorer
         keys = [None] * len(cases) if shared is None else list(shared)
         todo = [c for c in cases if not c.reasons]
         todo_keys = [k for c, k in zip(cases, keys, strict=True) if not c.reasons]
@@ -439,10 +447,10 @@ class Verifier:
     def _reward(self, case: _Case) -> float | None:
         claim = case.claim
         assert claim is not None
-        if self.scorer is None:
+        if case.scorer is None:
             return None
         try:
-            reward = float(self.scorer(claim.prompt_tokens, claim.output_tokens))
+            reward = float(case.scorer(claim.prompt_tokens, claim.output_tokens))
         except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
             case.reject("reward", f"scorer failed on this completion: {exc}")
             return None

@@ -26,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--work-dir", default=None, help="weights cache (default: ./validator-NAME)"
     )
-    parser.add_argument("--claim", type=int, default=4, help="submissions claimed at once")
+    parser.add_argument(
+        "--claim", type=int, default=4, help="submissions claimed at once (judged together)"
+    )
     return parser
 
 

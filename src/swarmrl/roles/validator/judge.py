@@ -1,4 +1,4 @@
-"""Judge one pending submission: rebuild each sample's assignment, replay it, decide.
+"""Judge pending submissions: rebuild each sample's assignment, replay it, decide.
 
 For sample ``i`` of a work unit (tasks in lease order, G samples each) the trusted side knows
 the task (``task_indices[i // G]``), hence the prompt tokens, the seed (``sample_seed``), the
@@ -30,7 +30,7 @@ Knows nothing about HTTP; the caller fetches versions and posts verdicts.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -46,7 +46,7 @@ from swarmrl.protocol.seeds import derive_seed, sample_seed
 from swarmrl.protocol.verdicts import PendingSubmission, Verdict
 from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.evidence import NodeEvidence, unit_measures
-from swarmrl.toploc.verify import Verifier
+from swarmrl.toploc.verify import Scorer, Verifier
 from swarmrl.trainer.episode_check import replay_episode
 
 MAX_REASONS = 8
@@ -205,12 +205,91 @@ def judge(
     pool's record of the node. ``evidence``: records kept in this process instead (a judge
     without a pool); the unit that makes its node's exceed the limit is rejected hard with the
     evidence as its reason."""
-    work = pending.work
-    g = work.samples_per_task
-    tasks: list[Task] = []
+    return judge_many([pending], env, version_of, toploc, evidence)[0]
+
+
+@dataclass
+class _Unit:
+    """One submission on its way through ``judge_many``."""
+
+    pending: PendingSubmission
+    tasks: list[Task]
+    verdicts: dict[int, list[ProofVerdict]] = field(default_factory=dict)  # one per model call
+    rewards: dict[int, float] = field(default_factory=dict)  # episodes', recomputed
+    thresholds: ToplocConfig | None = None  # as the verifier applied them
+    done: Judgement | None = None
+
+
+def judge_many(
+    pendings: Sequence[PendingSubmission],
+    env: Environment,
+    version_of: Callable[[int], LoadedVersion],
+    toploc: ToplocConfig,
+    evidence: NodeEvidence | None = None,
+) -> list[Judgement]:
+    """``judge`` on each of ``pendings``, in order. The samples of every submission at one
+    policy version are replayed together: one batched prefill for several small units costs
+    little more than one (``bench/replay_batch.py``). Each submission is judged on its own
+    samples alone: a rejected one leaves the others' verdicts as they would be alone, and a
+    failure of the validator's own replay defers only the submissions it touched."""
+    units = [_Unit(p, []) for p in pendings]
+    by_version: dict[int, list[tuple[_Unit, list[int]]]] = {}
+    for unit in units:
+        unit.done = _assigned_tasks(unit, env)
+        if unit.done is not None:
+            continue
+        indices: dict[int, list[int]] = {}
+        for i, sample in enumerate(unit.pending.samples):
+            indices.setdefault(sample.policy_version, []).append(i)
+        for version, idx in indices.items():
+            by_version.setdefault(version, []).append((unit, idx))
+    for version, parts in by_version.items():
+        try:
+            loaded = version_of(version)
+        except VersionGone as exc:
+            for unit, _ in parts:
+                if unit.done is None:
+                    unit.done = _reject(unit.pending, [f"cannot be replayed: {exc}"], "soft")
+            continue
+        batch: list[tuple[_Unit, Item, Scorer | None]] = []
+        for unit, idx in parts:
+            if unit.done is not None:
+                continue
+            if isinstance(env, MultiTurnEnvironment):
+                checked = _episode_items(unit.pending, env, loaded, unit.tasks, idx, unit.rewards)
+                if isinstance(checked, Judgement):
+                    unit.done = checked
+                    continue
+                items, scorer = checked, None  # an episode's reward is its whole transcript's
+            else:
+                items, scorer = _sample_items(unit.pending, loaded, unit.tasks, idx, env)
+            batch += [(unit, item, scorer) for item in items]
+        verifier = Verifier(
+            loaded.engine,
+            toploc,
+            eos_token_ids=[loaded.tokenizer.eos_token_id],
+            vocab_size=len(loaded.tokenizer),
+        )
+        checked_items = verifier.check_many(
+            [x for _, (_, x, _), _ in batch],
+            [(id(unit), k) if k is not None else None for unit, (_, _, k), _ in batch],
+            [scorer for _, _, scorer in batch],
+        )
+        for (unit, (i, _, _), _), verdict in zip(batch, checked_items, strict=True):
+            unit.verdicts.setdefault(i, []).append(verdict)
+            unit.thresholds = verifier.config
+    return [unit.done or _decide(unit, env, toploc, evidence) for unit in units]
+
+
+def _assigned_tasks(unit: _Unit, env: Environment) -> Judgement | None:
+    """Fills ``unit.tasks`` with each sample's task as the lease assigned it; a sample on
+    another task is the unit's rejection."""
+    pending = unit.pending
+    g = pending.work.samples_per_task
     by_index: dict[int, Task] = {}
     for i, sample in enumerate(pending.samples):
-        expected = work.task_indices[i // g] if i // g < len(work.task_indices) else None
+        indices = pending.work.task_indices
+        expected = indices[i // g] if i // g < len(indices) else None
         if sample.task_index != expected:
             return _reject(
                 pending,
@@ -218,36 +297,16 @@ def judge(
             )
         if sample.task_index not in by_index:  # a task's G samples share it
             by_index[sample.task_index] = env.task("train", sample.task_index)
-        tasks.append(by_index[sample.task_index])
-    by_version: dict[int, list[int]] = {}
-    for i, sample in enumerate(pending.samples):
-        by_version.setdefault(sample.policy_version, []).append(i)
-    verdicts: dict[int, list[ProofVerdict]] = {}  # by sample: one per model call
-    rewards: dict[int, float] = {}  # episodes' rewards, from the recomputed transcripts
-    thresholds = toploc  # as the verifier applies them (a calibration file's, where set)
-    for version, indices in by_version.items():
-        try:
-            loaded = version_of(version)
-        except VersionGone as exc:
-            return _reject(pending, [f"cannot be replayed: {exc}"], severity="soft")
-        if isinstance(env, MultiTurnEnvironment):
-            checked = _episode_items(pending, env, loaded, tasks, indices, rewards)
-            if isinstance(checked, Judgement):
-                return checked
-            items, scorer = checked, None  # an episode's reward is its whole transcript's
-        else:
-            items, scorer = _sample_items(pending, loaded, tasks, indices, env)
-        verifier = Verifier(
-            loaded.engine,
-            toploc,
-            eos_token_ids=[loaded.tokenizer.eos_token_id],
-            vocab_size=len(loaded.tokenizer),
-            scorer=scorer,
-        )
-        thresholds = verifier.config
-        checked_items = verifier.check_many([x for _, x, _ in items], [k for _, _, k in items])
-        for (i, _, _), verdict in zip(items, checked_items, strict=True):
-            verdicts.setdefault(i, []).append(verdict)
+        unit.tasks.append(by_index[sample.task_index])
+    return None
+
+
+def _decide(
+    unit: _Unit, env: Environment, toploc: ToplocConfig, evidence: NodeEvidence | None
+) -> Judgement:
+    """The verdict on a replayed unit from its samples' verdicts."""
+    pending, verdicts = unit.pending, unit.verdicts
+    thresholds = unit.thresholds or toploc
     calls = [v for i in range(len(pending.samples)) for v in verdicts[i]]
     own_failures = [v for v in calls if not v.accepted and v.codes == {"replay"}]
     if own_failures:
@@ -279,7 +338,7 @@ def judge(
         evidence=measures or None,
     )
     scored = [
-        rewards[i] if episodes else (verdicts[i][0].reward or 0.0)
+        unit.rewards[i] if episodes else (verdicts[i][0].reward or 0.0)
         for i in range(len(pending.samples))
     ]
     return Judgement(verdict, scored)

@@ -35,7 +35,7 @@ from swarmrl.rolekit.toolkit import (
     retry,
     setup_logging,
 )
-from swarmrl.roles.validator.judge import judge
+from swarmrl.roles.validator.judge import judge_many
 from swarmrl.shardcast import WeightClient
 
 # Engines kept loaded, by backend. A version beyond that is swapped into the least recently used
@@ -181,11 +181,12 @@ def run(
                     if time.monotonic() - asked < CLAIM_PAUSE_S:  # not held: do not spin
                         stop.wait(CLAIM_PAUSE_S)
                     continue
-                for sub in pending:
-                    status.set(state=f"replaying {sub.submission_id[:8]}")
-                    started = time.perf_counter()
-                    result = judge(sub, env, versions, config.toploc)
-                    status.add(replay_seconds=time.perf_counter() - started, replays=1)
+                # the claimed units replay together: a batch costs little more than one
+                status.set(state=f"replaying {len(pending)} submission(s)")
+                started = time.perf_counter()
+                results = judge_many(pending, env, versions, config.toploc)
+                status.add(replay_seconds=time.perf_counter() - started, replays=len(pending))
+                for sub, result in zip(pending, results, strict=True):
                     if result.verdict is None:
                         log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
                         status.add(deferred=1)
