@@ -175,11 +175,3 @@ def test_verifiers_v1_names_the_version_it_needs(vf_module):
     with pytest.raises(ConfigError, match=r"needs verifiers>=0.4,<0.5 \(installed: 0\.") as info:
         build_env(EnvConfig(name="verifiers_v1", verifiers_env=vf_module))
     assert "\n" not in str(info.value)
-
-
-def test_a_run_refuses_verifiers_v1_in_one_line():
-    from swarmrl.config import EMBEDDED_DEFAULT, load_config
-
-    with pytest.raises(ConfigError, match="a run does not play harness episodes yet") as info:
-        load_config([EMBEDDED_DEFAULT], ["env.name=verifiers_v1", "env.verifiers_env=x"])
-    assert "\n" not in str(info.value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from swarmrl.config.base import Section
 from swarmrl.config.env import EnvConfig
@@ -40,13 +40,3 @@ class SwarmConfig(Section):
         """The dtype the policy generates and is replayed in: ``inference.dtype``, else the
         trainer's ``model.dtype``."""
         return self.inference.dtype or self.model.dtype
-
-    @field_validator("env")
-    @classmethod
-    def _a_run_plays_it(cls, env: EnvConfig) -> EnvConfig:
-        if env.name == "verifiers_v1":
-            raise ValueError(
-                "env.name = 'verifiers_v1': a run does not play harness episodes yet; play them "
-                "with swarmrl.envs.vf1 (docs/tasks.md)"
-            )
-        return env

@@ -192,7 +192,11 @@ class MultiTurnEnvironment(Environment):
 def require_recomputable(env: Environment) -> None:
     """:class:`ConfigError` in one line for a multi-turn environment whose turns the trusted
     side cannot recompute (``recomputable``): untrusted workers' claims about it could not be
-    checked. Single-turn environments and recomputable ones pass."""
+    checked. Single-turn environments and recomputable ones pass; an environment played by a
+    harness program (``untrusted_refusal``, ``swarmrl.envs.vf1``) is refused with its own line."""
+    refusal = getattr(env, "untrusted_refusal", None)
+    if refusal:
+        raise ConfigError(refusal)
     if isinstance(env, MultiTurnEnvironment) and not env.recomputable:
         raise ConfigError(
             f"env {env.name!r} has environment turns the trusted side cannot recompute (a tool "

@@ -67,8 +67,7 @@ from swarmrl.protocol.episodes import Episode, ModelCall, episode_from_calls
 
 UNTRUSTED_REFUSAL = (
     "env.name = 'verifiers_v1': its environment turns are written by a harness program on the "
-    "worker and cannot be recomputed from task, seed and model turns; run it colocated or with "
-    "trusted workers"
+    "worker and cannot be recomputed from task, seed and model turns; run it with --colocated"
 )
 
 

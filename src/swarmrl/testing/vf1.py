@@ -2,7 +2,8 @@
 downloads): what the tests and the benchmark of ``swarmrl.envs.vf1`` play.
 
 The taskset, ``swarmrl_vf1_sums``: ten sums ``a+(a+1)=``, rewarded when the last reply is the
-answer. Its harness is a Python program run by verifiers' subprocess runtime that talks to the
+answer (or, with the taskset's ``dense = true``, by the share of the last reply's characters
+that are digits: a signal a random policy meets, for training tests). Its harness is a Python program run by verifiers' subprocess runtime that talks to the
 interception like any OpenAI client; its ``mode``: ``check`` asks once more after the first
 answer (an environment turn), ``tools`` offers a calculator and runs the calls the model makes,
 ``crash`` exits 3, ``hang`` never returns. The policy: a character tokenizer with the two
@@ -12,6 +13,7 @@ tool turns.
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -20,7 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
-from swarmrl.model import build_char_tokenizer, create_tiny_model
+from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
 
 TASKSET_ID = "swarmrl_vf1_sums"
 
@@ -68,18 +70,27 @@ print("answered", len(messages))
 
 class SumData(vf.TaskData):
     answer: str
+    dense: bool = False
 
 
 class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
     @vf.reward
     async def correct(self, task, trace) -> float:
-        return 1.0 if trace.last_reply.strip() == task.answer else 0.0
+        reply = trace.last_reply.strip()
+        if task.dense:  # the share of the reply's characters that are digits
+            return sum(c.isdigit() for c in reply) / max(len(reply), 1)
+        return 1.0 if reply == task.answer else 0.0
 
 
-class SumTaskset(vf.Taskset[SumTask, vf.TasksetConfig]):
+class SumTasksetConfig(vf.TasksetConfig):
+    dense: bool = False
+
+
+class SumTaskset(vf.Taskset[SumTask, SumTasksetConfig]):
     def load(self):
         for a in range(10):
-            yield SumTask(SumData(prompt=f"{a}+{a + 1}=", answer=str(2 * a + 1)), self.config.task)
+            data = SumData(prompt=f"{a}+{a + 1}=", answer=str(2 * a + 1), dense=self.config.dense)
+            yield SumTask(data, self.config.task)
 
 
 class SumHarnessConfig(vf.HarnessConfig):
@@ -138,3 +149,64 @@ def char_policy(
     )
     torch.manual_seed(seed)
     return str(root), tokenizer, create_tiny_model(config.model.tiny, tokenizer)
+
+
+def write_run(
+    root: Path,
+    steps: int = 2,
+    prompts: int = 2,
+    group: int = 2,
+    lr: float = 3e-4,
+    eval_every: int = 1,
+    eval_samples: int = 1,
+    seed: int = 0,
+) -> tuple[Path, dict[str, str]]:
+    """A run config in ``root`` on the taskset (its dense reward, the ``check`` harness) and a
+    random :func:`char_policy` saved as ``model.path``; the environment variables a
+    ``swarmrl run`` process needs to import the taskset."""
+    (root / "taskset").mkdir(parents=True)
+    taskset = write_taskset(root / "taskset")
+    _, tokenizer, model = char_policy(root / "tokenizer", seed=seed)
+    save_policy(model, tokenizer, root / "policy")
+    config = root / "vf1.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [run]
+            name = "vf1"
+            seed = {seed}
+            run_dir = "{root / "runs"}"
+            cache_dir = "{root / "cache"}"
+
+            [env]
+            name = "verifiers_v1"
+            verifiers_env = "{taskset}"
+            verifiers_args = {{ dense = true }}
+            verifiers_harness_args = {{ mode = "check" }}
+            verifiers_timeout_s = 60
+            heldout_fraction = 0.2
+
+            [model]
+            path = "{root / "policy"}"
+            warm_start = false
+
+            [rl]
+            steps = {steps}
+            prompts_per_step = {prompts}
+            group_size = {group}
+            lr = {lr}
+            online_filter = false
+
+            [rl.sampling]
+            max_new_tokens = 6
+
+            [eval]
+            n = 2
+            every = {eval_every}
+            samples = {eval_samples}
+            control = false
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "taskset"), *sys.path])}
+    return config, env

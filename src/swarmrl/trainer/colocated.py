@@ -48,7 +48,10 @@ def run_colocated(
     engine = policy_engine(config, learner.policy, learner.tokenizer, learner.device)
     try:
         sampler = RolloutSampler(env, engine, learner.tokenizer, config.rl, config.run.seed)
-        result = train(config, learner, EngineSource(sampler, learner.policy), hooks)
+        try:
+            result = train(config, learner, EngineSource(sampler, learner.policy), hooks)
+        finally:
+            sampler.close()
     finally:
         engine.close()
         learner.close()

@@ -222,11 +222,19 @@ def episode_groups(
     """``group_size`` scored episodes of each task (seeds task-major), run all at once."""
     flat = [t for t in tasks for _ in range(group_size)]
     states = run_episodes(env, engine, tokenizer, flat, seeds, params)
+    return grouped(tasks, [scored_episode(env, s)[:2] for s in states], policy_version)
+
+
+def grouped(
+    tasks: Sequence[Task], scored: Sequence[tuple[Episode, bool]], policy_version: int
+) -> list[Group]:
+    """The trainer's groups of ``scored`` (episode, correct) pairs, task-major: an equal
+    share of them for each task."""
+    size = len(scored) // len(tasks)
     groups = []
     for i, task in enumerate(tasks):
         group = Group(task)
-        for state in states[i * group_size : (i + 1) * group_size]:
-            episode, correct, _ = scored_episode(env, state)
+        for episode, correct in scored[i * size : (i + 1) * size]:
             group.completions += episode_completions(episode, policy_version, correct)
         groups.append(group)
     return groups

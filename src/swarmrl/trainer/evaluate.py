@@ -18,11 +18,13 @@ from transformers import PreTrainedTokenizerBase
 from swarmrl.config.rl import SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import MultiTurnEnvironment
+from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.inference.interface import Engine
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.trainer.episodes import evaluate_episodes
+from swarmrl.trainer.harness import HarnessPlayer
 from swarmrl.trainer.rollout import sampling_params
 
 EVAL_BATCH = 512  # prompts per engine call
@@ -84,6 +86,12 @@ def evaluate(
     greedy = SamplingParams(
         temperature=0.0, max_new_tokens=base.max_new_tokens, stop_token_ids=base.stop_token_ids
     )
+    if isinstance(env, VerifiersV1Env):
+        player = HarnessPlayer(env, engine, tokenizer)
+        try:
+            return player.evaluate(tasks, greedy, base, samples, seed)
+        finally:
+            player.close()
     if isinstance(env, MultiTurnEnvironment):
         return evaluate_episodes(env, engine, tokenizer, tasks, greedy, base, samples, seed)
     hits = correctness(env, engine, tokenizer, tasks, greedy, [0] * len(tasks))

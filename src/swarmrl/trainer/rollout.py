@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from swarmrl.config.rl import RLConfig, SamplingConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import MultiTurnEnvironment
+from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.inference.interface import Engine
 from swarmrl.model.prompts import encode_prompt
 from swarmrl.protocol import SamplingParams
@@ -31,6 +32,7 @@ from swarmrl.protocol.seeds import derive_seed
 from swarmrl.rl import fill_with_informative
 from swarmrl.trainer.batch import Group
 from swarmrl.trainer.episodes import episode_groups
+from swarmrl.trainer.harness import HarnessPlayer
 from swarmrl.trainer.source import Feed, StepRollouts, scored_completion
 
 
@@ -53,6 +55,14 @@ class RolloutSampler:
     ) -> None:
         self.env, self.engine, self.tokenizer, self.rl, self.seed = env, engine, tokenizer, rl, seed
         self.params = sampling_params(rl.sampling, tokenizer)
+        # a verifiers taskset's episodes are played by its harness (swarmrl.trainer.harness)
+        self.harness = (
+            HarnessPlayer(env, engine, tokenizer) if isinstance(env, VerifiersV1Env) else None
+        )
+
+    def close(self) -> None:
+        if self.harness is not None:
+            self.harness.close()
 
     def sample_groups(
         self, tasks: Sequence[Task], step: int, round_: int, policy_version: int
@@ -63,6 +73,8 @@ class RolloutSampler:
             for i in range(len(tasks))
             for j in range(g)
         ]
+        if self.harness is not None:
+            return self.harness.groups(tasks, g, seeds, self.params, policy_version)
         if isinstance(self.env, MultiTurnEnvironment):
             return episode_groups(
                 self.env, self.engine, self.tokenizer, tasks, g, seeds, self.params, policy_version
