@@ -5,6 +5,7 @@ environment's tasks)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.config.pool import PoolConfig
 from swarmrl.envs import build_env
+from swarmrl.errors import PeerError
 from swarmrl.identity import KeyPair
 from swarmrl.model import build_char_tokenizer
 from swarmrl.pool.client import PoolClient
@@ -28,8 +30,33 @@ POOL = "pf"
 G = 2
 
 
+class GatedAcks:
+    """A real client whose acknowledgements wait for ``gate`` (open unless closed): the test
+    holds one in flight."""
+
+    def __init__(self, client: PoolClient) -> None:
+        self.client, self.gate, self.posted = client, threading.Event(), []
+        self.gate.set()
+
+    def ack_batch(self, pool_id: str, ids: list[str]):
+        self.gate.wait(30)
+        self.posted.append(list(ids))
+        return self.client.ack_batch(pool_id, ids)
+
+
 @pytest.fixture
 def swarm(tmp_path):
+    yield from _swarm(tmp_path, acks=False)
+
+
+@pytest.fixture
+def swarm_acked(tmp_path):
+    """As ``swarm``, the acknowledgements posted off the step's path, on a client of their
+    own (``source.acks_client``, gated)."""
+    yield from _swarm(tmp_path, acks=True)
+
+
+def _swarm(tmp_path, acks: bool):
     config = load_config(
         [EMBEDDED_DEFAULT],
         ["rl.prompts_per_step=2", f"rl.group_size={G}", "rl.online_filter=false", "rl.steps=3",
@@ -56,6 +83,7 @@ def swarm(tmp_path):
         judge = PoolClient(server.url, validator)
         trainer = PoolClient(server.url, owner)
         announced: list[tuple[int, bool]] = []
+        gated = GatedAcks(PoolClient(server.url, owner)) if acks else None
         source = PoolSource(
             trainer,
             POOL,
@@ -65,7 +93,9 @@ def swarm(tmp_path):
             logging.getLogger("test"),
             StatusReporter("trainer", "trainer", None),
             lambda version, final: announced.append((version, final)),
+            gated,  # type: ignore[arg-type]
         )
+        source.acks_client = gated
 
         def accepted(n: int, version: int = 0) -> None:
             """``n`` one-task units generated with ``version``, submitted and accepted by the
@@ -228,3 +258,44 @@ def test_a_request_asks_for_the_shortfall_over_the_share_the_filter_kept():
     assert tasks_to_ask(5, [True, False]) == 10
     assert tasks_to_ask(3, [True, False, False]) == 9
     assert tasks_to_ask(4, [False] * 10) == 32  # never more than 8× the shortfall
+
+
+def test_acknowledgements_are_posted_off_the_steps_path(swarm_acked):
+    """A step's commit does not wait for its acknowledgement; until it is posted a checkpoint
+    keeps the ids among those to acknowledge; the run's last commit waits for every one."""
+    source, accepted, _, _ = swarm_acked
+    gated = source.acks_client
+    accepted(2)
+    assert len(source.next_batch(0, 0).groups) == 2
+    gated.gate.clear()  # the acknowledgement stays in flight
+    started = time.monotonic()
+    source.commit(0, 1)
+    assert time.monotonic() - started < 1.0  # not held up by it
+    used = set(source.state()["finished"])
+    assert len(used) == 2 and source.consumed == []
+    assert source.pool.metrics(POOL).submissions_by_status == {"leased": 2}
+    accepted(2)
+    source.next_batch(1, 1)  # the next step goes on meanwhile
+    gated.gate.set()
+    wait_until(lambda: len(source.consumed) == 2, "the acknowledgement", 20)
+    assert set(source.consumed) == used
+    assert not used & set(source.state()["finished"])  # only step 1's, used and uncommitted
+    source.commit(1, 2)
+    accepted(2)
+    source.next_batch(2, 2)
+    gated.gate.clear()
+    releaser = threading.Timer(0.5, gated.gate.set)
+    releaser.start()
+    source.commit(2, 3)  # the last: returns once its acknowledgement is posted
+    assert len(source.consumed) == 6
+    assert source.pool.metrics(POOL).submissions_by_status == {"trained": 6}
+
+
+def test_a_refused_acknowledgement_stops_the_trainer_at_its_next_commit(swarm_acked):
+    source, accepted, _, _ = swarm_acked
+    accepted(2)
+    source.next_batch(0, 0)
+    source._acknowledge(["0" * 32], "an id the pool never served")
+    wait_until(lambda: source._acker._error is not None, "the refusal", 20)
+    with pytest.raises(PeerError, match="no submissions"):
+        source.commit(0, 1)

@@ -270,6 +270,7 @@ def _run(
         with (
             PoolClient(args.orchestrator, keypair, timeout) as pool,
             PoolClient(args.orchestrator, keypair, timeout) as publishing,
+            PoolClient(args.orchestrator, keypair, timeout) as acks,
         ):
             announce = Announcer(origin, publishing, args.pool, learner, work, config, log, status)
             # the orchestrator hears that the run is over only once the last step's checkpoint
@@ -284,6 +285,7 @@ def _run(
                 log,
                 status,
                 lambda version, final: announce(version),
+                acks,
             )
             closing.extend([source.close, announce.close])
             continue_versions(learner, origin, source, announce, log, latest is not None)

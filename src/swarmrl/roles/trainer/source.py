@@ -50,6 +50,7 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import TrainableSubmission
 from swarmrl.rl import is_informative
 from swarmrl.rolekit.toolkit import StatusReporter, retry
+from swarmrl.roles.trainer.acks import Acknowledger
 from swarmrl.trainer.batch import Group
 from swarmrl.trainer.source import (
     Feed,
@@ -83,7 +84,10 @@ class PoolSource:
         log: logging.Logger,
         status: StatusReporter,
         announce: Callable[[int, bool], None],
+        acks: PoolClient | None = None,
     ) -> None:
+        """``acks``: a client of its own for the acknowledgements, which are then posted
+        off the step's path (``swarmrl.roles.trainer.acks``); None: posted in line."""
         self.pool, self.pool_id, self.env, self.tokenizer = pool, pool_id, env, tokenizer
         self.config, self.log, self.status, self.announce = config, log, status, announce
         self.holder = uuid.uuid4().hex  # this process's batch leases
@@ -119,6 +123,17 @@ class PoolSource:
         # batch's step in versions (step n trains version n and takes versions ≥ n −
         # async_level), so every step this source names to the pool is ``step + version_offset``
         self.version_offset = 0
+        self._acker = (
+            None
+            if acks is None
+            else Acknowledger(
+                lambda ids: acks.ack_batch(pool_id, ids),
+                self._acknowledged,
+                log,
+                give_up_s=config.swarm.give_up_s,
+                pause_s=config.swarm.retry_s,
+            )
+        )
 
     def next_batch(self, step: int, policy_version: int, early: Feed | None = None) -> StepRollouts:
         """Step ``step``'s groups; raises WaitTimeout when the pool stays starved. What the
@@ -190,6 +205,8 @@ class PoolSource:
             self._in_step = set()
             done, self._finished = self._finished, []
         self._acknowledge(done, f"the submissions step {step} used")
+        if final and self._acker is not None:  # the run's end is told after its last acks
+            self._acker.flush()
 
     def _claim_unused(self) -> list[str]:
         """Take the used-up submissions none of whose groups is in the uncommitted step (all
@@ -203,6 +220,9 @@ class PoolSource:
     def _acknowledge(self, ids: list[str], what: str) -> None:
         if not ids:
             return
+        if self._acker is not None:
+            self._acker.send(ids, what)
+            return
         swarm = self.config.swarm
         retry(
             lambda: self._call(lambda: self.pool.ack_batch(self.pool_id, ids)),
@@ -211,13 +231,19 @@ class PoolSource:
             give_up_s=swarm.give_up_s,
             pause_s=swarm.retry_s,
         )
+        self._acknowledged(ids)
+
+    def _acknowledged(self, ids: list[str]) -> None:
         with self._lock:
             self.consumed += ids
             self.acks.append((time.time(), len(ids)))
 
     def close(self) -> None:
-        """Stop the prefetch (what it holds stays leased and returns to the pool in time)."""
+        """Stop the prefetch (what it holds stays leased and returns to the pool in time) and
+        post the acknowledgements still queued."""
         self._stop_prefetch()
+        if self._acker is not None:
+            self._acker.close(self.config.swarm.peer_timeout_s + 5.0)
 
     def _start_prefetch(self, step: int) -> None:
         stop = threading.Event()
@@ -336,7 +362,8 @@ class PoolSource:
             "carry": list(self.carry),
             "consumed": list(self.consumed),
             "outstanding": dict(self._outstanding),
-            "finished": list(self._finished),
+            # sent for acknowledgement and not yet acknowledged: acknowledged again on resume
+            "finished": [*self._finished, *(self._acker.pending() if self._acker else [])],
             "served": sorted(self._served),
             "useful": sorted(self._useful),
             "stale_dropped": list(self.stale_dropped),
