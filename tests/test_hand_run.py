@@ -83,7 +83,18 @@ def test_a_trainer_started_by_hand_writes_the_run_directory_swarmrl_run_writes(t
         for name in plan.workers:
             start_worker(sup, plan, name)
         wait_for_version_0(sup, plan)
-        wait_until(lambda: not trainer.alive(), "the trainer to finish its run", 400)
+        # a role that fails leaves the trainer waiting for rollouts: stop at once, with its log
+        # (workers and validators leave with 0 once the run is finished, before the trainer)
+
+        def failed() -> dict[str, str]:
+            return {
+                name: role.log_tail()
+                for name, role in sup.roles.items()
+                if name != "trainer" and role.popen.poll() not in (None, 0)
+            }
+
+        wait_until(lambda: not trainer.alive() or failed(), "the trainer to finish its run", 400)
+        assert not failed(), f"a role failed before the trainer ended: {failed()}"
         assert trainer.popen.returncode == 0, trainer.log_tail()
 
         report = json.loads((run_dir / "report.json").read_text())
