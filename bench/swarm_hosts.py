@@ -5,8 +5,9 @@ with the page's command; needs root) of a small arith config; the scenarios are 
 ``--runs`` rounds (A, B, A, B…), and each is reported as median (range) over its runs:
 
 - ``clean``: the same hosts with no cap, delay or loss (the baseline; loopback-like);
-- ``wan``: both workers behind 20 Mbit/s each way, 150 ms RTT (75 ms each way, ±5 ms jitter),
-  1 % modelled loss and 2 % of connections reset (``swarmrl.testing.linkproxy``);
+- ``wan``: both workers behind 20 Mbit/s each way, 150 ms RTT (75 ms each way, ±5 ms jitter)
+  and 2 % of connections reset (``swarmrl.testing.linkproxy``), 1 % of their packets dropped
+  each way in the kernel (``Host.lose``: TCP retransmits them);
 - ``relay-tier``: the trainer's host (its origin) behind a 20 Mbit/s link with 150 ms RTT to
   every other host, the relay on the workers' side (their first weight source);
 - ``slow``: gpu2's worker held to 10 % of a core once it generates;
@@ -45,8 +46,9 @@ CONFIG = {
     "rl": {"steps": 8, "prompts_per_step": 16, "group_size": 4},
     "eval": {"n": 100, "control": False},  # held-out greedy accuracy before and after RL
 }
-WAN = {"delay_ms": 75, "jitter_ms": 5, "loss": 0.01, "reset_probability": 0.02}
+WAN = {"delay_ms": 75, "jitter_ms": 5, "reset_probability": 0.02}
 SLOW_LINK = {"up_mbit": 20, "down_mbit": 20}
+LOSSY_LINK = SLOW_LINK | {"loss": 0.01}
 FAR = {"delay_ms": 75, "jitter_ms": 5}
 
 
@@ -74,7 +76,7 @@ def _slow(deployment: Deployment, roles: dict[str, Started]) -> None:
 SCENARIOS: dict[str, dict[str, Any]] = {
     "clean": {},
     "wan": {
-        "links": {"gpu1.lan": SLOW_LINK, "gpu2.lan": SLOW_LINK},
+        "links": {"gpu1.lan": LOSSY_LINK, "gpu2.lan": LOSSY_LINK},
         "impair": {"gpu1.lan": WAN, "gpu2.lan": WAN},
     },
     "relay-tier": {

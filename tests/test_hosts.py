@@ -12,7 +12,13 @@ import time
 
 import pytest
 
-from swarmrl.testing.hosts import CGROUP_CPU, TestBed, cpu_unavailable_reason, unavailable_reason
+from swarmrl.testing.hosts import (
+    CGROUP_CPU,
+    TestBed,
+    cpu_unavailable_reason,
+    loss_unavailable_reason,
+    unavailable_reason,
+)
 from swarmrl.testing.linkproxy import Impairment, LinkProxy
 
 NO_BED = unavailable_reason()
@@ -20,6 +26,10 @@ needs_bed = pytest.mark.skipif(NO_BED is not None, reason=NO_BED or "")
 needs_cpu = pytest.mark.skipif(
     NO_BED is not None or cpu_unavailable_reason() is not None,
     reason=NO_BED or cpu_unavailable_reason() or "",
+)
+needs_loss = pytest.mark.skipif(
+    NO_BED is not None or loss_unavailable_reason() is not None,
+    reason=NO_BED or loss_unavailable_reason() or "",
 )
 PROBE = [sys.executable, "-m", "swarmrl.testing.netprobe"]
 
@@ -52,6 +62,36 @@ def test_a_capped_link_carries_about_its_cap_and_an_uncapped_one_far_more():
         _serve(worker, "sink", 5002)
         towards_worker = _mbit_per_s(origin, worker, 5002, 2_000_000)
         assert 0.8 * 8 <= towards_worker <= 1.05 * 8, towards_worker
+
+
+def _retransmitted(host) -> int:
+    """TCP segments the host's kernel has retransmitted (its namespace's /proc/net/snmp)."""
+    lines = [
+        line.split()
+        for line in host.run(["cat", "/proc/net/snmp"]).splitlines()
+        if line.startswith("Tcp:")
+    ]
+    names, values = lines
+    return int(values[names.index("RetransSegs")])
+
+
+@needs_loss
+def test_a_lossy_link_drops_real_packets_and_tcp_sends_them_again():
+    with TestBed() as bed:
+        receiver = bed.add_host("receiver")
+        sender = bed.add_host("sender", up_mbit=50, loss=0.02)
+        _serve(receiver, "sink", 5003)
+        before = _retransmitted(sender)
+        # the sink answers once it has every byte: TCP delivered the stream whole
+        sender.run(PROBE + ["send", receiver.address, "5003", "4000000"])
+        dropped = sender.dropped()
+        assert dropped > 0  # ~2 % of ~2,800 data segments and their acknowledgements
+        assert _retransmitted(sender) - before > 0  # the kernel sent the lost ones again
+        sender.lose(0)  # the rule is gone: nothing more is dropped
+        sender.run(PROBE + ["send", receiver.address, "5003", "1000000"])
+        assert sender.dropped() == 0
+    with pytest.raises(ValueError, match=r"in \[0, 1\)"):
+        sender.lose(1.5)
 
 
 class _EchoServer:

@@ -5,8 +5,11 @@
 interface (``eth0``) and its own address in ``10.237.0.0/24``, wired to the switch by a veth pair
 whose two directions are each capped by a ``tbf`` qdisc (``up``: the host's egress, ``down``: the
 switch's egress towards it). ``host.popen(argv, cpu_fraction=0.1)`` starts a process inside the
-host, held to a tenth of a core by a cgroup v1 ``cpu`` quota. Latency, jitter and loss are not
-here (the kernel has no ``netem``): put a ``swarmrl.testing.linkproxy`` in front of a port,
+host, held to a tenth of a core by a cgroup v1 ``cpu`` quota. ``host.lose(0.01)`` (or
+``add_host(..., loss=0.01)``) drops that share of the packets crossing the host's link, each way,
+in the host's own kernel: an nftables rule (``numgen random``) on ``eth0``, so TCP really
+retransmits and backs off (needs ``nft``, Debian's nftables). Latency and jitter are not here
+(the kernel has no ``netem``): put a ``swarmrl.testing.linkproxy`` in front of a port,
 ``host.proxy(...)``.
 
 Every interface is created directly inside the namespaces, so the machine's own network stack
@@ -22,6 +25,7 @@ Knows nothing about swarmrl's roles or pytest.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -59,6 +63,17 @@ def unavailable_reason() -> str | None:
         return f"cannot create a network namespace here: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
+
+
+def loss_unavailable_reason() -> str | None:
+    """Why :meth:`Host.lose` cannot drop packets here, in one line; None where it can."""
+    if shutil.which("nft") is None:
+        return "real packet loss on a test bed's link needs `nft` (Debian: nftables)"
+    return None
+
+
+LOSS_TABLE = "swarmrl_loss"
+LOSS_SCALE = 1_000_000  # the rule draws a number below this per packet
 
 
 def cpu_unavailable_reason() -> str | None:
@@ -144,6 +159,71 @@ class Host:
                     *("latency", "100ms"),
                 )
 
+    def lose(self, fraction: float) -> None:
+        """Drop ``fraction`` of the packets crossing this host's link, each way (module
+        docstring): what it sends, in the switch as they cross it (a ``bridge`` rule on its
+        port), and what it receives, at its own input (an ``inet`` rule). Neither end is told,
+        so TCP finds the loss and sends again, as on a real lossy link. 0 removes both."""
+        if not 0.0 <= fraction < 1.0:
+            raise ValueError(f"a link loses a share of its packets in [0, 1), not {fraction}")
+        for namespace, family, table in self._loss_tables():
+            subprocess.run(
+                ["ip", "netns", "exec", namespace, "nft", "delete", "table", family, table],
+                capture_output=True,
+            )
+        if not fraction:
+            return
+        reason = loss_unavailable_reason()
+        if reason is not None:
+            raise ServiceUnavailable(reason)
+        self.bed.one_segment_per_packet()
+        below = max(1, round(fraction * LOSS_SCALE))
+        draw = f"numgen random mod {LOSS_SCALE} < {below} counter drop"
+        (host_ns, host_family, host_table), (switch_ns, switch_family, switch_table) = (
+            self._loss_tables()
+        )
+        for namespace, family, table, hook, match in (
+            (host_ns, host_family, host_table, "input", 'iifname "eth0"'),
+            (switch_ns, switch_family, switch_table, "forward", f'iifname "{self.switch_port}"'),
+        ):
+            rules = (
+                f"table {family} {table} {{\n"
+                f"  chain {hook} {{ type filter hook {hook} priority 0; policy accept;\n"
+                f"    {match} {draw}\n  }}\n}}\n"
+            )
+            done = subprocess.run(
+                ["ip", "netns", "exec", namespace, "nft", "-f", "-"],
+                input=rules,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if done.returncode != 0:
+                raise ServiceUnavailable(f"nft could not add a loss rule: {done.stderr.strip()}")
+
+    def _loss_tables(self) -> list[tuple[str, str, str]]:
+        """(namespace, family, table) of :meth:`lose`'s two rules: the host's input, and its
+        port's traffic through the switch."""
+        return [
+            (self.namespace, "inet", LOSS_TABLE),
+            (self.bed.switch, "bridge", f"{LOSS_TABLE}_{self.switch_port}"),
+        ]
+
+    def one_segment_per_packet(self) -> None:
+        _run("ip", "-n", self.namespace, "link", "set", "dev", "eth0", "gso_max_segs", "1")
+
+    def dropped(self) -> int:
+        """Packets :meth:`lose`'s rules have dropped so far, both ways (0 without them)."""
+        total = 0
+        for namespace, family, table in self._loss_tables():
+            done = subprocess.run(
+                ["ip", "netns", "exec", namespace, "nft", "list", "table", family, table],
+                capture_output=True,
+                text=True,
+            )
+            total += sum(int(n) for n in re.findall(r"counter packets (\d+)", done.stdout))
+        return total
+
     def cut(self) -> None:
         """Partition this host from the switch (its interface down; connections stall)."""
         _run("ip", "-n", self.namespace, "link", "set", "eth0", "down")
@@ -225,6 +305,7 @@ class TestBed:
         self.prefix = f"sw{secrets.token_hex(3)}"
         self.switch = f"{self.prefix}-switch"
         self.hosts: dict[str, Host] = {}
+        self.segmented = False  # one_segment_per_packet: set once a link loses packets
         self._made = _Made()
         self._finalizer = weakref.finalize(self, _undo, self._made)
         self._add_namespace(self.switch)
@@ -246,9 +327,14 @@ class TestBed:
         _run("ip", "-n", name, "link", "set", "lo", "up")
 
     def add_host(
-        self, name: str, up_mbit: float | None = None, down_mbit: float | None = None
+        self,
+        name: str,
+        up_mbit: float | None = None,
+        down_mbit: float | None = None,
+        loss: float = 0.0,
     ) -> Host:
-        """A new host on the switch, its link capped at ``up_mbit``/``down_mbit`` (None: not)."""
+        """A new host on the switch, its link capped at ``up_mbit``/``down_mbit`` (None: not)
+        and losing ``loss`` of its packets each way (:meth:`Host.lose`)."""
         if name in self.hosts or len(self.hosts) >= 250:
             raise ValueError(f"host {name!r} exists, or the bed is full (250 hosts)")
         host = Host(self, name, len(self.hosts) + 1)
@@ -261,8 +347,20 @@ class TestBed:
         _run("ip", "-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
         _run("ip", "-n", host.namespace, "link", "set", "eth0", "up")
         self.hosts[name] = host
+        if self.segmented:
+            host.one_segment_per_packet()
         host.shape(up_mbit, down_mbit)
+        host.lose(loss)
         return host
+
+    def one_segment_per_packet(self) -> None:
+        """Every host's interface sends one TCP segment per packet (``gso_max_segs 1``), now
+        and for hosts added later: a veth otherwise carries a send's segments as one large
+        packet, and a rule dropping "a packet" would drop dozens of segments at once."""
+        if not self.segmented:
+            self.segmented = True
+            for host in self.hosts.values():
+                host.one_segment_per_packet()
 
     def cpu_cgroup(self, name: str, fraction: float) -> Path:
         """A cgroup v1 ``cpu`` group whose tasks together get ``fraction`` of one core."""

@@ -8,8 +8,8 @@ the one ahead of it), and optionally paces the bytes to ``rate_bytes_per_s``. Wi
 ``reset_probability`` an accepted connection is reset at once (RST, no byte forwarded), which is
 what a client sees of a lost SYN-ACK after its retries or of a dropped NAT mapping.
 
-Packet loss is modelled, not made: a proxy sees a byte stream, never packets, and these kernels
-can drop none (no ``netem``, no ``tc`` classifiers or actions, no ``iptables``). With ``loss``
+Packet loss here is modelled, not made: a proxy sees a byte stream, never packets (real loss,
+dropped in the kernel, is ``swarmrl.testing.hosts.Host.lose``, with nftables). With ``loss``
 each ``SEGMENT_BYTES`` of a chunk is "lost" with that probability, and a chunk holding a lost
 segment is held one retransmission longer (``max(MIN_RTO_S, 2 * delay_s)``), holding back every
 byte behind it as TCP's in-order delivery does. What this leaves out: the sender's congestion
