@@ -10,6 +10,8 @@ with the page's command; needs root) of a small arith config; the scenarios are 
   each way in the kernel (``Host.lose``: TCP retransmits them);
 - ``relay-tier``: the trainer's host (its origin) behind a 20 Mbit/s link with 150 ms RTT to
   every other host, the relay on the workers' side (their first weight source);
+- ``relay-tier-lag1``: the same with ``swarm.lease_version_lag = 1`` (a lease may be generated
+  on the version before the one it would ask for, while the newest crosses the far link);
 - ``slow``: gpu2's worker held to 10 % of a core once it generates;
 - ``cut-worker``: gpu1 cut off for 60 s (``pool.dead_after_s``) once it generates;
 - ``cut-orch``: the orchestrator's host cut off for 20 s after the trainer's step 0.
@@ -84,16 +86,24 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "impair": {"trainer.lan": FAR}
         | {host: {"trainer.lan": FAR} for host in ("relay.lan", "gpu1.lan", "gpu2.lan")},
     },
+    # the same, its operator letting leases lag one version (swarm.lease_version_lag)
+    "relay-tier-lag1": {
+        "links": {"trainer.lan": SLOW_LINK},
+        "impair": {"trainer.lan": FAR}
+        | {host: {"trainer.lan": FAR} for host in ("relay.lan", "gpu1.lan", "gpu2.lan")},
+        "config": {"swarm": {"lease_version_lag": 1}},
+    },
     "slow": {"cpu": {"gpu2.lan": 1.0}, "during": _slow},
     "cut-worker": {"during": _cut("gpu1.lan", ("worker@gpu1", "generating with policy"), 60)},
     "cut-orch": {"during": _cut("orch.lan", ("trainer@trainer", "step 0:"), 20)},
 }
 
 
-def _config(folder: Path, cache: Path) -> Path:
+def _config(folder: Path, cache: Path, extra: dict[str, dict[str, Any]]) -> Path:
     data = read_toml(EMBEDDED_DEFAULT)
-    for section, values in CONFIG.items():
-        data.setdefault(section, {}).update(values)
+    for config in (CONFIG, extra):
+        for section, values in config.items():
+            data.setdefault(section, {}).update(values)
     data["run"]["cache_dir"] = str(cache)
     path = folder / "my.toml"
     path.write_text(tomli_w.dumps(data))
@@ -133,12 +143,14 @@ def main() -> None:
             for name in args.scenarios:
                 folder = Path(tmp) / f"{name}-{round_}"
                 folder.mkdir()
+                scenario = dict(SCENARIOS[name])
+                extra = scenario.pop("config", {})
                 outcome = run_example(
                     PAGE,
                     folder / "hosts",
-                    _config(folder, cache),
+                    _config(folder, cache, extra),
                     timeout_s=args.timeout_s,
-                    **SCENARIOS[name],
+                    **scenario,
                 )
                 results[name].append(figures(outcome))
                 print(f"{name} run {round_}: {results[name][-1]}", flush=True)

@@ -21,9 +21,14 @@ POOL = "adm"
 
 @pytest.fixture
 def pool(db_url, tmp_path):
+    yield from _pool(db_url, tmp_path)
+
+
+def _pool(db_url, tmp_path, **spec_settings):
     orch, owner, node = (KeyPair.generate() for _ in range(3))
     cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        settings = {"async_level": 1} | spec_settings
         spec = PoolSpec(
             pool_id=POOL,
             owner_key=owner.public_key_hex,
@@ -31,11 +36,11 @@ def pool(db_url, tmp_path):
             open=True,
             samples_per_task=2,
             sampling=SamplingParams(max_new_tokens=2),
-            async_level=1,
             validated_fraction=0.0,
             min_tasks_per_lease=1,
             max_tasks_per_lease=1,
             max_leases_in_flight=64,
+            **settings,
         )
         PoolClient(server.url, orch).create_pool(spec)
         worker = PoolClient(server.url, node)
@@ -111,6 +116,18 @@ def test_the_run_finished_reply_is_typed_and_final(pool):
 def test_a_pool_whose_trainer_never_told_its_plan_leases_as_before(pool):
     _, worker = pool
     assert all(worker.lease(POOL).outcome == "work" for _ in range(30))
+
+
+def test_a_pool_whose_leases_may_lag_asks_for_the_version_before_and_takes_its_work(
+    db_url, tmp_path
+):
+    for trainer, worker in _pool(db_url, tmp_path, async_level=2, lease_version_lag=1):
+        trainer.set_version(POOL, 3)
+        work = worker.lease(POOL).work
+        assert work.min_version == 2  # V + 2 − a = 3, one version less
+        worker.submit(POOL, Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 2)))
+        [served] = trainer.batch(POOL, step=3).submissions
+        assert served.samples[0].policy_version == 2
 
 
 def test_the_trainer_is_served_what_goes_stale_first(pool):

@@ -67,6 +67,15 @@ def test_a_fresh_lease_asks_for_a_policy_a_step_without_a_batch_can_train():
     assert lowest_useful_version(5, async_level=2, blocked=True) == 3
 
 
+def test_a_lease_version_lag_lowers_the_policy_asked_for_never_below_what_trains():
+    assert lowest_useful_version(5, async_level=2, lag=1) == 4
+    assert lowest_useful_version(5, async_level=2, lag=2) == 3
+    assert lowest_useful_version(5, async_level=2, lag=9) == 3  # never older than V − a
+    assert lowest_useful_version(5, async_level=3, lag=1) == 3
+    assert lowest_useful_version(0, async_level=2, lag=1) == 0
+    assert lowest_useful_version(5, async_level=0, lag=1) == 5  # a = 0: only the current one
+
+
 def test_only_a_covered_demand_is_lifted_for_a_node_whose_unchecked_work_waits():
     covered = admit(Supply(0, 0, 0, 4), 0, 10, 1, 2.0, 2.0, 2.0, wanted=8, smallest=1)
     assert covered.tasks == 0 and covered.covered

@@ -92,6 +92,17 @@ class SwarmSection(Section):
             "check instead (the pool's `release_replay_fraction`); 0 = release them all"
         ),
     )
+    lease_version_lag: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description=(
+            "a fresh lease may be generated on a policy this many versions older than the "
+            "pool would otherwise ask for (the pool's `lease_version_lag`; never older than "
+            "`rl.async_level` allows): 1 lets workers far from the trainer generate while the "
+            "newest version still crosses the link"
+        ),
+    )
     quorum: int = Field(
         1,
         ge=1,

@@ -18,6 +18,7 @@ How each spec key follows from the config (``config_terms``)::
     sampling.*          rl.sampling.*
     seed                run.seed
     async_level         rl.async_level
+    lease_version_lag   swarm.lease_version_lag
     validated_fraction  swarm.spot_check_floor
     check_rate_decay    swarm.spot_check_decay
     release_after_checks    swarm.spot_check_release_after
@@ -77,6 +78,7 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
         terms[f"sampling.{key}"] = (f"rl.sampling.{key}", value)
     terms["seed"] = ("run.seed", config.run.seed)
     terms["async_level"] = ("rl.async_level", config.rl.async_level)
+    terms["lease_version_lag"] = ("swarm.lease_version_lag", swarm.lease_version_lag)
     terms["validated_fraction"] = ("swarm.spot_check_floor", swarm.spot_check_floor)
     terms["check_rate_decay"] = ("swarm.spot_check_decay", swarm.spot_check_decay)
     terms["release_after_checks"] = (

@@ -73,6 +73,14 @@ class PoolSpec(Message):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     seed: int = Field(0, ge=0, lt=2**63, description="pool seed of the per-node task draw")
     async_level: int = Field(2, ge=0, le=1000, description="accept versions ≥ current − this")
+    lease_version_lag: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="a fresh lease may be generated on a policy this many versions older than "
+        "admission would ask for (never older than current − async_level; "
+        "swarmrl.pool.flow.admission.lowest_useful_version)",
+    )
     validated_fraction: float = Field(
         1.0,
         ge=0,

@@ -141,7 +141,9 @@ def steps_left(version: int, steps: int | None, async_level: int) -> int:
     return window if steps is None else max(0, min(window, steps - version))
 
 
-def lowest_useful_version(version: int, async_level: int, blocked: bool = False) -> int:
+def lowest_useful_version(
+    version: int, async_level: int, blocked: bool = False, lag: int = 0
+) -> int:
     """The oldest policy a fresh lease's work may be generated with (its ``min_version``).
 
     Step n trains versions ≥ n − a, and the trainer gathers step n + 1's batch while step n
@@ -151,12 +153,16 @@ def lowest_useful_version(version: int, async_level: int, blocked: bool = False)
     worker still holding version V − 1 when a = 2 would generate work that only steps V and
     V + 1 could train, wasted behind the older work that fills them. So the lease asks for a
     version ≥ V + 2 − a (never above V: with a ≤ 2 the current one, and the worker waits for
-    its download, a fraction of a step). ``blocked``: the trainer's step V itself still waits
-    for its batch (its last request, for step V, came back empty; an empty prefetch for
-    V + 1 does not count), so any version step V can train (≥ V − a) is taken at once."""
+    its download, a fraction of a step). ``lag`` (the pool's ``lease_version_lag``) lowers
+    that by as many versions, never below V − a: where the download is no fraction of a step
+    (the trainer's host far from the workers) a worker generates on the version it holds
+    meanwhile (docs/pool.md, "Admission control", measured there). ``blocked``: the trainer's
+    step V itself still waits for its batch (its last request, for step V, came back empty;
+    an empty prefetch for V + 1 does not count), so any version step V can train (≥ V − a) is
+    taken at once."""
     if blocked:
         return max(0, version - async_level)
-    return max(0, min(version, version + 2 - async_level))
+    return max(0, version - async_level, min(version, version + 2 - async_level) - lag)
 
 
 def trainable_from(batched_through: int, async_level: int) -> int:

@@ -113,7 +113,9 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         version = current_version(conn, pool_id)
         waiting_for = starved_step(ctx, pool_id, now)  # the step the trainer waits for, if any
         blocked = waiting_for is not None and waiting_for <= version  # not a prefetch: a step
-        useful = admission.lowest_useful_version(version, spec.async_level, blocked)
+        useful = admission.lowest_useful_version(
+            version, spec.async_level, blocked, spec.lease_version_lag
+        )
         if ctx.config.admission and run.batched_through is not None and waiting_for is None:
             if admission.last_batch_held(run.batched_through, run.steps):
                 return _wait(
