@@ -60,3 +60,13 @@ def test_a_swarm_refuses_a_verifiers_taskset_in_one_line(tmp_path: Path):
     assert len(lines) == 1 and "cannot be recomputed" in lines[0], result.stderr[-2000:]
     assert "--colocated" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_harness_that_fails_stops_the_run_with_its_one_line(tmp_path: Path):
+    config, env = write_run(tmp_path, steps=1)
+    config.write_text(config.read_text().replace('mode = "check"', 'mode = "crash"'))
+    result = _run(config, env, "--colocated")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("swarmrl run: HarnessFailed: verifiers task"), result.stderr[-2000:]
+    assert "exited 3: harness: out of cheese" in last
