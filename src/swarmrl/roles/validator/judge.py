@@ -228,8 +228,10 @@ def judge_many(
     evidence: NodeEvidence | None = None,
 ) -> list[Judgement]:
     """``judge`` on each of ``pendings``, in order. The samples of every submission at one
-    policy version are replayed together: one batched prefill for several small units costs
-    little more than one (``bench/replay_batch.py``). Each submission is judged on its own
+    policy version are replayed together, in batched prefills, rather than submission by
+    submission; what that saves depends on the engine and the units (``bench/replay_batch.py``:
+    on a CPU nothing for the demo's 64-sample units, 11–20 % for 8-sample ones; a GPU's small
+    batches are memory-bound, not measured). Each submission is judged on its own
     samples alone: a rejected one leaves the others' verdicts as they would be alone, and a
     failure of the validator's own replay defers only the submissions it touched."""
     units = [_Unit(p, []) for p in pendings]

@@ -181,7 +181,7 @@ def run(
                     if time.monotonic() - asked < CLAIM_PAUSE_S:  # not held: do not spin
                         stop.wait(CLAIM_PAUSE_S)
                     continue
-                # the claimed units replay together: a batch costs little more than one
+                # the claimed units replay together (batched prefills, judge_many)
                 status.set(state=f"replaying {len(pending)} submission(s)")
                 started = time.perf_counter()
                 results = judge_many(pending, env, versions, config.toploc)
