@@ -387,29 +387,22 @@ class StepRows:
                 if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
                     self.rows, self._offset = [], 0
                     self._identity = (st.st_dev, st.st_ino)
-                f.seek(self._offset)
-                data = f.read()
-                if self._offset:
+                while True:
+                    f.seek(self._offset)
+                    data = f.read()
+                    complete = data[: data.rfind(b"\n") + 1]
                     try:
-                        return self._take(data)
-                    except ValueError:  # rewritten in place under the offset: start over
-                        self.rows, self._offset = [], 0
-                        f.seek(0)
-                        data = f.read()
+                        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
+                    except ValueError:  # rewritten in place under the offset, or not rows
+                        if self._offset:
+                            self.rows, self._offset = [], 0
+                            continue  # read again from the start
+                        return []  # not rows (yet): none rather than a crashed display
+                    self.rows += rows
+                    self._offset += len(complete)
+                    return self.rows
         except FileNotFoundError:
             return self.rows
-        try:
-            return self._take(data)
-        except ValueError:  # not rows (yet): shown as none rather than crashing the display
-            self.rows, self._offset = [], 0
-            return self.rows
-
-    def _take(self, data: bytes) -> list[dict[str, Any]]:
-        complete = data[: data.rfind(b"\n") + 1]
-        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
-        self.rows += rows
-        self._offset += len(complete)
-        return self.rows
 
 
 def stop_generating(sup: Supervisor, plan: SwarmPlan, statuses: dict[str, RoleStatus]) -> None:

@@ -7,8 +7,8 @@ whose two directions are each capped by a ``tbf`` qdisc (``up``: the host's egre
 switch's egress towards it). ``host.popen(argv, cpu_fraction=0.1)`` starts a process inside the
 host, held to a tenth of a core by a cgroup v1 ``cpu`` quota. ``host.lose(0.01)`` (or
 ``add_host(..., loss=0.01)``) drops that share of the packets crossing the host's link, each way,
-in the host's own kernel: an nftables rule (``numgen random``) on ``eth0``, so TCP really
-retransmits and backs off (needs ``nft``, Debian's nftables). Latency and jitter are not here
+in the kernel: nftables rules (``numgen random``) on its port of the switch and at its input,
+so TCP really retransmits and backs off (needs ``nft``, Debian's nftables). Latency and jitter are not here
 (the kernel has no ``netem``): put a ``swarmrl.testing.linkproxy`` in front of a port,
 ``host.proxy(...)``.
 
@@ -166,7 +166,7 @@ class Host:
         so TCP finds the loss and sends again, as on a real lossy link. 0 removes both."""
         if not 0.0 <= fraction < 1.0:
             raise ValueError(f"a link loses a share of its packets in [0, 1), not {fraction}")
-        for namespace, family, table in self._loss_tables():
+        for namespace, family, table, _, _ in self._loss_rules():
             subprocess.run(
                 ["ip", "netns", "exec", namespace, "nft", "delete", "table", family, table],
                 capture_output=True,
@@ -178,18 +178,11 @@ class Host:
             raise ServiceUnavailable(reason)
         self.bed.one_segment_per_packet()
         below = max(1, round(fraction * LOSS_SCALE))
-        draw = f"numgen random mod {LOSS_SCALE} < {below} counter drop"
-        (host_ns, host_family, host_table), (switch_ns, switch_family, switch_table) = (
-            self._loss_tables()
-        )
-        for namespace, family, table, hook, match in (
-            (host_ns, host_family, host_table, "input", 'iifname "eth0"'),
-            (switch_ns, switch_family, switch_table, "forward", f'iifname "{self.switch_port}"'),
-        ):
+        for namespace, family, table, hook, match in self._loss_rules():
             rules = (
                 f"table {family} {table} {{\n"
                 f"  chain {hook} {{ type filter hook {hook} priority 0; policy accept;\n"
-                f"    {match} {draw}\n  }}\n}}\n"
+                f"    {match} numgen random mod {LOSS_SCALE} < {below} counter drop\n  }}\n}}\n"
             )
             done = subprocess.run(
                 ["ip", "netns", "exec", namespace, "nft", "-f", "-"],
@@ -201,12 +194,18 @@ class Host:
             if done.returncode != 0:
                 raise ServiceUnavailable(f"nft could not add a loss rule: {done.stderr.strip()}")
 
-    def _loss_tables(self) -> list[tuple[str, str, str]]:
-        """(namespace, family, table) of :meth:`lose`'s two rules: the host's input, and its
-        port's traffic through the switch."""
+    def _loss_rules(self) -> list[tuple[str, str, str, str, str]]:
+        """(namespace, family, table, hook, match) of :meth:`lose`'s two rules: what the host
+        receives, at its input, and what it sends, as its port forwards it through the switch."""
         return [
-            (self.namespace, "inet", LOSS_TABLE),
-            (self.bed.switch, "bridge", f"{LOSS_TABLE}_{self.switch_port}"),
+            (self.namespace, "inet", LOSS_TABLE, "input", 'iifname "eth0"'),
+            (
+                self.bed.switch,
+                "bridge",
+                f"{LOSS_TABLE}_{self.switch_port}",
+                "forward",
+                f'iifname "{self.switch_port}"',
+            ),
         ]
 
     def one_segment_per_packet(self) -> None:
@@ -215,7 +214,7 @@ class Host:
     def dropped(self) -> int:
         """Packets :meth:`lose`'s rules have dropped so far, both ways (0 without them)."""
         total = 0
-        for namespace, family, table in self._loss_tables():
+        for namespace, family, table, _, _ in self._loss_rules():
             done = subprocess.run(
                 ["ip", "netns", "exec", namespace, "nft", "list", "table", family, table],
                 capture_output=True,

@@ -313,18 +313,36 @@ def evaluate_episodes(
 ) -> dict[str, float | int]:
     """Greedy accuracy, sampled pass@1 and the greedy episodes' mean model turns (over all,
     and over the solved ones) on ``tasks``."""
-    runs = run_episodes(env, engine, tokenizer, tasks, [0] * len(tasks), greedy)
-    scored = [scored_episode(env, s) for s in runs]
-    solved = [turns for _, ok, turns in scored if ok]
+
+    def play(seeds: Sequence[int], params: SamplingParams) -> list[tuple[bool, int]]:
+        runs = run_episodes(env, engine, tokenizer, tasks, seeds, params)
+        return [scored_episode(env, s)[1:] for s in runs]
+
+    return evaluate_outcomes(play, tasks, greedy, sampled, samples, seed)
+
+
+def evaluate_outcomes(
+    play: Callable[[Sequence[int], SamplingParams], list[tuple[bool, int]]],
+    tasks: Sequence[Task],
+    greedy: SamplingParams,
+    sampled: SamplingParams,
+    samples: int,
+    seed: int,
+) -> dict[str, float | int]:
+    """:func:`evaluate_episodes`'s figures, ``play(seeds, params)`` giving each of ``tasks``'
+    episodes (episode i from ``seeds[i]``) as (solved, model turns)."""
+    runs = play([0] * len(tasks), greedy)
+    solved = [turns for ok, turns in runs if ok]
     hits: list[bool] = []
     for k in range(samples):
-        seeds = [derive_seed("eval", seed, k, t.problem_id) for t in tasks]
-        for state in run_episodes(env, engine, tokenizer, tasks, seeds, sampled):
-            hits.append(scored_episode(env, state)[1])
+        hits += [
+            ok
+            for ok, _ in play([derive_seed("eval", seed, k, t.problem_id) for t in tasks], sampled)
+        ]
     return {
         "accuracy": len(solved) / len(tasks),
         "pass_at_1": sum(hits) / max(len(hits), 1),
         "n": len(tasks),
-        "mean_turns": sum(t for _, _, t in scored) / len(tasks),
+        "mean_turns": sum(turns for _, turns in runs) / len(tasks),
         "mean_turns_solved": sum(solved) / len(solved) if solved else 0.0,
     }

@@ -27,9 +27,8 @@ from swarmrl.envs.vf1 import HarnessEpisode, VerifiersV1Env
 from swarmrl.inference.interface import Engine
 from swarmrl.inference.token_endpoint import serve_engine
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.seeds import derive_seed
 from swarmrl.trainer.batch import Group
-from swarmrl.trainer.episodes import grouped
+from swarmrl.trainer.episodes import evaluate_outcomes, grouped
 
 
 class HarnessPlayer:
@@ -74,20 +73,12 @@ class HarnessPlayer:
     ) -> dict[str, float | int]:
         """Greedy accuracy, sampled pass@1 and the greedy episodes' mean model turns (over
         all, and over the solved ones) on ``tasks``, as ``evaluate_episodes`` reports them."""
-        runs = self.play(tasks, [0] * len(tasks), greedy)
-        turns = [r.episode.model_turns() for r in runs]
-        solved = [t for r, t in zip(runs, turns, strict=True) if r.episode.reward == 1.0]
-        hits: list[bool] = []
-        for k in range(samples):
-            seeds = [derive_seed("eval", seed, k, t.problem_id) for t in tasks]
-            hits += [r.episode.reward == 1.0 for r in self.play(tasks, seeds, sampled)]
-        return {
-            "accuracy": len(solved) / len(tasks),
-            "pass_at_1": sum(hits) / max(len(hits), 1),
-            "n": len(tasks),
-            "mean_turns": sum(turns) / len(tasks),
-            "mean_turns_solved": sum(solved) / len(solved) if solved else 0.0,
-        }
+
+        def play(seeds: Sequence[int], params: SamplingParams) -> list[tuple[bool, int]]:
+            played = self.play(tasks, seeds, params)
+            return [(r.episode.reward == 1.0, r.episode.model_turns()) for r in played]
+
+        return evaluate_outcomes(play, tasks, greedy, sampled, samples, seed)
 
     def close(self) -> None:
         self._scratch.cleanup()

@@ -279,7 +279,8 @@ def judge_many(
         )
         for (unit, (i, _, _), _), verdict in zip(batch, checked_items, strict=True):
             unit.verdicts.setdefault(i, []).append(verdict)
-            unit.thresholds = verifier.config
+        for unit, _ in parts:
+            unit.thresholds = verifier.config  # as the verifier applied them
     return [unit.done or _decide(unit, env, toploc, evidence) for unit in units]
 
 
