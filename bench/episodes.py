@@ -1,7 +1,8 @@
 """Episodes on the swarm, timed: batched against one at a time, and validation against
 generation.
 
-On the shipped ``tool_arith`` config's warm start (trained once, or reused from
+On the shipped ``tool_arith`` config's warm start (``--config`` names another multi-turn
+config, e.g. ``guess``) (trained once, or reused from
 ``run.cache_dir``), one unit of ``--tasks`` tasks × ``--group`` episodes, seeded as a worker's
 lease would be:
 
@@ -18,9 +19,14 @@ lease would be:
 The three run alternated, ``--repeat`` times, in one process on one thread. Printed: median
 and range of each, episodes per second, and the ratios (batched ÷ one-at-a-time throughput;
 generation ÷ validation time per episode, the issue's target being ≥ 5). ``--out`` gets every
-repeat's figures as JSON.
+repeat's figures as JSON. On the vLLM backend each repeat also reports the prompt positions
+taken from vLLM's prefix cache (``inference.vllm.prefix_caching``; blocks of
+``inference.vllm.block_size`` tokens), so a run with it on and one with it off compare the
+same episodes.
 
     python bench/episodes.py --repeat 5 [--tasks 16 --group 8] [--set key=value ...]
+    python bench/episodes.py --config guess --set inference.backend=vllm \
+        --set inference.vllm.block_size=32 [--set inference.vllm.prefix_caching=false]
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ from pathlib import Path
 import swarmrl
 from swarmrl.config import load_config
 
-TOOL_ARITH = Path(swarmrl.__file__).resolve().parent / "configs" / "tool_arith.toml"
+CONFIGS = Path(swarmrl.__file__).resolve().parent / "configs"
 DIGEST = "ab" * 32
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="tool_arith", help="a shipped config's name")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--group", type=int, default=8)
@@ -65,7 +72,7 @@ def main() -> None:
     from swarmrl.trainer.warmstart import ensure_warm_start
 
     torch.set_num_threads(1)
-    config = load_config([TOOL_ARITH], args.set)
+    config = load_config([CONFIGS / f"{args.config}.toml"], args.set)
     env = build_env(config.env)
     print("warm start (trained once, then cached) ...", flush=True)
     path = ensure_warm_start(config, env).path
@@ -99,9 +106,11 @@ def main() -> None:
         tasks = list(range(r * args.tasks, (r + 1) * args.tasks))
         work = unit(1000 + r, tasks)
         n = args.tasks * args.group
+        cached = getattr(engine, "cached_positions", 0)
         start = time.perf_counter()
         batched = generate_episodes(engine, env, tokenizer, work, 0, prove)
         t_batched = time.perf_counter() - start
+        cached = getattr(engine, "cached_positions", 0) - cached
         start = time.perf_counter()
         alone = []
         for i in range(n):  # episode i alone, with its own seed, proven the same way
@@ -127,6 +136,8 @@ def main() -> None:
             "episodes": n,
             "model_calls": calls,
             "model_tokens": sum(len(s.output_tokens) for s in batched),
+            "positions": sum(len(c.prompt_tokens) for s in batched for c in s.episode.calls()),
+            "cached_positions": cached,
             "batched_s": t_batched,
             "alone_s": t_alone,
             "validate_s": t_judge,
@@ -138,11 +149,14 @@ def main() -> None:
         print(
             f"repeat {r}: {n} episodes ({calls} model calls): batched {t_batched:.2f} s, one at "
             f"a time {t_alone:.2f} s, validation {t_judge:.2f} s; same tokens: {same}; "
-            f"accepted: {row['accepted']}",
+            f"accepted: {row['accepted']}; prompt positions from the prefix cache "
+            f"{cached}/{row['positions']}",
             flush=True,
         )
+    if hasattr(engine, "close"):
+        engine.close()  # vLLM's engine process, stopped before the interpreter exits
     _report(runs)
-    args.out.write_text(json.dumps({"config": args.set, "runs": runs}, indent=1))
+    args.out.write_text(json.dumps({"config": [args.config, *args.set], "runs": runs}, indent=1))
     print(f"figures in {args.out}")
 
 

@@ -38,7 +38,10 @@ TOKENIZER = build_char_tokenizer("0123456789+-*= ")
 TINY = TinyModelConfig(num_layers=2)
 PROMPTS = [[1, 5, 6, 18, 7], [1, 9], [1, 4, 4, 4, 4, 4, 4, 4, 5, 17], [1, 13, 12], [1, 7, 7]]
 SEEDS = [11, 12, 13, 14, 15]
+# prompts longer than a cache block (BLOCK), the first two sharing their first block
+LONG = [[1] + [5, 6, 7, 8] * 12, [1] + [5, 6, 7, 8] * 8 + [9] * 10, [1] + [3, 2] * 20]
 DIGEST = "cd" * 32
+BLOCK = 32
 
 needs_vllm = pytest.mark.skipif(
     not interface.vllm_available(),
@@ -64,8 +67,11 @@ def world(tmp_path_factory):
         torch.manual_seed(version)
         models[version] = create_tiny_model(TINY, TOKENIZER)
         save_policy(models[version], TOKENIZER, root / f"v{version}")
-    # the engine the colocated run and the evaluator use: vLLM over a scratch copy of a policy
-    config = SwarmConfig.model_validate({"inference": {"backend": "vllm"}})
+    # the engine the colocated run and the evaluator use: vLLM over a scratch copy of a policy;
+    # blocks of 32 tokens (the least the CPU backend takes), so prompts of this module reuse
+    # cached prefixes (at vLLM's 128 on CPUs none would)
+    inference = {"backend": "vllm", "vllm": {"block_size": BLOCK}}
+    config = SwarmConfig.model_validate({"inference": inference})
     engine = policy_engine(config, models[1], TOKENIZER, "cpu")
     scratch = engine.path
     try:
@@ -157,24 +163,63 @@ def test_proofs_cross_engines(world, prover, replayer):
 def test_weights_update_in_place_matches_the_new_version(world, how):
     """Tied embeddings: the reloaded LM head must follow the new input embedding."""
     engine, params = world["vllm"], PARAMS[0]
-    before = engine.generate(PROMPTS, params, SEEDS)
+    prompts, seeds = PROMPTS + LONG, SEEDS + [16, 17, 18]
+    before = engine.generate(prompts, params, seeds, return_hidden=True)  # prefixes cached
     assert [g.output_tokens for g in before] == [
-        g.output_tokens for g in world["torch"].generate(PROMPTS, params, SEEDS)
+        g.output_tokens for g in world["torch"].generate(prompts, params, seeds)
     ]
     if how == "checkpoint":  # a worker's new version from shardcast
         engine.load_checkpoint(world["root"] / "v2")
     else:  # the colocated run's policy after an optimizer step
         engine.load_state_dict(world["models"][2].state_dict())
     try:
-        after = engine.generate(PROMPTS, params, SEEDS)
-        ref = world["torch2"].generate(PROMPTS, params, SEEDS)
+        # nothing computed with the old weights is reused: neither vLLM's cached keys and
+        # values nor the engine's record of hidden states
+        after = engine.generate(prompts, params, seeds, return_hidden=True)
+        ref = world["torch2"].generate(prompts, params, seeds, return_hidden=True)
         assert [g.output_tokens for g in after] == [g.output_tokens for g in ref]
+        for a, b in zip(after, ref, strict=True):
+            assert torch.allclose(a.hidden_states, b.hidden_states, atol=1e-4)
         for g in ref:
             ours = engine.prefill(g.prompt_tokens, g.output_tokens)
             want = world["torch2"].prefill(g.prompt_tokens, g.output_tokens)
             assert torch.allclose(ours.logits, want.logits, atol=1e-4)
     finally:
         engine.load_checkpoint(world["root"] / "v1")
+
+
+@needs_vllm
+def test_cached_prefixes_leave_the_hidden_states_of_every_position(world):
+    """A task's samples share a prompt and a later turn extends an earlier one: vLLM computes
+    their leading blocks once, and the engine fills the hidden states of those positions in
+    from what it computed, or computes them again apart from the cache where it no longer
+    holds them. Either way every position's state is the torch engine's, and a replay
+    (prefill) computes every position itself."""
+    engine, params = world["vllm"], PARAMS[0]
+    rows = [LONG[0]] * 3 + [LONG[1]]  # one prompt, three samples; a fourth sharing a block
+    seeds = [21, 22, 23, 24]
+    start = engine.cached_positions
+    first = engine.generate(rows, params, seeds, return_hidden=True)
+    assert engine.cached_positions - start >= 3 * BLOCK  # at least one block per later row
+    # the next turn: each episode's sequence so far and an environment answer of "=7 "
+    answer = TOKENIZER.convert_tokens_to_ids(list("=7 "))
+    later = [g.prompt_tokens + g.output_tokens + answer for g in first]
+    for forgotten in (False, True):
+        if forgotten:
+            engine._prefixes.clear()  # the engine no longer holds those rows: computed again
+        start = engine.cached_positions
+        ours = engine.generate(later, params, [31, 32, 33, 34], return_hidden=True)
+        ref = world["torch"].generate(later, params, [31, 32, 33, 34], return_hidden=True)
+        assert engine.cached_positions - start >= len(later) * BLOCK
+        for a, b in zip(ours, ref, strict=True):
+            assert a.output_tokens == b.output_tokens
+            assert a.hidden_states.shape == b.hidden_states.shape
+            assert torch.allclose(a.hidden_states, b.hidden_states, atol=1e-4)
+    for g in ours:
+        replay = engine.prefill(g.prompt_tokens, g.output_tokens)
+        want = world["torch"].prefill(g.prompt_tokens, g.output_tokens)
+        assert torch.allclose(replay.hidden_states, want.hidden_states, atol=1e-4)
+        assert torch.allclose(replay.logits, want.logits, atol=1e-4)
 
 
 @needs_vllm
@@ -239,18 +284,23 @@ def test_a_vllm_worker_on_a_lora_version_agrees_with_a_torch_validator(world, tm
 
 class _LengthEcho(MultiTurnEnvironment):
     """A multi-turn task in this module's alphabet: after each model turn the environment
-    answers ``=N `` (N: the turn's length), for three model turns; a turn holding the sum wins."""
+    answers ``=N `` (N: the turn's length), for three model turns; a turn holding the sum wins.
+    ``pad`` leading zeros make a prompt longer than a cache block."""
 
     name = "length_echo"
     alphabet = "0123456789+-*= "
     max_turns = 3
     token_budget = 40
 
+    def __init__(self, pad: int = 0) -> None:
+        super().__init__()
+        self.pad = pad
+
     def space_size(self) -> int:
         return 40
 
     def problem(self, problem_id: int) -> tuple[str, str]:
-        return f"{problem_id}+{problem_id}=", str(2 * problem_id)
+        return f"{'0' * self.pad}{problem_id}+{problem_id}=", str(2 * problem_id)
 
     def reply(self, task, seed, transcript) -> Reply:
         return Reply(f"={len(transcript[-1].text)} ")
@@ -265,11 +315,15 @@ class _LengthEcho(MultiTurnEnvironment):
 
 
 @needs_vllm
-def test_episodes_on_vllm_replay_exactly_and_a_torch_validator_accepts_them(world):
+@pytest.mark.parametrize("pad", [0, 2 * BLOCK], ids=["short", "cached-prefixes"])
+def test_episodes_on_vllm_replay_exactly_and_a_torch_validator_accepts_them(world, pad):
     """Each model call of an episode is one seeded generation (``derive_seed("turn", episode
     seed, k)``), so the vLLM worker's episodes are the torch engine's token for token, run
-    after run, and a torch validator replaying every call accepts them."""
-    env, worker = _LengthEcho(), KeyPair.from_seed(bytes(32))
+    after run, and a torch validator replaying every call accepts them. With prompts longer
+    than a cache block, a task's second sample and every later turn reuse cached prefixes: the
+    proofs still cover every position."""
+    env, worker = _LengthEcho(pad), KeyPair.from_seed(bytes(32))
+    cached = world["vllm"].cached_positions
     params = SamplingParams(
         temperature=1.0, max_new_tokens=5, stop_token_ids=(TOKENIZER.eos_token_id,)
     )
@@ -286,6 +340,7 @@ def test_episodes_on_vllm_replay_exactly_and_a_torch_validator_accepts_them(worl
         return [b.model_dump(mode="json") for b in bundles]
 
     ours = generate_episodes(world["vllm"], env, TOKENIZER, work, 0, prove)
+    assert (world["vllm"].cached_positions > cached) == (pad > 0)
     again = generate_episodes(world["vllm"], env, TOKENIZER, work, 0, prove)
     ref = generate_episodes(world["torch"], env, TOKENIZER, work, 0, None)
     assert max(len(s.episode.calls()) for s in ours) >= 2

@@ -30,6 +30,25 @@ class VllmConfig(Section):
         True, description="no CUDA graphs / torch.compile: faster start, slower decode on GPUs"
     )
     max_num_seqs: int = Field(256, gt=0, description="most requests decoded in one batch")
+    prefix_caching: bool = Field(
+        True,
+        description="reuse the keys and values of a prompt's leading blocks computed for an "
+        "earlier request (a task's other samples, an episode's earlier turns); the hidden states "
+        "a proof needs for those positions come from the engine's own record of them "
+        "(prefix_hidden_gib); replays never reuse",
+    )
+    block_size: int | None = Field(
+        None,
+        gt=0,
+        description="tokens per key/value cache block, the unit a prefix is reused in; None = "
+        "vLLM's choice (128 on CPUs, which reuses nothing of a shorter prompt)",
+    )
+    prefix_hidden_gib: float = Field(
+        1.0,
+        ge=0.0,
+        description="host memory for the hidden states of computed sequences, GiB (oldest "
+        "forgotten first; a reused prefix no longer held is computed again)",
+    )
 
 
 class InferenceConfig(Section):

@@ -8,11 +8,17 @@
   ``swarmrl.inference.sampling``; the log-probs are those the processor recorded (of the
   declared distribution). Stop tokens: the tokenizer's EOS plus the request's own (the model's
   generation config is ignored, as in ``TorchEngine``).
-* with ``return_hidden`` the final-norm hidden state of every computed position comes back
-  from a hook inside the engine process, ordered by position. Prefix caching is off, so every
-  prompt position is computed (the prompt chunk of a proof needs all of them).
+* with ``return_hidden`` the final-norm hidden state of every position comes back from a hook
+  inside the engine process, ordered by position. With prefix caching (``prefix_caching``, on
+  by default) vLLM skips a prompt's leading blocks it still holds from an earlier request (a
+  task's other samples, an episode's earlier turns); the proof's prompt chunk needs those
+  positions too, so the engine keeps the hidden states of what it computed
+  (``swarmrl.inference.prefix_hidden``) and fills them in, computing a prefix again, apart
+  from the cache, where it no longer holds it. Both caches are cleared whenever the weights
+  change.
 * ``prefill`` / ``prefill_many`` run prompt + output[:-1] as requests of one token and return
-  the logits the model computes from the captured hidden states.
+  the logits the model computes from the captured hidden states; a replay computes every
+  position (each request has its own cache salt), as a validator must.
 * ``load_checkpoint`` reloads weights in place (``collective_rpc``), re-tying tied LM heads;
   ``load_state_dict`` does the same for in-memory weights (through a scratch file). A
   checkpoint carrying a LoRA adapter (``swarmrl.inference.lora``) is merged here, on the host,
@@ -41,6 +47,7 @@ from swarmrl.config.inference import VllmConfig
 from swarmrl.errors import EngineUnavailable, MissingPathError
 from swarmrl.inference.interface import VLLM_INSTALL_HINT, vllm_available
 from swarmrl.inference.lora import apply_adapter, has_adapter
+from swarmrl.inference.prefix_hidden import HiddenPrefixes
 from swarmrl.inference.types import Generation, Prefill, check_token_ids
 from swarmrl.protocol import SamplingParams
 
@@ -100,7 +107,8 @@ class VllmEngine:
                 max_model_len=self.config.max_model_len,
                 max_num_seqs=self.config.max_num_seqs,
                 gpu_memory_utilization=self.config.gpu_memory_utilization,
-                enable_prefix_caching=False,
+                enable_prefix_caching=self.config.prefix_caching,
+                **({"block_size": self.config.block_size} if self.config.block_size else {}),
                 async_scheduling=False,
                 generation_config="vllm",
                 seed=0,
@@ -127,6 +135,9 @@ class VllmEngine:
         self.pad_id = int(pad) if pad is not None else 0
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        block = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+        self._prefixes = HiddenPrefixes(block, int(self.config.prefix_hidden_gib * 2**30))
+        self.cached_positions = 0  # prompt positions generate took from the prefix cache
         if has_adapter(local):
             self._load_merged(local)
 
@@ -181,14 +192,6 @@ class VllmEngine:
                 raise RuntimeError(
                     f"sampler recorded {len(rec['logprobs'])} log-probs for {len(tokens)} tokens"
                 )
-            hidden = rec["hidden"]
-            if return_hidden:
-                if hidden is None:
-                    raise RuntimeError(
-                        "vLLM ran without the hidden-state hook (CUDA graphs replay without "
-                        "it): set inference.vllm.enforce_eager = true for proofs"
-                    )
-                hidden = hidden[: len(row) + len(tokens) - 1]  # the last token never ran
             results.append(
                 Generation(
                     prompt_tokens=row,
@@ -196,15 +199,78 @@ class VllmEngine:
                     logprobs=rec["logprobs"],
                     finish_reason=_FINISH.get(completion.finish_reason, "length"),  # type: ignore[arg-type]
                     seed=int(seed),
-                    hidden_states=hidden if return_hidden else None,
                 )
             )
+        if return_hidden:
+            seqs = [g.prompt_tokens + g.output_tokens for g in results]
+            for gen, states in zip(results, self._whole_hidden(seqs, records), strict=True):
+                gen.hidden_states = states
         return results
 
-    def _run(self, rows: list[list[int]], requests: list[Any]) -> list[Any]:
+    def _whole_hidden(self, seqs: list[list[int]], records: list[dict[str, Any]]) -> list[Any]:
+        """Each sequence's hidden states of positions ``[0, len - 1)`` (the last token never
+        ran): the captured rows, after the rows of a cached prefix (module docstring)."""
+        out: list[Any] = [None] * len(seqs)
+        lost: list[int] = []  # a cached prefix this engine no longer holds the rows of
+        for i in sorted(range(len(seqs)), key=lambda i: records[i]["start"]):
+            rec, seq = records[i], seqs[i]
+            if rec["hidden"] is None:
+                raise RuntimeError(
+                    "vLLM ran without the hidden-state hook (CUDA graphs replay without "
+                    "it): set inference.vllm.enforce_eager = true for proofs"
+                )
+            head = self._prefixes.find(seq, rec["start"]) if rec["start"] else None
+            if rec["start"] and head is None:
+                lost.append(i)
+                continue
+            rows = rec["hidden"] if head is None else torch.cat([head, rec["hidden"]])
+            out[i] = self._keep(seq, rows)
+        if lost:
+            heads = self._computed_apart([seqs[i][: records[i]["start"]] for i in lost])
+            for i, head in zip(lost, heads, strict=True):
+                out[i] = self._keep(seqs[i], torch.cat([head, records[i]["hidden"]]))
+        self.cached_positions += sum(rec["start"] for rec in records)
+        return out
+
+    def _keep(self, seq: list[int], hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden[: len(seq) - 1]
+        if self.config.prefix_caching:
+            self._prefixes.add(seq, hidden)
+        return hidden
+
+    def _computed_apart(self, prefixes: list[list[int]]) -> list[torch.Tensor]:
+        """Hidden states of every position of each prefix, computed apart from the cache."""
+        records = self._computed(prefixes)
+        return [rec["hidden"][: len(p)] for rec, p in zip(records, prefixes, strict=True)]
+
+    def _computed(
+        self, seqs: list[list[int]], logits_from: list[int] | None = None
+    ) -> list[dict[str, Any]]:
+        """Records (``swarmrl_take``) of one-token requests computing every position of each
+        sequence, none reused from the prefix cache (a cache salt each)."""
+        from vllm import SamplingParams as VllmParams
+
+        tag = uuid.uuid4().hex
+        keys = [f"{tag}-{i}" for i in range(len(seqs))]
+        requests = [
+            VllmParams(
+                temperature=0.0, max_tokens=1, detokenize=False, extra_args={KEY: k, HIDDEN: True}
+            )
+            for k in keys
+        ]
+        self._run(seqs, requests, salted=True)
+        return self._take(keys, logits_from)
+
+    def _run(self, rows: list[list[int]], requests: list[Any], salted: bool = False) -> list[Any]:
+        """``salted``: every request computes all its positions (a cache salt of its own)."""
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=r) for r in rows]
+        prompts = [
+            TokensPrompt(prompt_token_ids=r, cache_salt=uuid.uuid4().hex)
+            if salted and self.config.prefix_caching
+            else TokensPrompt(prompt_token_ids=r)
+            for r in rows
+        ]
         try:
             return self.llm.generate(prompts, requests, use_tqdm=False)
         except BaseException:
@@ -229,7 +295,6 @@ class VllmEngine:
         """``prefill`` of many (prompt, output) pairs, batched by vLLM's scheduler."""
         if not pairs:
             return []
-        from vllm import SamplingParams as VllmParams
 
         seqs, starts = [], []
         for i, (prompt_tokens, output_tokens) in enumerate(pairs):
@@ -243,16 +308,7 @@ class VllmEngine:
                 )
             seqs.append(prompt + output[:-1])
             starts.append(len(prompt) - 1)
-        tag = uuid.uuid4().hex
-        keys = [f"{tag}-{i}" for i in range(len(seqs))]
-        requests = [
-            VllmParams(
-                temperature=0.0, max_tokens=1, detokenize=False, extra_args={KEY: k, HIDDEN: True}
-            )
-            for k in keys
-        ]
-        self._run(seqs, requests)
-        records = self._take(keys, starts)
+        records = self._computed(seqs, starts)
         return [
             Prefill(logits=rec["logits"], hidden_states=rec["hidden"][: len(seq)])
             for rec, seq in zip(records, seqs, strict=True)
@@ -268,8 +324,15 @@ class VllmEngine:
         if has_adapter(local):
             self._load_merged(local)
         else:
-            self.llm.collective_rpc("swarmrl_reload", args=(str(local),))
+            self._reload(str(local))
         self.path = local
+
+    def _reload(self, path: str) -> None:
+        """Load the weights in ``path`` in place; what was computed with the old ones goes."""
+        self.llm.collective_rpc("swarmrl_reload", args=(path,))
+        if self.config.prefix_caching:
+            self.llm.reset_prefix_cache()
+            self._prefixes.clear()
 
     def _load_merged(self, path: Path) -> None:
         """Load ``path``'s base with its LoRA adapter merged in, through ``load_state_dict``."""
@@ -290,7 +353,7 @@ class VllmEngine:
         scratch = self._scratch()
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
         save_file(tensors, str(scratch / "model.safetensors"), metadata={"format": "pt"})
-        self.llm.collective_rpc("swarmrl_reload", args=(str(scratch),))
+        self._reload(str(scratch))
 
     def _scratch(self) -> Path:
         """A private directory holding the served model's config (weights written per load)."""

@@ -210,10 +210,11 @@ class SwarmrlWorkerExtension:
     def swarmrl_take(
         self, keys: Sequence[str], logits_from: Sequence[int] | None = None
     ) -> list[dict[str, Any]]:
-        """Per key: ``hidden`` [positions, hidden] ordered by position (None if not kept),
-        ``logprobs`` per decode step, and with ``logits_from[i] = s`` the ``logits``
-        [rows - s, vocab] the model computes from hidden rows s.. (tensors as ``_pack`` makes
-        them). Forgets the keys.
+        """Per key: ``hidden`` [positions, hidden] ordered by position from ``start`` (None if
+        not kept; ``start`` > 0 where the leading positions came from the prefix cache and were
+        not computed), ``logprobs`` per decode step, and with ``logits_from[i] = s`` the
+        ``logits`` [rows - s, vocab] the model computes from hidden rows s.. (tensors as
+        ``_pack`` makes them). Forgets the keys.
         """
         model = self.model_runner.get_model()
         self.__dict__.pop("_swarmrl_wants", None)  # finished requests are not seen again
@@ -223,20 +224,26 @@ class SwarmrlWorkerExtension:
             item: dict[str, Any] = {
                 "logprobs": [rec.logprobs[s] for s in sorted(rec.logprobs)],
                 "hidden": None,
+                "start": 0,
                 "logits": None,
             }
             if rec.hidden:
                 pos = torch.cat(rec.positions).to("cpu", torch.int64)
                 rows = torch.cat(rec.hidden)
-                order = torch.full((int(pos.max()) + 1,), -1, dtype=torch.int64)
-                order[pos] = torch.arange(len(pos))  # a recomputed position keeps its last row
+                start = int(pos.min())  # positions before it were cached, not computed
+                order = torch.full((int(pos.max()) + 1 - start,), -1, dtype=torch.int64)
+                order[pos - start] = torch.arange(len(pos))  # a recomputed one keeps its last row
                 if bool((order < 0).any()):
                     raise RuntimeError(f"request {key}: positions missing from the capture")
                 states = rows[order.to(rows.device)]
                 item["hidden"] = _pack(states)
+                item["start"] = start
                 if logits_from is not None:
+                    if logits_from[i] < start:
+                        raise RuntimeError(f"request {key}: logits asked of cached positions")
                     with torch.no_grad():
-                        item["logits"] = _pack(model.compute_logits(states[logits_from[i] :]))
+                        first = logits_from[i] - start
+                        item["logits"] = _pack(model.compute_logits(states[first:]))
             out.append(item)
         return out
 
