@@ -141,7 +141,7 @@ def main() -> None:
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="[shardcast] settings of the relay, e.g. parallel_downloads=2",
+        help="[shardcast] settings of the relay, e.g. relay_parallel_downloads=8",
     )
     args = parser.parse_args()
     print(

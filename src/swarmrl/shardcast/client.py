@@ -343,8 +343,10 @@ def install_version(
     on_partial: Callable[[Path], None] | None = None,
     on_shard: Callable[[int], None] = lambda index: None,
     on_delta: Callable[[int], None] = lambda index: None,
+    parallel: int | None = None,
 ) -> tuple[Path, AssemblyReport]:
-    """Assemble ``manifest`` under ``root`` and rename it ready; the partial dir never survives a failure."""
+    """Assemble ``manifest`` under ``root`` and rename it ready; the partial dir never survives a
+    failure. ``parallel``: downloads at once (None: ``config.parallel_downloads``)."""
     parent_dir, parent = None, None
     if manifest.parent_version is not None:
         candidate = store.ready_dir(root, manifest.parent_version)
@@ -363,7 +365,7 @@ def install_version(
             parent_dir=parent_dir,
             parent=parent,
             writer=writer,
-            parallel=config.parallel_downloads,
+            parallel=parallel or config.parallel_downloads,
             deadline=deadline,
             # a relay holds a request for a shard still arriving for up to shard_wait_s
             answer_s=min(config.request_timeout_s, config.shard_wait_s + config.stall_timeout_s),

@@ -272,6 +272,7 @@ class Follower:
                 on_partial=on_partial,
                 on_shard=lambda i: catalog.mark_shard(version, i),
                 on_delta=lambda i: catalog.mark_delta(version, i),
+                parallel=self.config.relay_parallel_downloads,
             )
         except BaseException:
             catalog.drop(version)
