@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from swarmrl.launch.swarm import StepRows
+from swarmrl.launch.display import StepRows
 
 
 def _rows(steps: range, pad: int) -> str:

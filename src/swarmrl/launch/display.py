@@ -2,15 +2,19 @@
 
 :func:`render` is a pure function of the status reports and the supervisor's process table,
 so it can be tested by rendering to text. :class:`LiveDisplay` redraws it with ``rich.live``
-(or, when stdout is not a terminal, prints one summary line per interval).
+(or, when stdout is not a terminal, prints one summary line per interval). :class:`StepRows`
+follows the trainer's step rows the view shows.
 
 Knows nothing about how the numbers are produced; each role decides what it reports.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -310,3 +314,40 @@ class LiveDisplay:
         if self._live is not None:
             self._live.__exit__(exc_type, exc, tb)
             self._live = None
+
+
+class StepRows:
+    """The trainer's step rows (``trainer/steps.jsonl``, one JSON line per finished step), read
+    as they are appended: a line still being written waits for the next read; a file replaced
+    (a restarted trainer puts its history in place as a new file) or cut shorter is read again
+    from its start, and so is one whose text at the offset is not a whole row."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        self._offset = 0
+        self._identity: tuple[int, int] | None = None
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
+                    self.rows, self._offset = [], 0
+                    self._identity = (st.st_dev, st.st_ino)
+                while True:
+                    f.seek(self._offset)
+                    data = f.read()
+                    complete = data[: data.rfind(b"\n") + 1]
+                    try:
+                        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
+                    except ValueError:  # rewritten in place under the offset, or not rows
+                        if self._offset:
+                            self.rows, self._offset = [], 0
+                            continue  # read again from the start
+                        return []  # not rows (yet): none rather than a crashed display
+                    self.rows += rows
+                    self._offset += len(complete)
+                    return self.rows
+        except FileNotFoundError:
+            return self.rows

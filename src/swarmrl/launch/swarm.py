@@ -30,8 +30,6 @@ Knows how to wire roles together; nothing about what they compute.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +42,7 @@ from swarmrl.config import SwarmConfig, save_config
 from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.errors import RoleExited, SwarmError, WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
-from swarmrl.launch.display import LiveDisplay
+from swarmrl.launch.display import LiveDisplay, StepRows
 from swarmrl.launch.facts import POOL_ID, swarm_facts, trainer_summary
 from swarmrl.launch.report import (
     RESERVE_BYTES,
@@ -366,43 +364,6 @@ def redraw(display: LiveDisplay, sup: Supervisor, plan: SwarmPlan) -> None:
     statuses = RoleStatus.read_dir(plan.status_dir)
     steps = StepRows(plan.run_dir / "trainer" / "steps.jsonl").read()
     display.update(statuses, alive, plan.config.rl.steps, f"swarmrl · {plan.run_dir}", steps)
-
-
-class StepRows:
-    """The trainer's step rows (``trainer/steps.jsonl``, one JSON line per finished step), read
-    as they are appended: a line still being written waits for the next read; a file replaced
-    (a restarted trainer puts its history in place as a new file) or cut shorter is read again
-    from its start, and so is one whose text at the offset is not a whole row."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: list[dict[str, Any]] = []
-        self._offset = 0
-        self._identity: tuple[int, int] | None = None
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as f:
-                st = os.fstat(f.fileno())
-                if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
-                    self.rows, self._offset = [], 0
-                    self._identity = (st.st_dev, st.st_ino)
-                while True:
-                    f.seek(self._offset)
-                    data = f.read()
-                    complete = data[: data.rfind(b"\n") + 1]
-                    try:
-                        rows = [json.loads(line) for line in complete.splitlines() if line.strip()]
-                    except ValueError:  # rewritten in place under the offset, or not rows
-                        if self._offset:
-                            self.rows, self._offset = [], 0
-                            continue  # read again from the start
-                        return []  # not rows (yet): none rather than a crashed display
-                    self.rows += rows
-                    self._offset += len(complete)
-                    return self.rows
-        except FileNotFoundError:
-            return self.rows
 
 
 def stop_generating(sup: Supervisor, plan: SwarmPlan, statuses: dict[str, RoleStatus]) -> None:
