@@ -331,8 +331,9 @@ class VllmEngine:
         """Load the weights in ``path`` in place; what was computed with the old ones goes."""
         self.llm.collective_rpc("swarmrl_reload", args=(path,))
         if self.config.prefix_caching:
-            self.llm.reset_prefix_cache()
             self._prefixes.clear()
+            if not self.llm.reset_prefix_cache():  # False: vLLM kept blocks of the old weights
+                raise RuntimeError("vLLM could not clear its prefix cache after a weight load")
 
     def _load_merged(self, path: Path) -> None:
         """Load ``path``'s base with its LoRA adapter merged in, through ``load_state_dict``."""
