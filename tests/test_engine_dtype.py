@@ -20,4 +20,5 @@ def test_a_swarm_of_bfloat16_workers_under_a_float32_trainer(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = rows[0]
     assert first["staleness_max"] == 0  # version-0 samples only: what differs is the engine
-    assert first["mismatch_kl"] > 1e-6, first["mismatch_kl"]  # float32 engines: below 1e-8
+    # float32 engines: below 1e-8; bfloat16 workers: 6.3e-7 to 4.6e-5 seen on this short run
+    assert first["mismatch_kl"] > 1e-7, first["mismatch_kl"]
