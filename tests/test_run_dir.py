@@ -100,6 +100,36 @@ def _in_control(run_dir: Path, report: dict) -> bool:
     return "after" in report.get("eval", {}) and any((run_dir / "policy").glob("*.safetensors"))
 
 
+def test_an_error_raised_while_an_interrupt_unwinds_ends_the_run_as_interrupted(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C landing inside a library whose clean-up then fails (torch's function-mode stack
+    under ``from_pretrained``: "trying to pop from empty mode stack", seen in the test below)
+    still ends the run as interrupted (exit status 130), its report written as such."""
+    import swarmrl.trainer.colocated as colocated
+    from swarmrl.cli import main
+    from swarmrl.config import EMBEDDED_DEFAULT
+    from swarmrl.errors import interrupted
+
+    def run(config, hooks, on_sft_step=None):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("trying to pop from empty mode stack") from None
+
+    try:
+        run(None, None)
+    except RuntimeError as exc:
+        assert interrupted(exc)  # the interrupt is its context, though not its cause
+    assert not interrupted(RuntimeError("plain")) and not interrupted(None)
+    monkeypatch.setattr(colocated, "run_colocated", run)
+    args = ["--colocated", "--quiet", "--set", f"run.run_dir={tmp_path}"]
+    status = main(["run", str(EMBEDDED_DEFAULT), *args])
+    assert status == 130
+    (report,) = tmp_path.glob("*/report.json")
+    assert json.loads(report.read_text())["status"] == "interrupted"
+
+
 def test_colocated_run_interrupted_in_its_control_keeps_report_metrics_and_policy(tmp_path):
     sets = [x for o in COLOCATED for x in ("--set", o)]
     proc = _start(tmp_path, "--colocated", *sets)

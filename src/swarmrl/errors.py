@@ -287,3 +287,17 @@ class RoleExited(InfraError):
 
 class ServiceUnavailable(InfraError):
     """A local service a command or test needs cannot be had here (no binaries, no start)."""
+
+
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM turned into one) or was
+    raised while one unwound: a library whose clean-up fails when the interrupt lands inside it
+    (torch's function-mode stack under ``from_pretrained``: "trying to pop from empty mode
+    stack") replaces the interrupt with an error of its own, the interrupt its context."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False

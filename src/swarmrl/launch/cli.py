@@ -20,6 +20,7 @@ from typing import Any
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 from swarmrl.config.args import add_override_args
+from swarmrl.errors import interrupted
 
 VERB_HELP = {
     "demo": "run the embedded default swarm on this machine (one cheating worker included)",
@@ -90,11 +91,13 @@ def run_colocated_cli(config: SwarmConfig, quiet: bool) -> Path:
     try:
         with terminate_as_interrupt(), Trackers(config, recorder.dir) as trackers, view:
             run_colocated(config, tracked(hooks, trackers), on_sft_step=view.on_sft_step)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through terminate_as_interrupt
-        recorder.finish("interrupted")
-        print(f"interrupted; what had finished is in {recorder.dir}", file=sys.stderr)
-        raise
     except BaseException as exc:
+        if interrupted(exc):  # Ctrl-C, or SIGTERM through terminate_as_interrupt
+            recorder.finish("interrupted")
+            print(f"interrupted; what had finished is in {recorder.dir}", file=sys.stderr)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise KeyboardInterrupt from exc  # an error a library raised as it unwound
         full = full_disk(recorder.dir, exc)
         recorder.finish("failed", reason=failure_reason(full or exc))
         if full is not None:
