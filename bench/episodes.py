@@ -153,8 +153,7 @@ def main() -> None:
             f"{cached}/{row['positions']}",
             flush=True,
         )
-    if hasattr(engine, "close"):
-        engine.close()  # vLLM's engine process, stopped before the interpreter exits
+    engine.close()  # vLLM's engine process, stopped before the interpreter exits
     _report(runs)
     args.out.write_text(json.dumps({"config": [args.config, *args.set], "runs": runs}, indent=1))
     print(f"figures in {args.out}")
