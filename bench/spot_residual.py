@@ -41,13 +41,18 @@ import random
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import Conflict
 from swarmrl.identity import KeyPair
+from swarmrl.ledger.export import read_entries
 from swarmrl.pool.client import PoolClient
+from swarmrl.pool.state import db
 from swarmrl.protocol.pool import Heartbeat, PoolSpec, SamplingParams, Submission
 from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
@@ -55,18 +60,21 @@ from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_s
 POOL = "residual"
 
 # arm name → (floor p, release_after_checks k, release_replay_fraction q,
-# release_young_checks n); the replay arms' floors keep p + (1 − p) q = 0.5, the baseline's
-# replays per unit at its floor
-ARMS: dict[str, tuple[float, int, float, int]] = {
-    "base": (0.5, 1, 0.0, 0),
-    "k2": (0.5, 2, 0.0, 0),
-    "k4": (0.5, 4, 0.0, 0),
-    "k8": (0.5, 8, 0.0, 0),
-    "k16": (0.5, 16, 0.0, 0),
-    "q0.25": (1 / 3, 1, 0.25, 0),
-    "q0.25k4": (1 / 3, 4, 0.25, 0),
-    "n16": (0.5, 1, 0.0, 16),
-    "n32": (0.5, 1, 0.0, 32),
+# release_young_checks n, twin_fraction t); the replay arms' floors keep p + (1 − p) q = 0.5,
+# the baseline's replays per unit at its floor; the twin arms spend workers' compute instead
+ARMS: dict[str, tuple[float, int, float, int, float]] = {
+    "base": (0.5, 1, 0.0, 0, 0.0),
+    "k2": (0.5, 2, 0.0, 0, 0.0),
+    "k4": (0.5, 4, 0.0, 0, 0.0),
+    "k8": (0.5, 8, 0.0, 0, 0.0),
+    "k16": (0.5, 16, 0.0, 0, 0.0),
+    "q0.25": (1 / 3, 1, 0.25, 0, 0.0),
+    "q0.25k4": (1 / 3, 4, 0.25, 0, 0.0),
+    "n16": (0.5, 1, 0.0, 16, 0.0),
+    "n32": (0.5, 1, 0.0, 32, 0.0),
+    "t0.5": (0.5, 2, 0.0, 0, 0.5),
+    "t0.8": (0.5, 2, 0.0, 0, 0.8),
+    "t1": (0.5, 2, 0.0, 0, 1.0),
 }
 
 
@@ -82,6 +90,7 @@ class Identity:
     # not by the end, so the delays of a run's first half are all seen unless one is None)
     delays: list[int | None] = field(default_factory=list)
     held: int = 0  # units neither trained nor dropped when it stopped
+    twin_answers: int = 0  # of its units, twins of another node's unit (twin arms)
 
 
 @dataclass
@@ -104,8 +113,17 @@ def _replay(pending) -> Verdict:
     )
 
 
+def _peer_answers(peer: PoolClient) -> None:
+    """The honest peer of a twin arm takes one unit (a twin first, when one waits) and answers
+    it."""
+    peer.heartbeat(POOL, Heartbeat(status="ok"))
+    work = peer.lease(POOL).work
+    if work is not None:
+        peer.submit(POOL, Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0)))
+
+
 def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strategy, args,
-                 rng: random.Random) -> Identity:  # fmt: skip
+                 rng: random.Random, peer: PoolClient | None = None) -> Identity:  # fmt: skip
     node = PoolClient(url, KeyPair.generate())
     node.join(POOL, CPU_NODE)
     checker, trainer = PoolClient(url, validator), PoolClient(url, owner)
@@ -122,10 +140,15 @@ def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strateg
             samples[0].output_tokens[0] = (samples[0].output_tokens[0] + 1) % 1000
         sid = node.submit(POOL, Submission(lease_id=work.lease_id, samples=samples)).submission_id
         me.submitted += 1
-        submitted_at[sid] = n
+        if work.origin_node_id != node.keypair.node_id:  # another node's unit again: a twin
+            me.twin_answers += 1  # judged by its match, trained only when nothing matched it
+        else:
+            submitted_at[sid] = n
         if cheat:
             me.falsified += 1
             falsified.add(sid)
+        if peer is not None:
+            _peer_answers(peer)
         while pending := checker.claim(POOL, limit=256):  # releases may send units to a check
             for unit in pending:
                 me.replays += unit.submission_id in submitted_at
@@ -138,22 +161,25 @@ def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strateg
         served = {s.submission_id for s in batch.submissions}
         if served:
             trainer.ack_batch(POOL, sorted(served))
-        mine = served & submitted_at.keys()
+        mine = served & (submitted_at.keys() | falsified)
         me.trained += len(mine)
         me.falsified_trained += len(mine & falsified)
         trained_at.update(dict.fromkeys(mine, n))
         if me.banned:
             break
     if not me.banned:
-        me.held = me.submitted - me.trained
+        me.held = len(submitted_at.keys() - trained_at.keys())
     if strategy.units:
         half = [s for s, n in submitted_at.items() if n < strategy.units // 2]
         me.delays = [trained_at[s] - submitted_at[s] if s in trained_at else None for s in half]
     return me
 
 
-def run_arm(arm: str, seed: int, args) -> dict[str, list[Identity]]:
-    floor, release_after, replay, young = ARMS[arm]
+def run_arm(arm: str, seed: int, args) -> tuple[dict[str, list[Identity]], dict[str, int]]:
+    """The identities of each strategy, and the arm's totals: units submitted, the
+    validator's replays (verdicts), units trained, twins matched (workers' compute that
+    trained nothing)."""
+    floor, release_after, replay, young, twin = ARMS[arm]
     strategies = [
         Strategy("always", 1.0),
         Strategy("f=0.5", 0.5),
@@ -167,7 +193,7 @@ def run_arm(arm: str, seed: int, args) -> dict[str, list[Identity]]:
         sampling=SamplingParams(max_new_tokens=2), validators=[validator.public_key_hex],
         validated_fraction=floor, check_rate_decay=args.decay, max_tasks_per_lease=1,
         max_leases_in_flight=64, release_after_checks=release_after,
-        release_replay_fraction=replay, release_young_checks=young,
+        release_replay_fraction=replay, release_young_checks=young, twin_fraction=twin,
     )  # fmt: skip
     config = PoolConfig(join_burst=100_000)  # every identity joins at once, unthrottled
     out: dict[str, list[Identity]] = {}
@@ -176,16 +202,41 @@ def run_arm(arm: str, seed: int, args) -> dict[str, list[Identity]]:
         local_orchestrator(Path(tmp), orch, config) as server,
     ):
         PoolClient(server.url, orch).create_pool(spec)
+        peer = None
+        if twin > 0 or args.peer:  # an honest node beside each identity, to answer twins
+            peer = PoolClient(server.url, KeyPair.generate())
+            peer.join(POOL, CPU_NODE)
         for i, strategy in enumerate(strategies):
             count = args.honest if strategy.units else args.identities
             out[strategy.name] = [
                 # the same cheating choices for identity j of this strategy in every arm
                 run_identity(
-                    server.url, owner, validator, strategy, args, random.Random(f"{seed}/{i}/{j}")
+                    server.url,
+                    owner,
+                    validator,
+                    strategy,
+                    args,
+                    random.Random(f"{seed}/{i}/{j}"),
+                    peer,
                 )  # fmt: skip
                 for j in range(count)
             ]
-    return out
+        with server.ctx.engine.connect() as conn:
+            status = dict(
+                conn.execute(
+                    sa.select(db.submissions.c.status, sa.func.count()).group_by(
+                        db.submissions.c.status
+                    )
+                ).all()
+            )
+        kinds = Counter(e["kind"] for e in read_entries(server.ctx.engine))
+    totals = {
+        "units": sum(status.values()),
+        "replays": kinds["verdict"],
+        "trained": status.get("trained", 0),
+        "matched": status.get("matched", 0),
+    }
+    return out, totals
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -214,6 +265,11 @@ def summarise(ids: list[Identity]) -> dict:
     }
 
 
+def _ratio(ts: list[dict[str, int]], what: str) -> float:
+    """``what`` per trained unit, over the seeds' totals."""
+    return sum(t[what] for t in ts) / max(1, sum(t["trained"] for t in ts))
+
+
 def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -228,32 +284,49 @@ def main() -> None:
     parser.add_argument("--decay", type=float, default=0.8, help="check_rate_decay")
     parser.add_argument("--max-units", type=int, default=400, help="most units per identity")
     parser.add_argument("--warmup", type=int, default=10, help="honest units of 'probation'")
+    parser.add_argument("--peer", action="store_true",
+                        help="an honest peer beside each identity in every arm (the twin arms "
+                        "always have one: it answers the twins)")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
     arms = args.arms.split(",")
     runs: dict[tuple[str, int], dict[str, list[Identity]]] = {}
+    totals: dict[tuple[str, int], dict[str, int]] = {}
     for seed in args.seeds:  # arms alternate within each seed
         for arm in arms:
-            runs[(arm, seed)] = run_arm(arm, seed, args)
-            print(f"arm {arm} seed {seed} done", file=sys.stderr, flush=True)
+            runs[(arm, seed)], totals[(arm, seed)] = run_arm(arm, seed, args)
+            t = totals[(arm, seed)]
+            print(f"arm {arm} seed {seed} done: {t['units']} units, {t['replays']} replays, "
+                  f"{t['trained']} trained, {t['matched']} twins matched",
+                  file=sys.stderr, flush=True)  # fmt: skip
     print(f"decay {args.decay}; {args.identities} identities per cheating strategy and "
           f"{args.honest} honest ones of {args.honest_units} units per arm; seeds {args.seeds}")  # fmt: skip
-    header = ("arm (p, k, q, n)", "strategy", "caught", "falsified trained / caught (per seed)",
+    print(
+        "arm | units submitted / replays / trained / twins matched (per seed) | validator "
+        "replays per trained unit | worker units per trained unit"
+    )
+    for arm in arms:
+        ts = [totals[(arm, seed)] for seed in args.seeds]
+        print(f"{arm} | " + " / ".join(f"{t['units']} {t['replays']} {t['trained']} "
+                                       f"{t['matched']}" for t in ts)
+              + f" | {_ratio(ts, 'replays'):.3f} | {_ratio(ts, 'units'):.3f}")  # fmt: skip
+    header = ("arm (p, k, q, n, t)", "strategy", "caught", "falsified trained / caught (per seed)",
               "max", "replays / unit (per seed)", "honest delay mean / p90 / max",
               "held at end")  # fmt: skip
     print(" | ".join(header))
     rows = []
     for arm in arms:
-        floor, k, q, young = ARMS[arm]
+        floor, k, q, young, twin = ARMS[arm]
         for name in runs[(arm, args.seeds[0])]:
             per_seed = [summarise(runs[(arm, seed)][name]) for seed in args.seeds]
             rows.append({"arm": arm, "floor": floor, "release_after_checks": k,
-                         "release_replay_fraction": q, "release_young_checks": young, "strategy": name, "seeds": args.seeds,
+                         "release_replay_fraction": q, "release_young_checks": young,
+                         "twin_fraction": twin, "strategy": name, "seeds": args.seeds,
                          "per_seed": per_seed,
                          "runs": [[asdict(i) for i in runs[(arm, seed)][name]]
                                   for seed in args.seeds]})  # fmt: skip
             cells = (
-                f"{arm} ({floor:.2f}, {k}, {q}, {young})", name,
+                f"{arm} ({floor:.2f}, {k}, {q}, {young}, {twin})", name,
                 " / ".join(f"{r['caught']}/{r['identities']}" for r in per_seed),
                 " / ".join(_fmt(r["falsified_trained_per_caught"]) for r in per_seed),
                 str(max(r["max"] for r in per_seed)),
@@ -269,7 +342,10 @@ def main() -> None:
             )  # fmt: skip
             print(" | ".join(cells))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        arm_totals = {f"{arm}/{seed}": t for (arm, seed), t in totals.items()}
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "totals": arm_totals, "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

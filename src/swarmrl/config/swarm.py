@@ -92,6 +92,17 @@ class SwarmSection(Section):
             "check instead (the pool's `release_replay_fraction`); 0 = release them all"
         ),
     )
+    spot_check_twin: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "share of the unchecked submissions whose unit (tasks and seed) another worker "
+            "generates again (the pool's `twin_fraction`): equal outputs release it at once, "
+            "differing ones go to validators; costs that share of workers' compute, no "
+            "validator work for honest twins; 0 = none"
+        ),
+    )
     lease_version_lag: int = Field(
         0,
         ge=0,

@@ -64,6 +64,9 @@ def swarm_facts(plan: SwarmPlan) -> dict:
                 "pending": by_status.get("pending", 0),
                 # not selected for a check and not yet released by a later passed one
                 "unchecked": by_status.get("unchecked", 0),
+                # twins whose output equalled the unit they repeated: credited, never trained
+                # (the samples trained once, as the other's; swarmrl.pool.flow.twins)
+                "twins_matched": by_status.get("matched", 0),
                 "rejected_honest": sum(c["rejected"] for n, c in judged.items() if n in honest),
                 # rejected by a validator yet acknowledged by the trainer: must stay 0
                 "rejected_trained": len(
@@ -224,6 +227,12 @@ def summary_text(report: dict) -> str:
         f"{subs['expired']} expired unchecked, {subs['invalidated']} invalidated, "
         f"{subs['trained']} trained"
         + _waste_clause(subs)
+        + (
+            f", {subs['twins_matched']} twins that matched another worker's output (credited, "
+            "not trained again)"
+            if subs.get("twins_matched")
+            else ""
+        )
         + (
             f", {subs['stale_groups_dropped']} held-over groups went too stale to train"
             if subs.get("stale_groups_dropped")

@@ -40,7 +40,9 @@ EntryKind = Literal[
     "assignment_commit",
     "assignment_reveal",
     "vote",  # one validator's verdict on a disputed submission (swarmrl.pool.flow.spotcheck)
-    "release",  # unchecked submissions made trainable by a later passed check
+    # unchecked submissions made trainable by a later passed check, or a twin's comparison
+    # (swarmrl.pool.flow.twins)
+    "release",
 ]
 ENTRY_KINDS: tuple[str, ...] = EntryKind.__args__  # type: ignore[attr-defined]
 

@@ -22,8 +22,12 @@ trainable) follows passed checks of ``release_after_checks`` later submissions o
 and ``release_young_checks`` of the node in all, and that the ones it sends to a check instead
 (``replay``) are exactly those whose release draw ``HMAC-SHA256(secret,
 "release-check/<pool>/<submission id>") / 2^256`` is below ``release_replay_fraction`` (keyed
-with the secret of the epoch the release names). Knows nothing about databases or HTTP; the
-rates come from the pool's ``pool_created`` entry (``swarmrl.ledger.replay``).
+with the secret of the epoch the release names). With twins (``twin_fraction``, the pool
+module ``swarmrl.pool.flow.twins``) it also re-derives which unchecked submissions were drawn
+for a twin (``HMAC-SHA256(secret, "twin/<pool>/<submission id>")``), that a twin's submission
+repeats one so drawn, from another node, and that a twin release joining the two as a match
+names submissions whose ``digest`` is equal. Knows nothing about databases or HTTP; the rates
+come from the pool's ``pool_created`` entry (``swarmrl.ledger.replay``).
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ def is_replayed(secret: str, pool_id: str, submission_id: str, fraction: float) 
     return draw(secret, pool_id, submission_id, "release-check") < fraction
 
 
+def is_twinned(secret: str, pool_id: str, submission_id: str, fraction: float) -> bool:
+    """Whether an unchecked submission's unit is leased again to another node (a twin)."""
+    return draw(secret, pool_id, submission_id, "twin") < fraction
+
+
 @dataclass
 class _Pool:
     floor: float
@@ -70,11 +79,15 @@ class _Pool:
     release_after: int = 1  # passed checks of later submissions that release unchecked work
     release_young: int = 0  # passed checks in all a node needs before anything is released
     replay_fraction: float = 0.0  # share of it checked instead at release
+    twin_fraction: float = 0.0  # share of unchecked submissions leased again as twins
     clean: dict[str, int] = field(default_factory=dict)  # node → passed checks since a failure
     checked: dict[str, tuple[str, bool]] = field(default_factory=dict)  # sid → (node, checked)
     order: dict[str, int] = field(default_factory=dict)  # sid → seq of its submission entry
     passed: set[str] = field(default_factory=set)  # checked submissions whose check passed
     passed_seqs: dict[str, list[int]] = field(default_factory=dict)  # node → seqs of those
+    twinned: set[str] = field(default_factory=set)  # unchecked submissions drawn for a twin
+    twin_of: dict[str, str] = field(default_factory=dict)  # twin's submission → the original
+    digests: dict[str, str] = field(default_factory=dict)  # submission → its samples' digest
 
 
 @dataclass
@@ -101,6 +114,7 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
             int(spec_value(spec, "release_after_checks")),
             int(spec_value(spec, "release_young_checks")),
             float(spec_value(spec, "release_replay_fraction")),
+            float(spec_value(spec, "twin_fraction")),
         )
 
     def _entry(self, entry: dict[str, Any], kind: str, body: dict[str, Any], pool_id: Any) -> str:
@@ -118,6 +132,8 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         if kind == "verdict":
             return self._verdict(pool, entry)
         if kind == "release":
+            if entry["body"].get("twin"):
+                return self._twin(pool, entry)
             return self._release(pool, entry)
         return ""
 
@@ -127,10 +143,17 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         pool.order[sid] = int(entry["seq"])
         if check is None:  # written before spot checks existed: every one was judged or not
             return ""
+        if body.get("digest") is not None:
+            pool.digests[sid] = str(body["digest"])
         want = check_rate(pool.clean.get(node, 0), pool.floor, pool.decay)
         rate, checked = check.get("rate"), bool(check.get("checked"))
-        if not pool.has_validators:
+        twin_of = body.get("twin_of")
+        if not pool.has_validators or twin_of is not None:  # a twin is judged by its match
             want = 0.0
+        if twin_of is not None:
+            pool.twin_of[sid] = str(twin_of)
+            if str(twin_of) not in pool.twinned or checked:
+                return f"submission {sid} claims to repeat {twin_of}, which was drawn for no twin"
         if rate != want:
             return (
                 f"submission {sid} was checked at rate {rate!r}; the ledger's record gives {want!r}"
@@ -139,7 +162,13 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         key = (pool_id, int(check.get("epoch", -1)))
         if key[1] != self.open_epoch.get(pool_id):
             return f"submission {sid} was drawn in epoch {key[1]}, not the open one"
-        return self._draw_or_wait(pool_id, key[1], sid, want, checked, "spot-check")
+        reason = self._draw_or_wait(pool_id, key[1], sid, want, checked, "spot-check")
+        if reason or checked or twin_of is not None or not pool.twin_fraction:
+            return reason
+        twinned = bool(check.get("twin"))
+        if twinned:
+            pool.twinned.add(sid)
+        return self._draw_or_wait(pool_id, key[1], sid, pool.twin_fraction, twinned, "twin")
 
     def _draw_or_wait(
         self, pool_id: str | None, epoch: int, sid: str, rate: float, checked: bool, purpose: str
@@ -216,6 +245,33 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
                     return reason
         for sid in replayed:  # checked from now on: a verdict on it is due
             pool.checked[sid] = (node, True)
+        return ""
+
+    def _twin(self, pool: _Pool, entry: dict[str, Any]) -> str:
+        """A twin's output arrived: equal samples release the original (if still unchecked)
+        and leave the twin as a duplicate; differing ones send what is unchecked of the two to
+        validators (``swarmrl.pool.flow.twins``)."""
+        body, node = entry["body"], str(entry["node_id"])
+        by = str(body.get("by"))
+        original = pool.twin_of.get(by)
+        if original is None or pool.checked.get(original, ("", True))[0] != node:
+            return f"twin release by {by}, which repeats no submission of node {node}"
+        if pool.checked.get(by, (node, False))[0] == node:
+            return f"twin release by {by}: a node answered its own twin"
+        released = [str(s) for s in body.get("submission_ids", [])]
+        replayed = [str(s) for s in body.get("replay", [])]
+        if body.get("matched"):
+            if pool.digests.get(by) is None or pool.digests.get(by) != pool.digests.get(original):
+                return f"twin release by {by}: its samples' digest differs from {original}'s"
+            if replayed or released not in ([], [original]):
+                return f"twin release by {by} names other submissions than {original}"
+        elif released or not set(replayed) <= {original, by}:
+            return f"twin mismatch of {by} releases work or checks other submissions"
+        for sid in released + replayed:
+            if pool.checked.get(sid, ("", True))[1]:
+                return f"twin release by {by}: {sid} was not unchecked"
+        for sid in replayed:
+            pool.checked[sid] = (pool.checked[sid][0], True)
         return ""
 
     def finish(self) -> str:

@@ -24,6 +24,7 @@ How each spec key follows from the config (``config_terms``)::
     release_after_checks    swarm.spot_check_release_after
     release_young_checks    swarm.spot_check_release_young
     release_replay_fraction swarm.spot_check_release_replay
+    twin_fraction       swarm.spot_check_twin
     quorum              swarm.quorum
     max_tasks_per_lease swarm.rollouts_per_lease // rl.group_size (at least 1)
     lease_timeout_s     swarm.lease_timeout_s
@@ -93,6 +94,7 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
         "swarm.spot_check_release_replay",
         swarm.spot_check_release_replay,
     )
+    terms["twin_fraction"] = ("swarm.spot_check_twin", swarm.spot_check_twin)
     terms["quorum"] = ("swarm.quorum", swarm.quorum)
     terms["max_tasks_per_lease"] = (
         "swarm.rollouts_per_lease / rl.group_size",

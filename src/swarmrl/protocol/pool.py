@@ -116,6 +116,14 @@ class PoolSpec(Message):
         description="share of the unchecked submissions a passed check would release that are "
         "checked instead, drawn under the epoch secret (swarmrl.pool.flow.spotcheck)",
     )
+    twin_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of the unchecked submissions whose unit (tasks and seed) is leased "
+        "again to another node, drawn under the epoch secret; equal outputs release it, "
+        "differing ones send both to validators (swarmrl.pool.flow.twins); 0 = none",
+    )
     quorum: int = Field(
         1,
         ge=1,

@@ -22,7 +22,10 @@ check bans the node and drops all its untrained work, unchecked included, and ta
 credits still locked (``swarmrl.pool.trust.penalties``). So no unchecked unit trains unless k
 checks the node could not foresee passed after it was submitted; what can slip through is a
 falsified unit followed by k honest checked ones and not drawn for a replay (docs/toploc.md,
-"The spot-check residual", measures it).
+"The spot-check residual", measures it). With ``twin_fraction`` > 0 a drawn share of the
+unchecked units is generated again by another node (``swarmrl.pool.flow.twins``): such a unit
+is not released by later checks while its twin is out, and the twin's answer releases it or
+sends both to the validators.
 
 Quorum: with ``quorum`` k > 1 a rejection is one vote (``vote`` ledger entry) and the
 submission waits as ``disputed`` for other validators; it is rejected once more than half of k
@@ -38,7 +41,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
-from swarmrl.ledger.spotchecks import check_rate, is_checked, is_replayed
+from swarmrl.ledger.spotchecks import check_rate, is_checked, is_replayed, is_twinned
 from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.state import db
 from swarmrl.pool.trust import assignments
@@ -55,6 +58,7 @@ class Check:
     rate: float
     checked: bool
     has_validators: bool = True
+    twin: bool | None = None  # drawn for a twin (swarmrl.pool.flow.twins); None: no twins here
 
     @property
     def status(self) -> str:
@@ -65,7 +69,10 @@ class Check:
         return "unchecked" if self.has_validators else "accepted"
 
     def record(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "rate": self.rate, "checked": self.checked}
+        record = {"epoch": self.epoch, "rate": self.rate, "checked": self.checked}
+        if self.twin is not None:
+            record["twin"] = self.twin
+        return record
 
 
 _CLEAN = Fast(
@@ -97,11 +104,26 @@ def node_rate(conn: sa.Connection, spec: PoolSpec, node_id: str) -> float:
     )
 
 
-def decide(ctx: Context, conn: sa.Connection, spec: PoolSpec, node_id: str, sid: str) -> Check:
-    """Draw whether submission ``sid`` of ``node_id`` is checked (module docstring)."""
+def decide(
+    ctx: Context,
+    conn: sa.Connection,
+    spec: PoolSpec,
+    node_id: str,
+    sid: str,
+    twin_of: str | None = None,
+) -> Check:
+    """Draw whether submission ``sid`` of ``node_id`` is checked (module docstring) and, when
+    it is not and the pool has twins, whether its unit is leased again to another node. A
+    twin's own submission (``twin_of``) is drawn for neither: its match judges it."""
     epoch, secret = assignments.current(ctx, conn, spec.pool_id)
+    if twin_of is not None:
+        return Check(epoch, 0.0, False, bool(spec.validators), None)
     rate = node_rate(conn, spec, node_id)
-    return Check(epoch, rate, is_checked(secret, spec.pool_id, sid, rate), bool(spec.validators))
+    checked = is_checked(secret, spec.pool_id, sid, rate)
+    twin = None
+    if spec.twin_fraction > 0 and spec.validators and not checked:
+        twin = is_twinned(secret, spec.pool_id, sid, spec.twin_fraction)
+    return Check(epoch, rate, checked, bool(spec.validators), twin)
 
 
 def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, accepted: int) -> list[str]:
@@ -123,6 +145,8 @@ def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, accepted
     if accepted < spec.release_young_checks:
         return []
     due = sa.and_(earlier, subs.c.passes_after >= spec.release_after_checks)
+    if spec.twin_fraction > 0:  # a unit whose twin is still out waits for the twin's answer
+        due = sa.and_(due, ~twin_outstanding())
     ids = sorted(conn.execute(sa.select(subs.c.submission_id).where(due)).scalars())
     if not ids:
         return []
@@ -143,6 +167,16 @@ def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, accepted
         )
     ctx.ledger.append(conn, "release", body, pool_id=pool_id, node_id=row.node_id, ts=ctx.clock())
     return released
+
+
+def twin_outstanding() -> sa.ColumnElement[bool]:
+    """Whether a submission's twin lease is still out: waiting for a node, or leased and not
+    yet answered (``swarmrl.pool.flow.twins``)."""
+    leases = db.leases
+    return sa.exists().where(
+        leases.c.twin_of == db.submissions.c.submission_id,
+        leases.c.state.in_(("twin", "active")),
+    )
 
 
 def failed(conn: sa.Connection, pool_id: str, node_id: str) -> None:

@@ -26,7 +26,7 @@ from swarmrl.errors import PeerError, ReplayedRequest
 from swarmrl.fastsql import Fast
 from swarmrl.identity.requests import SignedRequest
 from swarmrl.ledger.chain import Entry
-from swarmrl.pool.flow import admission, progress, spotcheck
+from swarmrl.pool.flow import admission, progress, spotcheck, twins
 from swarmrl.pool.flow.samples import check_samples
 from swarmrl.pool.flow.scheduling import draw_tasks, lease_size, unit_seed, update_throughput
 from swarmrl.pool.rejections import (
@@ -61,12 +61,13 @@ def _new_id() -> str:
 # much as running it)
 _L = db.leases
 _ORPHAN = Fast(
-    sa.select(_L.c.lease_id, _L.c.work)
+    sa.select(_L.c.lease_id, _L.c.work, _L.c.twin_of, _L.c.twin_node)
     .where(
         _L.c.pool_id == sa.bindparam("p"),
-        _L.c.state == "expired",
+        _L.c.state.in_(("expired", "twin")),  # a twin waits for a node other than its own
         _L.c.reassigned_to.is_(None),
         _L.c.node_id != sa.bindparam("n"),
+        sa.func.coalesce(_L.c.twin_node, "") != sa.bindparam("n"),
     )
     .order_by(_L.c.deadline)
     .limit(1)
@@ -160,7 +161,9 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
         queue.granted(node_id, now)
         lease_id = _new_id()
         orphan = _ORPHAN.run(conn, {"p": pool_id, "n": node_id}).first()
+        twin_of = twin_node = None
         if orphan is not None:
+            twin_of, twin_node = orphan.twin_of, orphan.twin_node
             old = WorkUnit.model_validate_json(orphan.work)
             origin, counter, tasks = old.origin_node_id, old.origin_counter, old.task_indices
             seed, epoch = old.seed, old.assignment_epoch
@@ -197,6 +200,8 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
                 n_tasks=len(tasks),
                 created_at=now,
                 deadline=work.deadline,
+                twin_of=twin_of,
+                twin_node=twin_node,
             ),
         )
     return LeaseReply(outcome="work", work=work, retry_after_s=0.0)
@@ -404,7 +409,7 @@ def _submit(
         work = WorkUnit.model_validate_json(row.work)
         version = current_version(conn, pool_id)
         tokens = check_samples(spec, work, sub.samples, version, ctx.config.max_proof_bytes)
-        check = spotcheck.decide(ctx, conn, spec, node_id, sid)
+        check = spotcheck.decide(ctx, conn, spec, node_id, sid, row.twin_of)
         auth = {
             "node_key": signed.public_key.hex,
             "signature": signed.signature,
@@ -444,12 +449,22 @@ def _submit(
                 **auth,
                 "check": check.record(),
             }
+            if spec.twin_fraction > 0:  # what a twin's answer is compared by
+                body["digest"] = twins.digest(sub.samples)
+            if row.twin_of is not None:
+                body["twin_of"] = row.twin_of
             entries = [Entry("submission", body, pool_id, node_id, now)]
             if not check.checked:
                 held = on_probation(ctx, spec, member.accepted)
                 entries.append(
                     credit_entry(ctx, conn, spec, sid, node_id, tokens, "orchestrator", held)
                 )
+            if check.twin:
+                twins.lease_twin(conn, spec, sid, node_id, row, now)
+            if row.twin_of is not None:
+                compared = twins.answered(ctx, conn, spec, sid, row.twin_of, sub.samples)
+                if compared is not None:
+                    entries.append(compared)
             ctx.ledger.append_many(conn, entries)  # one head read, one insert
         except BaseException:
             ctx.store.delete(ref)

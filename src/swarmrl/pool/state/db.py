@@ -74,7 +74,13 @@ leases = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("deadline", sa.Float, nullable=False),
     sa.Column("reassigned_to", sa.String(32), nullable=True),
+    # a twin (swarmrl.pool.flow.twins): the unchecked submission whose unit this lease repeats,
+    # and that submission's node (never leased its own twin); state twin (waiting for another
+    # node) → reassigned, or → lapsed when nobody took it by its deadline
+    sa.Column("twin_of", sa.String(32), nullable=True),
+    sa.Column("twin_node", sa.String(32), nullable=True),
     sa.Index("ix_leases_node_state", "pool_id", "node_id", "state"),
+    sa.Index("ix_leases_twin_of", "twin_of"),
     sa.Index("ix_leases_state_deadline", "state", "deadline"),
 )
 
@@ -94,7 +100,9 @@ submissions = sa.Table(
     # pending (to be checked) → accepted | rejected | disputed (a rejection awaiting its quorum)
     # | quarantined (unservable); unchecked (not selected) → accepted once checks of later
     # submissions of its node passed, or pending when drawn for a check then
-    # (swarmrl.pool.flow.spotcheck); accepted → leased (in a batch) → trained
+    # (swarmrl.pool.flow.spotcheck), or once its twin's equal output arrived, or pending when
+    # that output differs; a twin's own submission → matched (credited, never trained: its
+    # samples are the other's) (swarmrl.pool.flow.twins); accepted → leased (in a batch) → trained
     # (acknowledged) or back to accepted (lease expired); any untrained one → dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),
@@ -264,6 +272,7 @@ def make_engine(url: str, fast_sql: bool = True) -> sa.Engine:
         _add_lease_task_counts(engine)
         _add_batched_through(engine)
         _add_passes_after(engine)
+        _add_twins(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
@@ -289,6 +298,17 @@ def _add_passes_after(engine: sa.Engine) -> None:
         conn.execute(
             sa.text("ALTER TABLE submissions ADD COLUMN passes_after INTEGER NOT NULL DEFAULT 0")
         )
+
+
+def _add_twins(engine: sa.Engine) -> None:
+    """A database made before twin leases existed gets their columns, empty (no lease is a
+    twin)."""
+    if "twin_of" in {c["name"] for c in sa.inspect(engine).get_columns("leases")}:
+        return
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE leases ADD COLUMN twin_of VARCHAR(32)"))
+        conn.execute(sa.text("ALTER TABLE leases ADD COLUMN twin_node VARCHAR(32)"))
+        conn.execute(sa.text("CREATE INDEX ix_leases_twin_of ON leases (twin_of)"))
 
 
 def _add_lease_task_counts(engine: sa.Engine) -> None:

@@ -339,6 +339,17 @@ _NODE_UNLESS_BUSY = (
     .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
     .with_for_update(skip_locked=True)
 )
+# twin leases (swarmrl.pool.flow.twins) nobody took by their deadline, and taken ones that
+# expired unanswered, lapse: their originals go back to the usual release
+_LAPSE_TWINS = (
+    db.leases.update()
+    .where(
+        db.leases.c.twin_of.is_not(None),
+        db.leases.c.state.in_(("twin", "expired")),
+        db.leases.c.deadline < sa.bindparam("now"),
+    )
+    .values(state="lapsed")
+)
 _EXPIRE = (
     db.leases.update()
     .where(db.leases.c.lease_id == sa.bindparam("lease"), db.leases.c.state == "active")
@@ -384,6 +395,7 @@ def sweep(ctx: Context) -> dict[str, int]:
             changed["nodes"] += conn.execute(
                 db.nodes.update().where(where).values(state=target)
             ).rowcount
+        changed["leases"] += conn.execute(_LAPSE_TWINS, {"now": now}).rowcount
         for lease in conn.execute(_OVERDUE, {"now": now}).all():
             node = {"p": lease.pool_id, "n": lease.node_id}
             if conn.execute(_NODE_UNLESS_BUSY, node).first() is None:

@@ -1,0 +1,148 @@
+"""Twins: an unchecked unit generated again by another node, compared instead of replayed.
+
+Sampling is seeded by the unit (``WorkUnit.seed``), so two honest nodes given the same unit on
+the same policy version produce the same tokens. A share ``twin_fraction`` of the unchecked
+submissions (drawn under the epoch secret like the spot check, ``"twin/<pool>/<submission>"``;
+recorded as ``check.twin`` in the submission's ledger entry) has its unit leased once more to
+another node (a lease row in state ``twin``, handed out before fresh work, never to the node
+that submitted it, lapsed when nobody took it within ``lease_timeout_s``). While its twin is
+out, the unit is not released by later passed checks (``spotcheck.passed``). When the twin's
+answer arrives (:func:`answered`):
+
+- **equal** (the same tokens, turns and finish reasons on the same versions, and every declared
+  log-prob within :data:`LOGPROB_TOLERANCE` of the other's): the original is released at once
+  (if it is still unchecked) and the twin's submission is ``matched``: credited, never trained
+  (its samples are the original's), never judged;
+- **different**: whatever of the two is still unchecked goes to validators (status
+  ``pending``): the replay decides which node lied, and the liar is banned like any failed
+  check. An honest pair that differs (a near-tie resolved differently on two engines) costs
+  two replays, no blame;
+- **apart** (the twin generated on another policy version, or the original is gone): no
+  comparison; the twin is an ordinary unchecked unit and the original waits for the usual
+  release.
+
+A release entry (``"twin": true``) records each comparison, and both submission entries carry
+``digest`` (SHA-256 of the canonical samples without proofs and log-probs), so ``ledger
+verify`` re-derives that a match released only equal digests. A twin submission is drawn for
+no spot check (its rate is 0): its match judges it.
+
+What a twin does not catch: a party holding both identities of a pair (it can answer its twin
+with the same falsified output), and the declared log-probs within the tolerance. A node cannot
+tell that its own unit was twinned; the twin's holder can tell it holds someone's unit again
+(``origin_node_id``), not whose output it will be compared with. Runs inside the caller's
+transaction; knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from swarmrl.identity.keys import canonical_json, digest_hex
+from swarmrl.ledger.chain import Entry
+from swarmrl.pool.state import db
+from swarmrl.pool.trust.service import Context
+from swarmrl.protocol.pool import PoolSpec, Sample
+
+# nats: declared log-probs of a matched pair may differ by this much per token (two engines'
+# honest log-probs of the same tokens); more sends both to a replay
+LOGPROB_TOLERANCE = 0.05
+GONE = ("rejected", "dropped", "quarantined")  # an original in these is not compared
+
+
+def digest(samples: list[Sample]) -> str:
+    """SHA-256 of what two honest twins produce alike: tasks, versions, tokens, finish
+    reasons and turn structure (not proofs, not log-probs)."""
+    rows = [
+        [
+            s.task_index,
+            s.policy_version,
+            s.prompt_tokens,
+            s.output_tokens,
+            s.finish_reason,
+            None if s.episode is None else s.episode.model_dump(mode="json"),
+        ]
+        for s in samples
+    ]
+    return digest_hex(canonical_json(rows))
+
+
+def compare(ours: list[Sample], theirs: list[Sample]) -> Literal["equal", "different", "apart"]:
+    """Whether two answers to one unit are equal, different, or not comparable (other
+    tasks or policy versions)."""
+    if [(s.task_index, s.policy_version) for s in ours] != [
+        (s.task_index, s.policy_version) for s in theirs
+    ]:
+        return "apart"
+    if digest(ours) != digest(theirs):
+        return "different"
+    for a, b in zip(ours, theirs, strict=True):
+        if len(a.logprobs) != len(b.logprobs):
+            return "different"
+        pairs = zip(a.logprobs, b.logprobs, strict=True)
+        if not all(abs(x - y) <= LOGPROB_TOLERANCE for x, y in pairs):
+            return "different"  # NaN and infinities compare false: different
+    return "equal"
+
+
+def lease_twin(
+    conn: sa.Connection, spec: PoolSpec, sid: str, node_id: str, lease: Any, now: float
+) -> None:
+    """Put submission ``sid``'s unit (its lease row ``lease``) out again for another node."""
+    conn.execute(
+        db.leases.insert(),
+        dict(
+            lease_id=uuid.uuid4().hex,
+            pool_id=spec.pool_id,
+            node_id=node_id,
+            state="twin",
+            work=lease.work,
+            n_tasks=lease.n_tasks,
+            created_at=now,
+            deadline=now + spec.lease_timeout_s,
+            twin_of=sid,
+            twin_node=node_id,
+        ),
+    )
+
+
+def answered(
+    ctx: Context,
+    conn: sa.Connection,
+    spec: PoolSpec,
+    sid: str,
+    original: str,
+    samples: list[Sample],
+) -> Entry | None:
+    """Submission ``sid`` answered the twin of ``original``: compare (module docstring), set
+    both statuses, and return the ``release`` entry to append (None when not comparable)."""
+    subs = db.submissions
+    row = conn.execute(
+        sa.select(subs.c.node_id, subs.c.status, subs.c.rollout_key).where(
+            subs.c.submission_id == original
+        )
+    ).first()
+    if row is None or row.status in GONE:
+        return None
+    outcome = compare(samples, ctx.store.get_samples(row.rollout_key))
+    if outcome == "apart":
+        return None
+    unchecked = row.status == "unchecked"
+    body: dict[str, Any] = {"by": sid, "twin": True, "matched": outcome == "equal"}
+    if outcome == "equal":
+        body["submission_ids"] = [original] if unchecked else []
+        _set(conn, [sid], "matched")
+        _set(conn, body["submission_ids"], "accepted")
+    else:
+        body["submission_ids"] = []
+        body["replay"] = ([original] if unchecked else []) + [sid]
+        _set(conn, body["replay"], "pending")
+    return Entry("release", body, spec.pool_id, row.node_id, ctx.clock())
+
+
+def _set(conn: sa.Connection, ids: list[str], status: str) -> None:
+    if ids:
+        subs = db.submissions
+        conn.execute(subs.update().where(subs.c.submission_id.in_(ids)).values(status=status))

@@ -1,0 +1,191 @@
+"""Twins through the real pool (``swarmrl.pool.flow.twins``): an unchecked unit leased again to
+another node is released at once when the two outputs are equal, and sent to validators with
+its twin when they differ, whichever of the two lied; a node never gets its own unit's twin; a
+twin nobody answers lapses and the unit goes back to the usual release. The ledger alone
+re-derives every twin draw and every match, and the start-up audit agrees with the tables.
+
+The "model" is ``synthetic_samples`` (as in tests/test_pool_spotcheck.py): a function of the
+unit's seed, so two honest nodes given one unit produce equal samples, and a falsified sample
+really differs."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+
+from swarmrl.identity import KeyPair
+from swarmrl.ledger.export import read_entries
+from swarmrl.ledger.spotchecks import SpotCheckReplay
+from swarmrl.pool.client import PoolClient
+from swarmrl.pool.flow import twins
+from swarmrl.pool.trust.service import sweep
+from swarmrl.protocol.pool import Heartbeat, Submission
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
+from test_pool_release import _judge, _reverifies, _serve, _until
+from test_pool_spotcheck import POOL, entries, make_spec, statuses, submit
+
+
+def _answer(node: PoolClient, falsified: bool = False):
+    """Lease one unit and answer it (honestly, or with one output token changed); the work
+    and the receipt."""
+    node.heartbeat(POOL, Heartbeat(status="ok"))
+    work = node.lease(POOL).work
+    samples = synthetic_samples(work, 0)
+    if falsified:
+        samples[0].output_tokens[0] = (samples[0].output_tokens[0] + 1) % 1000
+    return work, node.submit(POOL, Submission(lease_id=work.lease_id, samples=samples))
+
+
+def _pool(server, orch, owner, validator, **over):
+    """A pool where a node's first unit is checked and every later one unchecked and
+    twinned; two members whose first units passed their checks."""
+    over = {"validated_fraction": 0.0, "check_rate_decay": 0.0, "twin_fraction": 1.0, **over}
+    PoolClient(server.url, orch).create_pool(make_spec(owner, [validator], **over))
+    a, b = PoolClient(server.url, KeyPair.generate()), PoolClient(server.url, KeyPair.generate())
+    checker = PoolClient(server.url, validator)
+    for node in (a, b):
+        node.join(POOL, CPU_NODE)
+        submit(node)
+        _judge(checker)
+    return a, b, checker
+
+
+def _twin_entries(server) -> list[dict]:
+    return [e["body"] for e in entries(server, "release") if e["body"].get("twin")]
+
+
+def test_equal_twins_release_the_unit_at_once_and_the_twin_trains_nowhere(tmp_path):
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        a, b, _ = _pool(server, orch, owner, validator)
+        work, receipt = _answer(a)
+        unit = receipt.submission_id
+        assert statuses(server)[unit] == "unchecked"
+        mine, _ = _answer(a)  # the node that submitted it never gets its twin
+        assert mine.origin_node_id == a.keypair.node_id
+        assert (mine.task_indices, mine.seed) != (work.task_indices, work.seed)
+        twin, answer = _answer(b)
+        assert (twin.task_indices, twin.seed) == (work.task_indices, work.seed)
+        assert twin.origin_node_id == a.keypair.node_id and twin.lease_id != work.lease_id
+        assert statuses(server)[unit] == "accepted"  # no passed check of a later unit needed
+        assert statuses(server)[answer.submission_id] == "matched"
+        [body] = [t for t in _twin_entries(server) if t["by"] == answer.submission_id]
+        assert body["matched"] and body["submission_ids"] == [unit]
+        served: set[str] = set()
+        _serve(PoolClient(server.url, owner), served)
+        assert unit in served and answer.submission_id not in served
+        _reverifies(server, orch, owner)
+
+
+@pytest.mark.parametrize("liar", ["original", "twin"])
+def test_different_twins_go_to_validators_and_the_liar_is_banned(tmp_path, liar):
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        a, b, checker = _pool(server, orch, owner, validator)
+        _, receipt = _answer(a, falsified=liar == "original")
+        _, answer = _answer(b, falsified=liar == "twin")
+        unit, other = receipt.submission_id, answer.submission_id
+        assert statuses(server)[unit] == statuses(server)[other] == "pending"
+        [body] = _twin_entries(server)
+        assert not body["matched"] and body["replay"] == [unit, other]
+        _judge(checker)
+        lied, honest = (unit, other) if liar == "original" else (other, unit)
+        assert statuses(server)[lied] == "rejected" and statuses(server)[honest] == "accepted"
+        banned = a if liar == "original" else b
+        states = {v.node_id: v.state for v in PoolClient(server.url, owner).nodes(POOL)}
+        assert states[banned.keypair.node_id] == "banned"
+        served: set[str] = set()
+        _serve(PoolClient(server.url, owner), served)
+        assert honest in served and lied not in served
+        _reverifies(server, orch, owner)
+
+
+def test_a_twin_nobody_answers_lapses_and_the_unit_waits_for_the_usual_release(tmp_path):
+    """k = 1: a passed check of a later unit releases nothing while the unit's twin is out;
+    once the twin lapsed (nobody took it by its deadline), the next passed check does."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(
+            make_spec(
+                owner,
+                [validator],
+                validated_fraction=0.5,
+                check_rate_decay=0.0,
+                twin_fraction=1.0,
+                lease_timeout_s=3.0,
+            )
+        )
+        node, checker = (
+            PoolClient(server.url, KeyPair.generate()),
+            PoolClient(server.url, validator),
+        )
+        node.join(POOL, CPU_NODE)
+        submit(node)
+        _judge(checker)
+        held = _until(server, node, "unchecked")[-1]
+        _until(server, node, "pending")
+        _judge(checker)
+        assert statuses(server)[held] == "unchecked"  # its twin is out
+        time.sleep(3.2)
+        sweep(server.ctx)
+        _until(server, node, "pending")
+        _judge(checker)
+        assert statuses(server)[held] == "accepted"
+        _reverifies(server, orch, owner)
+
+
+def test_a_ledger_whose_match_joins_different_digests_does_not_reverify(tmp_path):
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        a, b, _ = _pool(server, orch, owner, validator)
+        _answer(a)
+        _, answer = _answer(b)
+        log = read_entries(server.ctx.engine)
+    spot = SpotCheckReplay()
+    assert not [r for e in log if (r := spot.feed(e))]
+    forged = copy.deepcopy(log)
+    for e in forged:
+        if e["kind"] == "submission" and e["body"]["submission_id"] == answer.submission_id:
+            e["body"]["digest"] = "0" * 64
+    spot = SpotCheckReplay()
+    reasons = [r for e in forged if (r := spot.feed(e))]
+    assert reasons and "digest differs" in reasons[0]
+
+
+def test_compare_needs_equal_tokens_and_log_probs_within_the_tolerance():
+    from swarmrl.protocol.pool import WorkUnit  # noqa: PLC0415
+
+    work = WorkUnit(
+        lease_id="a" * 32,
+        pool_id=POOL,
+        node_id="n" * 32,
+        task_indices=[3, 5],
+        samples_per_task=2,
+        sampling={"max_new_tokens": 4},
+        seed=7,
+        min_version=0,
+        deadline=1e12,
+        origin_node_id="n" * 32,
+        origin_counter=0,
+        assignment_epoch=0,
+    )
+    ours = synthetic_samples(work, 0)
+    assert twins.compare(ours, synthetic_samples(work, 0)) == "equal"
+    near = synthetic_samples(work, 0)
+    near[1].logprobs[0] += twins.LOGPROB_TOLERANCE / 2
+    assert twins.compare(ours, near) == "equal"
+    for change in ("token", "logprob", "nan", "version"):
+        theirs = synthetic_samples(work, 0)
+        if change == "token":
+            theirs[2].output_tokens[-1] += 1
+        elif change == "logprob":
+            theirs[0].logprobs[0] -= 2 * twins.LOGPROB_TOLERANCE
+        elif change == "nan":
+            theirs[3].logprobs[0] = float("nan")
+        want = "different"
+        if change == "version":
+            theirs = synthetic_samples(work, 1)
+            want = "apart"
+        assert twins.compare(ours, theirs) == want, change
