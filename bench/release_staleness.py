@@ -36,6 +36,10 @@ ARMS = {
     "k4": ["swarm.spot_check_release_after=4"],
     "n16": ["swarm.spot_check_release_young=16"],
     "n32": ["swarm.spot_check_release_young=32"],
+    # twins (swarmrl.pool.flow.twins): a share of unchecked units generated again by another
+    # worker, released at once when equal
+    "t0.5": ["swarm.spot_check_twin=0.5"],
+    "t1": ["swarm.spot_check_twin=1.0"],
 }
 BASE = ["eval.control=false", "eval.every=0", "eval.n=200", "run.threads=1"]
 
@@ -64,6 +68,8 @@ def one_run(overrides: list[str], arm: str, seed: int, work: Path, timeout_s: fl
         "wasted_share": swarm["wasted_share"],
         "unchecked_at_end": subs["never_trained"]["unchecked_at_end"],
         "taken_in": subs["taken_in"],
+        "twins_matched": subs.get("twins_matched", 0),
+        "twins": _twins(run_dir),
         "rejected_honest": subs["rejected_honest"],
         "s_per_step": report["rl_seconds"] / max(report["steps"], 1),
         "accuracy_after": report["eval"]["after"]["accuracy"],
@@ -71,16 +77,30 @@ def one_run(overrides: list[str], arm: str, seed: int, work: Path, timeout_s: fl
     }
 
 
+def _twins(run_dir: Path) -> dict[str, int]:
+    """The run's twin comparisons from its ledger: equal, different; twins leased."""
+    entries = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    twins = [e["body"] for e in entries if e["kind"] == "release" and e["body"].get("twin")]
+    drawn = sum(
+        bool(e["body"].get("check", {}).get("twin")) for e in entries if e["kind"] == "submission"
+    )
+    return {
+        "drawn": drawn,
+        "equal": sum(bool(b["matched"]) for b in twins),
+        "different": sum(not b["matched"] for b in twins),
+    }
+
+
 def report(runs: list[dict]) -> None:
     def med(arm: str, key: str) -> tuple[float, float, float]:
-        xs = [r[key] for r in runs if r["arm"] == arm]
+        xs = [r.get(key, 0) for r in runs if r["arm"] == arm]  # older runs: no twins
         return statistics.median(xs), min(xs), max(xs)
 
     print(
         "| arm | mean age of trained samples | share at the oldest age | wasted share | "
-        "unchecked at end | s/step | held-out after |"
+        "unchecked at end | s/step | held-out after | submissions taken in | twins matched |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for arm in dict.fromkeys(r["arm"] for r in runs):
         cells = []
         for key, fmt in [
@@ -90,6 +110,8 @@ def report(runs: list[dict]) -> None:
             ("unchecked_at_end", "{:.0f}"),
             ("s_per_step", "{:.2f}"),
             ("accuracy_after", "{:.1%}"),
+            ("taken_in", "{:.0f}"),
+            ("twins_matched", "{:.0f}"),
         ]:
             m, lo, hi = med(arm, key)
             cells.append(f"{fmt.format(m)} ({fmt.format(lo)}–{fmt.format(hi)})")

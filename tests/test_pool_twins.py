@@ -18,8 +18,10 @@ import pytest
 from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.spotchecks import SpotCheckReplay
+from swarmrl.ledger.verify import export_lines, verify_lines
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.flow import twins
+from swarmrl.pool.trust.audit import audit
 from swarmrl.pool.trust.service import sweep
 from swarmrl.protocol.pool import Heartbeat, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
@@ -102,6 +104,39 @@ def test_different_twins_go_to_validators_and_the_liar_is_banned(tmp_path, liar)
         _reverifies(server, orch, owner)
 
 
+def test_a_twin_on_another_version_is_not_compared_and_its_unit_goes_to_validators(tmp_path):
+    """A node could declare another policy version than its twin's node will hold, to dodge
+    the comparison: the unit then goes to validators, and the twin's answer is drawn for a
+    spot check like any submission (here at its node's rate 0: unchecked)."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        a, b, checker = _pool(server, orch, owner, validator)
+        _, receipt = _answer(a)
+        unit = receipt.submission_id
+        PoolClient(server.url, owner).set_version(POOL, 1)
+        b.heartbeat(POOL, Heartbeat(status="ok"))
+        twin = b.lease(POOL).work
+        samples = synthetic_samples(twin, 1)  # the same unit on version 1
+        answer = b.submit(POOL, Submission(lease_id=twin.lease_id, samples=samples))
+        assert statuses(server)[unit] == "pending"
+        assert statuses(server)[answer.submission_id] == "unchecked"
+        [body] = _twin_entries(server)
+        assert body["apart"] and body["replay"] == [unit] and not body["matched"]
+        [entry] = [
+            e["body"]
+            for e in entries(server, "submission")
+            if e["body"]["submission_id"] == answer.submission_id
+        ]
+        assert entry["twin_of"] == unit and "by_twin" not in entry["check"]
+        _judge(checker)
+        assert statuses(server)[unit] == "accepted"
+        PoolClient(server.url, owner).set_version(POOL, 2)  # reveals the epoch's secret
+        report = verify_lines(export_lines(read_entries(server.ctx.engine)), orch.public_key_hex)
+        assert report.ok, report.reason
+        assert report.spot_checks_unrevealed == 0
+        audit(server.ctx.engine, orch.public_key_hex)
+
+
 def test_a_twin_nobody_answers_lapses_and_the_unit_waits_for_the_usual_release(tmp_path):
     """k = 1: a passed check of a later unit releases nothing while the unit's twin is out;
     once the twin lapsed (nobody took it by its deadline), the next passed check does."""
@@ -152,6 +187,11 @@ def test_a_ledger_whose_match_joins_different_digests_does_not_reverify(tmp_path
     spot = SpotCheckReplay()
     reasons = [r for e in forged if (r := spot.feed(e))]
     assert reasons and "digest differs" in reasons[0]
+    # the comparison's entry left out: the answer went unchecked and was never compared
+    cut = [e for e in log if not (e["kind"] == "release" and e["body"].get("twin"))]
+    spot = SpotCheckReplay()
+    assert not [r for e in cut if (r := spot.feed(e))]
+    assert "never compared" in spot.finish()
 
 
 def test_compare_needs_equal_tokens_and_log_probs_within_the_tolerance():

@@ -88,6 +88,7 @@ class _Pool:
     twinned: set[str] = field(default_factory=set)  # unchecked submissions drawn for a twin
     twin_of: dict[str, str] = field(default_factory=dict)  # twin's submission → the original
     digests: dict[str, str] = field(default_factory=dict)  # submission → its samples' digest
+    awaiting_match: set[str] = field(default_factory=set)  # twins' answers at rate 0
 
 
 @dataclass
@@ -148,12 +149,19 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         want = check_rate(pool.clean.get(node, 0), pool.floor, pool.decay)
         rate, checked = check.get("rate"), bool(check.get("checked"))
         twin_of = body.get("twin_of")
-        if not pool.has_validators or twin_of is not None:  # a twin is judged by its match
+        # a twin's answer compared with its unit is judged by the match, drawn at rate 0 (an
+        # answer on another version is drawn like any submission)
+        by_match = twin_of is not None and bool(check.get("by_twin"))
+        if check.get("by_twin") and (twin_of is None or checked):
+            return f"submission {sid} is recorded as judged by a twin comparison it cannot have"
+        if not pool.has_validators or by_match:
             want = 0.0
         if twin_of is not None:
             pool.twin_of[sid] = str(twin_of)
-            if str(twin_of) not in pool.twinned or checked:
+            if str(twin_of) not in pool.twinned:
                 return f"submission {sid} claims to repeat {twin_of}, which was drawn for no twin"
+            if by_match:
+                pool.awaiting_match.add(sid)
         if rate != want:
             return (
                 f"submission {sid} was checked at rate {rate!r}; the ledger's record gives {want!r}"
@@ -163,7 +171,7 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         if key[1] != self.open_epoch.get(pool_id):
             return f"submission {sid} was drawn in epoch {key[1]}, not the open one"
         reason = self._draw_or_wait(pool_id, key[1], sid, want, checked, "spot-check")
-        if reason or checked or twin_of is not None or not pool.twin_fraction:
+        if reason or checked or by_match or not pool.twin_fraction:
             return reason
         twinned = bool(check.get("twin"))
         if twinned:
@@ -260,7 +268,12 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
             return f"twin release by {by}: a node answered its own twin"
         released = [str(s) for s in body.get("submission_ids", [])]
         replayed = [str(s) for s in body.get("replay", [])]
-        if body.get("matched"):
+        if body.get("apart"):  # other versions: the original, if unchecked, goes to a check
+            if released or not set(replayed) <= {original} or by in pool.awaiting_match:
+                return f"twin release by {by} (apart) releases or checks other submissions"
+        elif by not in pool.awaiting_match:
+            return f"twin release by {by}, which was drawn for a spot check like any submission"
+        elif body.get("matched"):
             if pool.digests.get(by) is None or pool.digests.get(by) != pool.digests.get(original):
                 return f"twin release by {by}: its samples' digest differs from {original}'s"
             if replayed or released not in ([], [original]):
@@ -272,10 +285,17 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
                 return f"twin release by {by}: {sid} was not unchecked"
         for sid in replayed:
             pool.checked[sid] = (pool.checked[sid][0], True)
+        pool.awaiting_match.discard(by)
         return ""
 
     def finish(self) -> str:
-        """Check the draws whose secret was revealed after their submission entry."""
+        """Check the draws whose secret was revealed after their submission entry, and that
+        every twin's answer taken at rate 0 was settled by a comparison (its entry follows the
+        submission's in the same append)."""
+        for pool in self.pools.values():
+            if pool.awaiting_match:
+                sid = sorted(pool.awaiting_match)[0]
+                return f"submission {sid} was taken unchecked as a twin's answer, never compared"
         for pool_id, epoch, sid, rate, checked, purpose in self.unrevealed:
             secret = self.secrets.get((pool_id, epoch))
             if secret is not None:

@@ -59,6 +59,7 @@ class Check:
     checked: bool
     has_validators: bool = True
     twin: bool | None = None  # drawn for a twin (swarmrl.pool.flow.twins); None: no twins here
+    by_twin: bool = False  # a twin's answer judged by its comparison, drawn for nothing
 
     @property
     def status(self) -> str:
@@ -72,6 +73,8 @@ class Check:
         record = {"epoch": self.epoch, "rate": self.rate, "checked": self.checked}
         if self.twin is not None:
             record["twin"] = self.twin
+        if self.by_twin:
+            record["by_twin"] = True
         return record
 
 
@@ -110,14 +113,14 @@ def decide(
     spec: PoolSpec,
     node_id: str,
     sid: str,
-    twin_of: str | None = None,
+    judged_by_twin: bool = False,
 ) -> Check:
     """Draw whether submission ``sid`` of ``node_id`` is checked (module docstring) and, when
     it is not and the pool has twins, whether its unit is leased again to another node. A
-    twin's own submission (``twin_of``) is drawn for neither: its match judges it."""
+    twin's answer that its comparison judges (``judged_by_twin``) is drawn for neither."""
     epoch, secret = assignments.current(ctx, conn, spec.pool_id)
-    if twin_of is not None:
-        return Check(epoch, 0.0, False, bool(spec.validators), None)
+    if judged_by_twin:
+        return Check(epoch, 0.0, False, bool(spec.validators), None, by_twin=True)
     rate = node_rate(conn, spec, node_id)
     checked = is_checked(secret, spec.pool_id, sid, rate)
     twin = None

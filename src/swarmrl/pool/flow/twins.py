@@ -7,7 +7,7 @@ recorded as ``check.twin`` in the submission's ledger entry) has its unit leased
 another node (a lease row in state ``twin``, handed out before fresh work, never to the node
 that submitted it, lapsed when nobody took it within ``lease_timeout_s``). While its twin is
 out, the unit is not released by later passed checks (``spotcheck.passed``). When the twin's
-answer arrives (:func:`answered`):
+answer arrives (:func:`compare_with`, before its spot-check draw; :func:`settle`):
 
 - **equal** (the same tokens, turns and finish reasons on the same versions, and every declared
   log-prob within :data:`LOGPROB_TOLERANCE` of the other's): the original is released at once
@@ -17,14 +17,16 @@ answer arrives (:func:`answered`):
   ``pending``): the replay decides which node lied, and the liar is banned like any failed
   check. An honest pair that differs (a near-tie resolved differently on two engines) costs
   two replays, no blame;
-- **apart** (the twin generated on another policy version, or the original is gone): no
-  comparison; the twin is an ordinary unchecked unit and the original waits for the usual
-  release.
+- **apart** (the two were generated on different policy versions): no comparison. The
+  original, if still unchecked, goes to validators all the same, so a node cannot dodge its
+  twin by declaring another version than the one the twin's node will hold; the twin's
+  submission is drawn for a spot check like any other (its node could otherwise choose
+  "apart" to go unchecked). An original that is gone (rejected, dropped) is not compared.
 
 A release entry (``"twin": true``) records each comparison, and both submission entries carry
 ``digest`` (SHA-256 of the canonical samples without proofs and log-probs), so ``ledger
-verify`` re-derives that a match released only equal digests. A twin submission is drawn for
-no spot check (its rate is 0): its match judges it.
+verify`` re-derives that a match released only equal digests. A compared twin's submission
+is drawn for no spot check (its rate is 0): its match judges it.
 
 What a twin does not catch: a party holding both identities of a pair (it can answer its twin
 with the same falsified output), and the declared log-probs within the tolerance. A node cannot
@@ -36,6 +38,7 @@ transaction; knows nothing about HTTP.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -50,6 +53,7 @@ from swarmrl.protocol.pool import PoolSpec, Sample
 # honest log-probs of the same tokens); more sends both to a replay
 LOGPROB_TOLERANCE = 0.05
 GONE = ("rejected", "dropped", "quarantined")  # an original in these is not compared
+Outcome = Literal["equal", "different", "apart"]
 
 
 def digest(samples: list[Sample]) -> str:
@@ -69,7 +73,7 @@ def digest(samples: list[Sample]) -> str:
     return digest_hex(canonical_json(rows))
 
 
-def compare(ours: list[Sample], theirs: list[Sample]) -> Literal["equal", "different", "apart"]:
+def compare(ours: list[Sample], theirs: list[Sample]) -> Outcome:
     """Whether two answers to one unit are equal, different, or not comparable (other
     tasks or policy versions)."""
     if [(s.task_index, s.policy_version) for s in ours] != [
@@ -108,16 +112,28 @@ def lease_twin(
     )
 
 
-def answered(
-    ctx: Context,
-    conn: sa.Connection,
-    spec: PoolSpec,
-    sid: str,
-    original: str,
-    samples: list[Sample],
-) -> Entry | None:
-    """Submission ``sid`` answered the twin of ``original``: compare (module docstring), set
-    both statuses, and return the ``release`` entry to append (None when not comparable)."""
+@dataclass(frozen=True)
+class Comparison:
+    """A twin's answer against the unit it repeats: the outcome, and the original's node and
+    status when compared."""
+
+    original: str
+    node_id: str
+    status: str
+    outcome: Outcome
+
+    @property
+    def judged(self) -> bool:
+        """Whether the match judges the twin's submission (equal or different): it is then
+        drawn for no spot check."""
+        return self.outcome != "apart"
+
+
+def compare_with(
+    ctx: Context, conn: sa.Connection, original: str, samples: list[Sample]
+) -> Comparison | None:
+    """Compare a twin's ``samples`` with submission ``original``'s (None when it is gone:
+    rejected, dropped or quarantined, and so no longer compared)."""
     subs = db.submissions
     row = conn.execute(
         sa.select(subs.c.node_id, subs.c.status, subs.c.rollout_key).where(
@@ -127,19 +143,25 @@ def answered(
     if row is None or row.status in GONE:
         return None
     outcome = compare(samples, ctx.store.get_samples(row.rollout_key))
-    if outcome == "apart":
-        return None
-    unchecked = row.status == "unchecked"
-    body: dict[str, Any] = {"by": sid, "twin": True, "matched": outcome == "equal"}
-    if outcome == "equal":
-        body["submission_ids"] = [original] if unchecked else []
+    return Comparison(original, row.node_id, row.status, outcome)
+
+
+def settle(ctx: Context, conn: sa.Connection, spec: PoolSpec, sid: str, c: Comparison) -> Entry:
+    """Submission ``sid`` answered the twin of ``c.original``: set both statuses by the
+    outcome (module docstring) and return the ``release`` entry to append."""
+    unchecked = [c.original] if c.status == "unchecked" else []
+    body: dict[str, Any] = {"by": sid, "twin": True, "matched": c.outcome == "equal"}
+    if c.outcome == "equal":
+        body["submission_ids"] = unchecked
         _set(conn, [sid], "matched")
-        _set(conn, body["submission_ids"], "accepted")
+        _set(conn, unchecked, "accepted")
     else:
         body["submission_ids"] = []
-        body["replay"] = ([original] if unchecked else []) + [sid]
+        body["replay"] = unchecked + ([sid] if c.outcome == "different" else [])
+        if c.outcome == "apart":
+            body["apart"] = True
         _set(conn, body["replay"], "pending")
-    return Entry("release", body, spec.pool_id, row.node_id, ctx.clock())
+    return Entry("release", body, spec.pool_id, c.node_id, ctx.clock())
 
 
 def _set(conn: sa.Connection, ids: list[str], status: str) -> None:

@@ -409,7 +409,11 @@ def _submit(
         work = WorkUnit.model_validate_json(row.work)
         version = current_version(conn, pool_id)
         tokens = check_samples(spec, work, sub.samples, version, ctx.config.max_proof_bytes)
-        check = spotcheck.decide(ctx, conn, spec, node_id, sid, row.twin_of)
+        compared = None  # a twin's answer: compared with the unit it repeats first
+        if row.twin_of is not None:
+            compared = twins.compare_with(ctx, conn, row.twin_of, sub.samples)
+        judged = compared is not None and compared.judged
+        check = spotcheck.decide(ctx, conn, spec, node_id, sid, judged)
         auth = {
             "node_key": signed.public_key.hex,
             "signature": signed.signature,
@@ -461,10 +465,8 @@ def _submit(
                 )
             if check.twin:
                 twins.lease_twin(conn, spec, sid, node_id, row, now)
-            if row.twin_of is not None:
-                compared = twins.answered(ctx, conn, spec, sid, row.twin_of, sub.samples)
-                if compared is not None:
-                    entries.append(compared)
+            if compared is not None:
+                entries.append(twins.settle(ctx, conn, spec, sid, compared))
             ctx.ledger.append_many(conn, entries)  # one head read, one insert
         except BaseException:
             ctx.store.delete(ref)
