@@ -1,6 +1,6 @@
 """Twins through the real pool (``swarmrl.pool.flow.twins``): an unchecked unit leased again to
-another node is released at once when the two outputs are equal, and sent to validators with
-its twin when they differ, whichever of the two lied; a node never gets its own unit's twin; a
+another node waits for the usual release when the two outputs are equal (the twin never trains),
+and is sent to validators with its twin when they differ, whichever of the two lied; a node never gets its own unit's twin; a
 twin nobody answers lapses and the unit goes back to the usual release. The ledger alone
 re-derives every twin draw and every match, and the start-up audit agrees with the tables.
 
@@ -11,9 +11,11 @@ really differs."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
@@ -21,6 +23,7 @@ from swarmrl.ledger.spotchecks import SpotCheckReplay
 from swarmrl.ledger.verify import export_lines, verify_lines
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.flow import twins
+from swarmrl.pool.state import db
 from swarmrl.pool.trust.audit import audit
 from swarmrl.pool.trust.service import sweep
 from swarmrl.protocol.pool import Heartbeat, Submission
@@ -58,27 +61,45 @@ def _twin_entries(server) -> list[dict]:
     return [e["body"] for e in entries(server, "release") if e["body"].get("twin")]
 
 
-def test_equal_twins_release_the_unit_at_once_and_the_twin_trains_nowhere(tmp_path):
+def test_equal_twins_leave_the_unit_to_the_usual_release_and_the_twin_trains_nowhere(tmp_path):
+    """The match releases nothing (a party with two identities could answer its own unit's
+    twin alike): the unit trains once a later check of its node passed, the twin never."""
     orch, owner, validator = (KeyPair.generate() for _ in range(3))
     with local_orchestrator(tmp_path / "run", orch) as server:
-        a, b, _ = _pool(server, orch, owner, validator)
-        work, receipt = _answer(a)
-        unit = receipt.submission_id
-        assert statuses(server)[unit] == "unchecked"
+        a, b, checker = _pool(server, orch, owner, validator, validated_fraction=0.5)
+        unit = _until(server, a, "unchecked")[-1]
+        _judge(checker)
+        work = _work_of(server, unit)
         mine, _ = _answer(a)  # the node that submitted it never gets its twin
         assert mine.origin_node_id == a.keypair.node_id
-        assert (mine.task_indices, mine.seed) != (work.task_indices, work.seed)
+        assert (mine.task_indices, mine.seed) != (work["task_indices"], work["seed"])
         twin, answer = _answer(b)
-        assert (twin.task_indices, twin.seed) == (work.task_indices, work.seed)
-        assert twin.origin_node_id == a.keypair.node_id and twin.lease_id != work.lease_id
-        assert statuses(server)[unit] == "accepted"  # no passed check of a later unit needed
+        assert (twin.task_indices, twin.seed) == (work["task_indices"], work["seed"])
+        assert twin.origin_node_id == a.keypair.node_id and twin.lease_id != work["lease_id"]
         assert statuses(server)[answer.submission_id] == "matched"
         [body] = [t for t in _twin_entries(server) if t["by"] == answer.submission_id]
-        assert body["matched"] and body["submission_ids"] == [unit]
+        assert body["matched"] and body["submission_ids"] == []
         served: set[str] = set()
-        _serve(PoolClient(server.url, owner), served)
+        trainer = PoolClient(server.url, owner)
+        _serve(trainer, served)
+        assert statuses(server)[unit] == "unchecked" and unit not in served
+        _until(server, a, "pending")
+        _judge(checker)
+        _serve(trainer, served)
         assert unit in served and answer.submission_id not in served
         _reverifies(server, orch, owner)
+
+
+def _work_of(server, sid: str) -> dict:
+    """The work unit submission ``sid`` answered."""
+    subs, leases = db.submissions, db.leases
+    with server.ctx.engine.connect() as conn:
+        work = conn.execute(
+            sa.select(leases.c.work)
+            .join(subs, subs.c.lease_id == leases.c.lease_id)
+            .where(subs.c.submission_id == sid)
+        ).scalar_one()
+    return json.loads(work)
 
 
 @pytest.mark.parametrize("liar", ["original", "twin"])

@@ -25,8 +25,9 @@ and ``release_young_checks`` of the node in all, and that the ones it sends to a
 with the secret of the epoch the release names). With twins (``twin_fraction``, the pool
 module ``swarmrl.pool.flow.twins``) it also re-derives which unchecked submissions were drawn
 for a twin (``HMAC-SHA256(secret, "twin/<pool>/<submission id>")``), that a twin's submission
-repeats one so drawn, from another node, and that a twin release joining the two as a match
-names submissions whose ``digest`` is equal. Knows nothing about databases or HTTP; the rates
+repeats one so drawn, from another node, that a twin entry joining the two as a match names
+submissions whose ``digest`` is equal and releases nothing, and that every twin's answer taken
+at rate 0 was compared. Knows nothing about databases or HTTP; the rates
 come from the pool's ``pool_created`` entry (``swarmrl.ledger.replay``).
 """
 
@@ -256,9 +257,9 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         return ""
 
     def _twin(self, pool: _Pool, entry: dict[str, Any]) -> str:
-        """A twin's output arrived: equal samples release the original (if still unchecked)
-        and leave the twin as a duplicate; differing ones send what is unchecked of the two to
-        validators (``swarmrl.pool.flow.twins``)."""
+        """A twin's output arrived: equal samples leave the twin as a duplicate (the original
+        waits for the usual release); differing ones, or ones of another version, send what is
+        unchecked of the two to validators (``swarmrl.pool.flow.twins``)."""
         body, node = entry["body"], str(entry["node_id"])
         by = str(body.get("by"))
         original = pool.twin_of.get(by)
@@ -276,8 +277,8 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         elif body.get("matched"):
             if pool.digests.get(by) is None or pool.digests.get(by) != pool.digests.get(original):
                 return f"twin release by {by}: its samples' digest differs from {original}'s"
-            if replayed or released not in ([], [original]):
-                return f"twin release by {by} names other submissions than {original}"
+            if replayed or released:  # a match releases nothing: the usual release does
+                return f"twin match by {by} releases or checks submissions"
         elif released or not set(replayed) <= {original, by}:
             return f"twin mismatch of {by} releases work or checks other submissions"
         for sid in released + replayed:

@@ -24,8 +24,8 @@ checks the node could not foresee passed after it was submitted; what can slip t
 falsified unit followed by k honest checked ones and not drawn for a replay (docs/toploc.md,
 "The spot-check residual", measures it). With ``twin_fraction`` > 0 a drawn share of the
 unchecked units is generated again by another node (``swarmrl.pool.flow.twins``): such a unit
-is not released by later checks while its twin is out, and the twin's answer releases it or
-sends both to the validators.
+is not released by later checks while its twin is out; an equal answer leaves it to the usual
+release, a different one sends both to the validators.
 
 Quorum: with ``quorum`` k > 1 a rejection is one vote (``vote`` ledger entry) and the
 submission waits as ``disputed`` for other validators; it is rejected once more than half of k

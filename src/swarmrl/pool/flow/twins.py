@@ -10,9 +10,13 @@ out, the unit is not released by later passed checks (``spotcheck.passed``). Whe
 answer arrives (:func:`compare_with`, before its spot-check draw; :func:`settle`):
 
 - **equal** (the same tokens, turns and finish reasons on the same versions, and every declared
-  log-prob within :data:`LOGPROB_TOLERANCE` of the other's): the original is released at once
-  (if it is still unchecked) and the twin's submission is ``matched``: credited, never trained
-  (its samples are the original's), never judged;
+  log-prob within :data:`LOGPROB_TOLERANCE` of the other's): the twin's submission is
+  ``matched``: credited, never trained (its samples are the original's), never judged. The
+  original is not released by the match: it waits for the usual release (``release_after_checks``
+  later passed checks of its node), because a party holding two identities can ask for the
+  twin of its own falsified unit with the second one (the twin's holder sees whose unit it
+  repeats) and answer it alike; a match must not be a faster way to training than honest work
+  has. Twins add a chance to catch a falsified unit before its release, never a release;
 - **different**: whatever of the two is still unchecked goes to validators (status
   ``pending``): the replay decides which node lied, and the liar is banned like any failed
   check. An honest pair that differs (a near-tie resolved differently on two engines) costs
@@ -29,7 +33,8 @@ verify`` re-derives that a match released only equal digests. A compared twin's 
 is drawn for no spot check (its rate is 0): its match judges it.
 
 What a twin does not catch: a party holding both identities of a pair (it can answer its twin
-with the same falsified output), and the declared log-probs within the tolerance. A node cannot
+with the same falsified output; the original then still waits for the usual release, but the
+copied answer earns its credit unchecked), and the declared log-probs within the tolerance. A node cannot
 tell that its own unit was twinned; the twin's holder can tell it holds someone's unit again
 (``origin_node_id``), not whose output it will be compared with. Runs inside the caller's
 transaction; knows nothing about HTTP.
@@ -151,10 +156,9 @@ def settle(ctx: Context, conn: sa.Connection, spec: PoolSpec, sid: str, c: Compa
     outcome (module docstring) and return the ``release`` entry to append."""
     unchecked = [c.original] if c.status == "unchecked" else []
     body: dict[str, Any] = {"by": sid, "twin": True, "matched": c.outcome == "equal"}
-    if c.outcome == "equal":
-        body["submission_ids"] = unchecked
+    if c.outcome == "equal":  # the original waits for the usual release (module docstring)
+        body["submission_ids"] = []
         _set(conn, [sid], "matched")
-        _set(conn, unchecked, "accepted")
     else:
         body["submission_ids"] = []
         body["replay"] = unchecked + ([sid] if c.outcome == "different" else [])
