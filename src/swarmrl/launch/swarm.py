@@ -40,7 +40,7 @@ import tomli_w
 
 from swarmrl.config import SwarmConfig, save_config
 from swarmrl.config.toploc import THRESHOLDS_FILE
-from swarmrl.errors import RoleExited, SwarmError, WaitTimeout
+from swarmrl.errors import DiskWriteError, RoleExited, SwarmError, WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay, StepRows
 from swarmrl.launch.facts import POOL_ID, swarm_facts, trainer_summary
@@ -313,6 +313,11 @@ def start_all(sup: Supervisor, plan: SwarmPlan, on_wait: Callable[[], None] = la
 # --- watching --------------------------------------------------------------------------------
 
 
+# how long the run directory's disk may stay full (under RESERVE_BYTES free) before the run
+# fails: long enough for another program's passing burst, short of any role's retry patience
+DISK_FULL_S = 3.0
+
+
 def watch(
     sup: Supervisor,
     plan: SwarmPlan,
@@ -322,11 +327,23 @@ def watch(
 ) -> None:
     """Redraw the display until the trainer exits 0; a crashed role is started again (bounded,
     see :meth:`Supervisor.tend`); raise if one stays down or time runs out. A role that dies
-    while the run directory's disk is full is not started again (it could only die again): the
-    run fails with a :class:`DiskWriteError` that says so."""
+    while the run directory's disk is full is not started again (it could only die again), and
+    a disk that stays full for :data:`DISK_FULL_S` ends the run even while every role still
+    lives (they would only retry their writes until their peers' patience runs out): either
+    way the run fails with a :class:`DiskWriteError` that says so."""
     deadline = time.monotonic() + timeout_s
     steps = StepRows(plan.run_dir / "trainer" / "steps.jsonl")
+    full_since: float | None = None
     while True:
+        free = free_bytes(plan.run_dir)
+        if free is None or free >= RESERVE_BYTES:
+            full_since = None
+        elif full_since is None:
+            full_since = time.monotonic()
+        elif time.monotonic() - full_since >= DISK_FULL_S:
+            raise DiskWriteError(
+                f"no room left for the run's ledger, status and checkpoints for {DISK_FULL_S:.0f} s"
+            )
         trainer = sup.roles["trainer"]  # looked up each time: the trainer may be restarted
         alive = {name: role.alive() for name, role in sup.roles.items()}
         statuses = RoleStatus.read_dir(plan.status_dir)
