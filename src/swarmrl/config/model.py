@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from swarmrl.config.base import Section, path_key
+from swarmrl.errors import MissingPathError
+
+
+def looks_local(path: str) -> bool:
+    """Whether ``model.path`` names a local directory: a hub id is ``name`` or ``org/name``;
+    anything else (absolute, ./, ~, deeper) is local."""
+    return (
+        path.startswith(("/", ".", "~"))
+        or path.count("/") > 1
+        or "\\" in path
+        or Path(path).exists()
+    )
+
+
+def model_dir(path: str | Path) -> Path:
+    """``path`` as a local HF model directory; :class:`MissingPathError` when it has no
+    ``config.json`` (checked without loading anything: ``swarmrl run`` checks it before any
+    role starts)."""
+    local = Path(path).expanduser()
+    if not (local / "config.json").is_file():
+        raise MissingPathError(f"model directory not found or has no config.json: {local}")
+    return local
 
 
 class TinyModelConfig(Section):

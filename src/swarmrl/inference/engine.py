@@ -28,7 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from swarmrl.errors import MissingPathError
+from swarmrl.config.model import model_dir
 from swarmrl.inference import llama
 from swarmrl.inference.backbone import Backbone, HFBackbone
 from swarmrl.inference.lora import apply_adapter, has_adapter
@@ -74,9 +74,7 @@ class TorchEngine:
         cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu"
     ) -> TorchEngine:
         """An engine over the HF checkpoint directory ``path`` (model and tokenizer files)."""
-        local = Path(path)
-        if not (local / "config.json").is_file():
-            raise MissingPathError(f"model directory not found or has no config.json: {local}")
+        local = model_dir(path)
         model = AutoModelForCausalLM.from_pretrained(str(local), dtype=getattr(torch, dtype))
         if has_adapter(local):
             apply_adapter(model, local)

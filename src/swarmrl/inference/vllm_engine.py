@@ -44,7 +44,8 @@ from typing import Any
 import torch
 
 from swarmrl.config.inference import VllmConfig
-from swarmrl.errors import EngineUnavailable, MissingPathError
+from swarmrl.config.model import model_dir
+from swarmrl.errors import EngineUnavailable
 from swarmrl.inference.interface import VLLM_INSTALL_HINT, vllm_available
 from swarmrl.inference.lora import apply_adapter, has_adapter
 from swarmrl.inference.prefix_hidden import HiddenPrefixes
@@ -87,9 +88,7 @@ class VllmEngine:
         """``remove_on_close``: ``path`` is a scratch copy this engine owns (deleted by close)."""
         if not vllm_available():
             raise EngineUnavailable(f"vLLM is not installed: {VLLM_INSTALL_HINT}")
-        local = Path(path)
-        if not (local / "config.json").is_file():
-            raise MissingPathError(f"model directory not found or has no config.json: {local}")
+        local = model_dir(path)
         self.config = config or VllmConfig()
         self.path = local
         self._scratch_dir: Path | None = None
@@ -318,9 +317,7 @@ class VllmEngine:
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Reload the weights from the HF checkpoint directory ``path``, in place."""
-        local = Path(path)
-        if not (local / "config.json").is_file():
-            raise MissingPathError(f"model directory not found or has no config.json: {local}")
+        local = model_dir(path)
         if has_adapter(local):
             self._load_merged(local)
         else:

@@ -39,6 +39,7 @@ from typing import Any
 import tomli_w
 
 from swarmrl.config import SwarmConfig, save_config
+from swarmrl.config.model import looks_local, model_dir
 from swarmrl.config.toploc import THRESHOLDS_FILE
 from swarmrl.errors import DiskWriteError, RoleExited, SwarmError, WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
@@ -108,11 +109,15 @@ class SwarmPlan:
 
 
 def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None) -> SwarmPlan:
-    """Write keys, invites, the pool spec and the resolved config into ``run_dir``."""
+    """Write keys, invites, the pool spec and the resolved config into ``run_dir``. A local
+    ``model.path`` without a model fails here, before any role starts (every role would
+    otherwise start, import its libraries and fail on it alike)."""
     from swarmrl.pool.invites import make_invite
     from swarmrl.pool.spec_check import spec_from_config, write_spec
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if config.model.path is not None and looks_local(config.model.path):
+        model_dir(config.model.path)
     if config.toploc.thresholds_path is None and config.toploc.calibrate_at_start:
         # the trainer calibrates the starting policy there before version 0 is published
         recorded = str((run_dir / THRESHOLDS_FILE).resolve())

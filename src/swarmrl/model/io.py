@@ -22,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from swarmrl.config.model import looks_local, model_dir
 from swarmrl.errors import DiskWriteError, MissingPathError
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -32,16 +33,6 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def _looks_local(path: str) -> bool:
-    """A hub id is ``name`` or ``org/name``; anything else (absolute, ./, ~, deeper) is local."""
-    return (
-        path.startswith(("/", ".", "~"))
-        or path.count("/") > 1
-        or "\\" in path
-        or Path(path).exists()
-    )
-
-
 def load_policy(
     path: str | Path, dtype: DType = "float32", device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -49,11 +40,8 @@ def load_policy(
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     name = str(path)
-    if _looks_local(name):
-        local = Path(name).expanduser()
-        if not (local / "config.json").is_file():
-            raise MissingPathError(f"model directory not found or has no config.json: {local}")
-        name = str(local)
+    if looks_local(name):
+        name = str(model_dir(name))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=_DTYPES[dtype])
