@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from swarmrl.config.run import user_cache_dir
 from swarmrl.errors import ServiceUnavailable
 from swarmrl.testing.postgres import private_postgres
-from swarmrl.testing.runs import SERVE_SHORT, SWARM_SHORT, short_run
+from swarmrl.testing.runs import SERVE_SHORT, SWARM_RUN_STEPS, SWARM_SHORT, short_run
 
 # read by hypothesis when it first stores something, which is after this module is imported
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(user_cache_dir()) / "hypothesis"))
@@ -108,12 +108,25 @@ def colocated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The run directories ``swarmrl run configs/arith.toml`` wrote, as a swarm (``swarm``) and
-    with ``--colocated`` (``colocated``), with the short settings (the warm start shared)."""
-    root = tmp_path_factory.mktemp("dashboard-runs")
-    swarm, _ = short_run(root, SWARM_SHORT)
-    colocated, _ = short_run(root, SWARM_SHORT, "--colocated")
+def swarm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``swarmrl run configs/arith.toml`` as a swarm with the short settings and
+    ``SWARM_RUN_STEPS`` steps, its console piped (not ``--quiet``): its run directory and
+    console. One run for every test that reads what a swarm run wrote."""
+    settings = [s for s in SWARM_SHORT if not s.startswith("rl.steps=")]
+    return short_run(
+        tmp_path_factory.mktemp("swarm-run"),
+        [*settings, f"rl.steps={SWARM_RUN_STEPS}"],
+        quiet=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def runs(swarm_run: tuple[Path, str]) -> dict[str, Path]:
+    """The run directories ``swarmrl run configs/arith.toml`` wrote, as a swarm (``swarm``:
+    :func:`swarm_run`) and with ``--colocated`` (``colocated``), with the short settings (the
+    warm start shared)."""
+    swarm = swarm_run[0]
+    colocated, _ = short_run(swarm.parent.parent, SWARM_SHORT, "--colocated")
     return {"swarm": swarm, "colocated": colocated}
 
 

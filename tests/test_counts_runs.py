@@ -20,23 +20,22 @@ import httpx
 import pytest
 
 from swarmrl.serving import ThreadServer
-from swarmrl.testing.runs import SWARM_SHORT, short_run
+from swarmrl.testing.runs import SWARM_RUN_STEPS
 from swarmrl.tools.dashboard import run_app
 
 pytestmark = pytest.mark.slow
 
-STEPS = 5
+STEPS = SWARM_RUN_STEPS
 WORDS = ("taken_in", "checked", "accepted", "rejected", "expired", "invalidated", "trained")
 # what a line of a normal run's role logs must not say
 FAULT = re.compile(r"fail|error|warning|traceback|refused|unavailable|dropping", re.IGNORECASE)
 
 
 @pytest.fixture(scope="session")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def run(swarm_run: tuple[Path, str]) -> tuple[Path, str]:
     """``swarmrl run configs/arith.toml`` (short, ``STEPS`` steps), piped: its run directory and
-    console."""
-    settings = [s for s in SWARM_SHORT if not s.startswith("rl.steps=")] + [f"rl.steps={STEPS}"]
-    return short_run(tmp_path_factory.mktemp("counts-run"), settings, quiet=False)
+    console (the shared run of conftest.py)."""
+    return swarm_run
 
 
 def _report_counts(run_dir: Path) -> dict[str, int]:

@@ -60,9 +60,9 @@ def test_report_writes_a_swarm_runs_report_again_from_what_the_run_wrote(runs, t
         (copy / name).unlink()
     done = _swarmrl("report", str(copy))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("completed: 2 steps")
     before, again = _report(run), _report(copy)
-    assert again["status"] == "completed" and again["steps"] == 2
+    assert done.stdout.startswith(f"completed: {before['steps']} steps")
+    assert again["status"] == "completed" and again["steps"] == before["steps"]
     assert again["eval"] == before["eval"]
     # without an orchestrator to ask, the pool's facts the run reported are kept
     assert again["ledger"] == before["ledger"] and again["swarm"] == before["swarm"]

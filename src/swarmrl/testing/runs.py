@@ -34,6 +34,10 @@ SWARM_SHORT = [
     "swarm.rollouts_per_lease=8",
 ]
 
+# steps of the swarm run the tests share (tests/conftest.py ``swarm_run``): enough for every
+# count of its report to move
+SWARM_RUN_STEPS = 5
+
 # a tinier colocated run; the long context lets a served request generate for a while
 # (``swarmrl serve`` tests stop one midway)
 SERVE_SHORT = [
