@@ -38,8 +38,8 @@ ARMS = {
     "n32": ["swarm.spot_check_release_young=32"],
     # twins (swarmrl.pool.flow.twins): a share of unchecked units generated again by another
     # worker, released at once when equal
-    "t0.5": ["swarm.spot_check_twin=0.5"],
     "t1": ["swarm.spot_check_twin=1.0"],
+    "t1k1": ["swarm.spot_check_twin=1.0", "swarm.spot_check_release_after=1"],
 }
 BASE = ["eval.control=false", "eval.every=0", "eval.n=200", "run.threads=1"]
 
@@ -71,6 +71,7 @@ def one_run(overrides: list[str], arm: str, seed: int, work: Path, timeout_s: fl
         "twins_matched": subs.get("twins_matched", 0),
         "twins": _twins(run_dir),
         "rejected_honest": subs["rejected_honest"],
+        "checked": subs["checked"],
         "s_per_step": report["rl_seconds"] / max(report["steps"], 1),
         "accuracy_after": report["eval"]["after"]["accuracy"],
         "wall_s": wall,
@@ -78,8 +79,10 @@ def one_run(overrides: list[str], arm: str, seed: int, work: Path, timeout_s: fl
 
 
 def _twins(run_dir: Path) -> dict[str, int]:
-    """The run's twin comparisons from its ledger: equal, different; twins leased."""
-    entries = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    """The run's twins from its ledger: units drawn for one, and the answers equal, different
+    or on another version."""
+    lines = (run_dir / "ledger.jsonl").read_text().splitlines()
+    entries = [e for e in map(json.loads, lines) if "kind" in e]  # past the file's header
     twins = [e["body"] for e in entries if e["kind"] == "release" and e["body"].get("twin")]
     drawn = sum(
         bool(e["body"].get("check", {}).get("twin")) for e in entries if e["kind"] == "submission"
@@ -87,20 +90,22 @@ def _twins(run_dir: Path) -> dict[str, int]:
     return {
         "drawn": drawn,
         "equal": sum(bool(b["matched"]) for b in twins),
-        "different": sum(not b["matched"] for b in twins),
+        "different": sum(not b["matched"] and not b.get("apart") for b in twins),
+        "apart": sum(bool(b.get("apart")) for b in twins),  # other versions: sent to a check
     }
 
 
 def report(runs: list[dict]) -> None:
-    def med(arm: str, key: str) -> tuple[float, float, float]:
-        xs = [r.get(key, 0) for r in runs if r["arm"] == arm]  # older runs: no twins
-        return statistics.median(xs), min(xs), max(xs)
+    def med(arm: str, key: str) -> tuple[float, float, float] | None:
+        xs = [r[key] for r in runs if r["arm"] == arm and key in r]  # older runs lack some
+        return (statistics.median(xs), min(xs), max(xs)) if xs else None
 
     print(
         "| arm | mean age of trained samples | share at the oldest age | wasted share | "
-        "unchecked at end | s/step | held-out after | submissions taken in | twins matched |"
+        "unchecked at end | s/step | held-out after | submissions taken in | checked | twins "
+        "matched |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for arm in dict.fromkeys(r["arm"] for r in runs):
         cells = []
         for key, fmt in [
@@ -111,9 +116,14 @@ def report(runs: list[dict]) -> None:
             ("s_per_step", "{:.2f}"),
             ("accuracy_after", "{:.1%}"),
             ("taken_in", "{:.0f}"),
+            ("checked", "{:.0f}"),
             ("twins_matched", "{:.0f}"),
         ]:
-            m, lo, hi = med(arm, key)
+            figures = med(arm, key)
+            if figures is None:
+                cells.append("—")
+                continue
+            m, lo, hi = figures
             cells.append(f"{fmt.format(m)} ({fmt.format(lo)}–{fmt.format(hi)})")
         print(f"| {arm} | " + " | ".join(cells) + " |")
 

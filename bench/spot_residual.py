@@ -76,6 +76,8 @@ ARMS: dict[str, tuple[float, int, float, int, float]] = {
     "t0.8": (0.5, 2, 0.0, 0, 0.8),
     "t1": (0.5, 2, 0.0, 0, 1.0),
     "t1k1": (0.5, 1, 0.0, 0, 1.0),
+    "t1k1p0.4": (0.4, 1, 0.0, 0, 1.0),
+    "t1k1p0.3": (0.3, 1, 0.0, 0, 1.0),
 }
 
 
@@ -271,6 +273,55 @@ def _ratio(ts: list[dict[str, int]], what: str) -> float:
     return sum(t[what] for t in ts) / max(1, sum(t["trained"] for t in ts))
 
 
+def combine(paths: list[str]) -> None:
+    """Pool the runs of several ``--json`` files (or files holding a list of them) per arm and
+    strategy, over every seed: falsified units trained per caught identity, the validator's
+    replays per trained unit (all nodes, from the arm totals), workers' units per trained unit,
+    and for ``honest`` its replays per trained unit and delays."""
+    runs: list[dict] = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        runs += data if isinstance(data, list) else [data]
+    totals: dict[str, Counter] = {}
+    pooled: dict[tuple[str, str], Counter] = {}
+    for run in runs:
+        for key, t in run["totals"].items():
+            totals.setdefault(key.split("/")[0], Counter()).update(t)
+        for row in run["rows"]:
+            c = pooled.setdefault((row["arm"], row["strategy"]), Counter())
+            for ids in row["runs"]:
+                for i in ids:
+                    c["identities"] += 1
+                    c["caught"] += i["banned"]
+                    c["falsified_trained_caught"] += i["falsified_trained"] * i["banned"]
+                    c["max"] = max(c["max"], i["falsified_trained"])
+                    for word in ("replays", "trained", "held"):
+                        c[word] += i[word]
+                    seen = [d for d in i.get("delays", []) if d is not None]
+                    c["delays"] += len(seen)
+                    c["delay_sum"] += sum(seen)
+                    c["delay_max"] = max([c["delay_max"], *seen])
+                    c["never"] += len(i.get("delays", [])) - len(seen)
+    print("arm | units / replays / trained / twins matched | replays per trained unit | "
+          "worker units per trained unit")  # fmt: skip
+    for arm, t in totals.items():
+        per = max(1, t["trained"])
+        print(f"{arm} | {t['units']} / {t['replays']} / {t['trained']} / {t['matched']} | "
+              f"{t['replays'] / per:.3f} | {t['units'] / per:.3f}")  # fmt: skip
+    print("arm | strategy | caught | falsified trained per caught identity | max | replays "
+          "per trained unit | honest delay mean / max (never) | held at end per identity")  # fmt: skip
+    for (arm, name), c in pooled.items():
+        honest = name == "honest"
+        print(" | ".join((
+            arm, name, f"{c['caught']}/{c['identities']}",
+            _fmt(c["falsified_trained_caught"] / c["caught"] if c["caught"] else None, ".3f"),
+            str(c["max"]), f"{c['replays'] / max(1, c['trained']):.3f}",
+            f"{c['delay_sum'] / max(1, c['delays']):.2f} / {c['delay_max']} ({c['never']})"
+            if honest else "",
+            f"{c['held'] / c['identities']:.1f}" if honest else "",
+        )))  # fmt: skip
+
+
 def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -289,7 +340,12 @@ def main() -> None:
                         help="an honest peer beside each identity in every arm (the twin arms "
                         "always have one: it answers the twins)")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--combine", nargs="+", metavar="JSON",
+                        help="only pool the runs of these --json files over their seeds")  # fmt: skip
     args = parser.parse_args()
+    if args.combine:
+        combine(args.combine)
+        return
     arms = args.arms.split(",")
     runs: dict[tuple[str, int], dict[str, list[Identity]]] = {}
     totals: dict[tuple[str, int], dict[str, int]] = {}
