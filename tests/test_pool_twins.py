@@ -17,6 +17,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from swarmrl.config.pool import PoolConfig
 from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
 from swarmrl.ledger.spotchecks import SpotCheckReplay
@@ -61,11 +62,13 @@ def _twin_entries(server) -> list[dict]:
     return [e["body"] for e in entries(server, "release") if e["body"].get("twin")]
 
 
-def test_equal_twins_leave_the_unit_to_the_usual_release_and_the_twin_trains_nowhere(tmp_path):
+def test_equal_twins_leave_the_unit_to_the_usual_release_and_the_twin_trains_nowhere(
+    tmp_path, db_url
+):
     """The match releases nothing (a party with two identities could answer its own unit's
     twin alike): the unit trains once a later check of its node passed, the twin never."""
     orch, owner, validator = (KeyPair.generate() for _ in range(3))
-    with local_orchestrator(tmp_path / "run", orch) as server:
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
         a, b, checker = _pool(server, orch, owner, validator, validated_fraction=0.5)
         unit = _until(server, a, "unchecked")[-1]
         _judge(checker)
@@ -103,9 +106,9 @@ def _work_of(server, sid: str) -> dict:
 
 
 @pytest.mark.parametrize("liar", ["original", "twin"])
-def test_different_twins_go_to_validators_and_the_liar_is_banned(tmp_path, liar):
+def test_different_twins_go_to_validators_and_the_liar_is_banned(tmp_path, liar, db_url):
     orch, owner, validator = (KeyPair.generate() for _ in range(3))
-    with local_orchestrator(tmp_path / "run", orch) as server:
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
         a, b, checker = _pool(server, orch, owner, validator)
         _, receipt = _answer(a, falsified=liar == "original")
         _, answer = _answer(b, falsified=liar == "twin")
@@ -158,11 +161,11 @@ def test_a_twin_on_another_version_is_not_compared_and_its_unit_goes_to_validato
         audit(server.ctx.engine, orch.public_key_hex)
 
 
-def test_a_twin_nobody_answers_lapses_and_the_unit_waits_for_the_usual_release(tmp_path):
+def test_a_twin_nobody_answers_lapses_and_the_unit_waits_for_the_usual_release(tmp_path, db_url):
     """k = 1: a passed check of a later unit releases nothing while the unit's twin is out;
     once the twin lapsed (nobody took it by its deadline), the next passed check does."""
     orch, owner, validator = (KeyPair.generate() for _ in range(3))
-    with local_orchestrator(tmp_path / "run", orch) as server:
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
         PoolClient(server.url, orch).create_pool(
             make_spec(
                 owner,
