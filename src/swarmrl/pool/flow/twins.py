@@ -34,8 +34,8 @@ is drawn for no spot check (its rate is 0): its match judges it.
 
 What a twin does not catch: a party holding both identities of a pair (it can answer its twin
 with the same falsified output; the original then still waits for the usual release, but the
-copied answer earns its credit unchecked), and the declared log-probs within the tolerance. A node cannot
-tell that its own unit was twinned; the twin's holder can tell it holds someone's unit again
+copied answer earns its credit unchecked), and the declared log-probs within the tolerance. A
+node cannot tell that its own unit was twinned; the twin's holder can tell it holds someone's unit again
 (``origin_node_id``), not whose output it will be compared with. Runs inside the caller's
 transaction; knows nothing about HTTP.
 """
@@ -61,21 +61,17 @@ GONE = ("rejected", "dropped", "quarantined")  # an original in these is not com
 Outcome = Literal["equal", "different", "apart"]
 
 
+def _alike(s: Sample) -> list[Any]:
+    """What two honest twins produce alike in one sample: task, version, tokens, finish reason
+    and turn structure (not the proof, not the log-probs)."""
+    episode = None if s.episode is None else s.episode.model_dump(mode="json")
+    return [s.task_index, s.policy_version, s.prompt_tokens, s.output_tokens, s.finish_reason,
+            episode]  # fmt: skip
+
+
 def digest(samples: list[Sample]) -> str:
-    """SHA-256 of what two honest twins produce alike: tasks, versions, tokens, finish
-    reasons and turn structure (not proofs, not log-probs)."""
-    rows = [
-        [
-            s.task_index,
-            s.policy_version,
-            s.prompt_tokens,
-            s.output_tokens,
-            s.finish_reason,
-            None if s.episode is None else s.episode.model_dump(mode="json"),
-        ]
-        for s in samples
-    ]
-    return digest_hex(canonical_json(rows))
+    """SHA-256 of what two honest twins produce alike (:func:`_alike`), for the ledger."""
+    return digest_hex(canonical_json([_alike(s) for s in samples]))
 
 
 def compare(ours: list[Sample], theirs: list[Sample]) -> Outcome:
@@ -85,7 +81,7 @@ def compare(ours: list[Sample], theirs: list[Sample]) -> Outcome:
         (s.task_index, s.policy_version) for s in theirs
     ]:
         return "apart"
-    if digest(ours) != digest(theirs):
+    if [_alike(s) for s in ours] != [_alike(s) for s in theirs]:
         return "different"
     for a, b in zip(ours, theirs, strict=True):
         if len(a.logprobs) != len(b.logprobs):
