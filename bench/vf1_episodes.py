@@ -9,8 +9,16 @@ request waiting when the engine frees up goes into its next call). The arms alte
 (A, B, A, B …) in one process; each reports episodes per second (median and range over runs),
 and the two arms' episodes are checked to carry the same tokens.
 
+``--replay`` adds the trusted side's arm: the batched arm's episodes played again by the harness
+with their model turns scripted (``swarmrl.trainer.harness_check.rerun_episodes``, what a
+validator and the trainer do under ``env.verifiers_reexecute``), timed the same way, and checked
+to replay without a rejection. Its rate against the batched arm's is what the harness replay
+costs next to generating the episodes (the proofs' and sampling's replay of the model calls
+comes on top, as for any episode).
+
     python bench/vf1_episodes.py                        # 16 episodes, 3 runs per arm
     python bench/vf1_episodes.py --episodes 32 --hidden 512 --layers 4 --runs 5
+    python bench/vf1_episodes.py --replay
 
 Needs verifiers>=0.4 (``pip install 'swarmrl[tasks]'``).
 """
@@ -29,6 +37,7 @@ from swarmrl.inference.engine import TorchEngine
 from swarmrl.inference.token_endpoint import serve_engine
 from swarmrl.protocol import SamplingParams
 from swarmrl.testing.vf1 import char_policy, write_taskset
+from swarmrl.trainer.harness_check import rerun_episodes
 
 
 def main() -> None:
@@ -38,6 +47,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--replay", action="store_true", help="time the trusted side's replay")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="vf1-bench-"))
@@ -63,6 +73,12 @@ def main() -> None:
                 elapsed = time.perf_counter() - start
             rates[name].append(args.episodes / elapsed)
             tokens[name] = [[s.tokens for s in p.episode.segments] for p in played]
+        if args.replay:
+            start = time.perf_counter()
+            reruns = rerun_episodes(env, tokenizer, tasks, [p.episode for p in played], params)
+            rates.setdefault("replay", []).append(args.episodes / (time.perf_counter() - start))
+            rejected = [r.rejection or r.own_failure for r in reruns if not r.calls]
+            assert not rejected, rejected
     same = tokens["one_at_a_time"] == tokens["batched"]
     load = os.getloadavg()
     print(
@@ -77,6 +93,9 @@ def main() -> None:
         )
     ratio = statistics.median(rates["batched"]) / statistics.median(rates["one_at_a_time"])
     print(f"batched / one at a time: {ratio:.2f}x; same tokens in both arms: {same}")
+    if args.replay:
+        replay = statistics.median(rates["replay"]) / statistics.median(rates["batched"])
+        print(f"replay / batched generation: {replay:.2f}x the episodes per second")
 
 
 if __name__ == "__main__":

@@ -13,19 +13,16 @@ vf = pytest.importorskip("verifiers", reason="verifiers is not installed")
 if Version(vf.__version__) < Version("0.4"):
     pytest.skip(f"verifiers {vf.__version__} is installed, not >=0.4", allow_module_level=True)
 
-import torch  # noqa: E402
 
-from swarmrl.config import EMBEDDED_DEFAULT, load_config  # noqa: E402
 from swarmrl.config.env import EnvConfig  # noqa: E402
 from swarmrl.envs import build_env  # noqa: E402
 from swarmrl.errors import ConfigError, HarnessFailed, Invalid  # noqa: E402
 from swarmrl.inference.engine import TorchEngine  # noqa: E402
 from swarmrl.inference.token_endpoint import serve_engine  # noqa: E402
-from swarmrl.model import create_tiny_model  # noqa: E402
 from swarmrl.model.prompts import decode_completion  # noqa: E402
 from swarmrl.protocol import SamplingParams  # noqa: E402
 from swarmrl.protocol.seeds import derive_seed  # noqa: E402
-from swarmrl.testing.vf1 import char_policy, write_taskset  # noqa: E402
+from swarmrl.testing.vf1 import char_policy, memorizing_engine, write_taskset  # noqa: E402
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6)
 
@@ -123,34 +120,10 @@ def test_a_trace_that_is_not_the_episode_is_refused_on_the_trusted_side(taskset,
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=80)
 
 
-def _memorizing(tokenizer, text: str) -> TorchEngine:
-    """An engine whose model has learnt ``text`` by heart (greedy decoding replays it)."""
-    config = load_config(
-        [EMBEDDED_DEFAULT],
-        [
-            "model.tiny.hidden_size=64",
-            "model.tiny.num_layers=2",
-            "model.tiny.intermediate_size=128",
-        ],
-    )
-    torch.manual_seed(0)
-    model = create_tiny_model(config.model.tiny, tokenizer).train()
-    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(500):
-        loss = model(ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 0.01:
-            break
-    return TorchEngine(model.eval(), tokenizer)
-
-
 def test_a_tool_call_runs_in_the_harness_and_its_result_is_an_environment_turn(taskset, policy):
     path, tokenizer, _ = policy
     call = '<tool_call>{"name": "calc", "arguments": {"expression": "3+4"}}</tool_call><eos>'
-    engine = _memorizing(tokenizer, f"<u>3+4=<a>{call}<t>7<a>7<eos>")
+    engine = memorizing_engine(tokenizer, f"<u>3+4=<a>{call}<t>7<a>7<eos>")
     env = _env(taskset, mode="tools")
     task = env.task_for_id(3)
     assert task.prompt == "3+4="
@@ -173,7 +146,7 @@ def test_a_tool_call_runs_in_the_harness_and_its_result_is_an_environment_turn(t
 def test_a_tool_call_that_does_not_parse_ends_the_episode_as_an_answer(taskset, policy):
     path, tokenizer, _ = policy
     broken = "<tool_call>{oops</tool_call><eos>"
-    engine = _memorizing(tokenizer, f"<u>3+4=<a>{broken}")
+    engine = memorizing_engine(tokenizer, f"<u>3+4=<a>{broken}")
     env = _env(taskset, mode="tools")
     task = env.task_for_id(3)
     with serve_engine(engine, GREEDY) as endpoint:

@@ -1,7 +1,9 @@
 """A verifiers 0.4 taskset in a run: ``swarmrl run CONFIG --colocated`` plays its harness
 episodes with the trainer's engine and trains on them (``swarmrl.trainer.harness``); a swarm
-refuses it in one line (its environment turns cannot be recomputed on the trusted side). The
-taskset, its harness and the policy are the tests' own (``swarmrl.testing.vf1``)."""
+refuses it in one line unless ``env.verifiers_reexecute`` declares the harness deterministic,
+and then runs it on untrusted workers, its validators playing the harness again with each
+episode's model turns: a worker running a tampered harness is banned and nothing of it trains.
+The taskset, its harness and the policy are the tests' own (``swarmrl.testing.vf1``)."""
 
 from __future__ import annotations
 
@@ -57,9 +59,31 @@ def test_a_swarm_refuses_a_verifiers_taskset_in_one_line(tmp_path: Path):
     result = _run(config, env)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot be recomputed" in lines[0], result.stderr[-2000:]
+    assert len(lines) == 1 and "verifiers_reexecute" in lines[0], result.stderr[-2000:]
     assert "--colocated" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_swarm_replays_the_harness_and_bans_a_worker_running_a_tampered_one(tmp_path: Path):
+    config, env = write_run(tmp_path, steps=4)
+    sets = [
+        "env.verifiers_reexecute=true", "swarm.workers=1", "swarm.cheaters=['forge_env_after:1']",
+        "swarm.rollouts_per_lease=2",  # units of one task: the forger submits several
+        "swarm.spot_check_floor=1.0",  # every unit checked: the judgement is what is tested
+    ]  # fmt: skip
+    result = _run(config, env, *[x for s in sets for x in ("--set", s)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    facts = json.loads((run_dir / "report.json").read_text())
+    swarm = facts["swarm"]
+    (forger,) = [w for w in swarm["workers"] if w.get("cheat")]
+    assert swarm["banned_nodes"] == [forger["node_id"]]
+    # the forger's "sure?!" is not what the harness asks: call 1's prompt differs
+    assert "env_mismatch: call 1's prompt differs" in forger["first_rejection"], forger
+    assert swarm["submissions"]["rejected_honest"] == 0
+    assert swarm["submissions"]["rejected_trained"] == 0
+    assert swarm["submissions"]["trained"] > 0
+    assert facts["ledger"]["verified"] is True
 
 
 def test_a_harness_that_fails_stops_the_run_with_its_one_line(tmp_path: Path):

@@ -47,6 +47,8 @@
     ├── HarnessFailed               a verifiers harness episode ended without a usable trace (the
     │                               program crashed, hung past its timeout, or its trace differs
     │                               from what the engine sampled); the message says which task
+    │   └── HarnessTimedOut         ... because it ran past its timeout (a slow machine as much as
+    │                               the episode: the trusted side judges it again later)
     ├── Abandoned                   the client of a served request went away; its generation
     │                               stopped (or never started)
     ├── VersionGone                 a weight version every source has pruned: it will not come
@@ -243,6 +245,10 @@ class ToolError(SwarmError):
 
 class HarnessFailed(SwarmError):
     """A harness episode (``swarmrl.envs.vf1``) produced no usable trace; one line says why."""
+
+
+class HarnessTimedOut(HarnessFailed):
+    """A harness episode ran past its timeout and was killed."""
 
 
 class Abandoned(SwarmError):

@@ -157,6 +157,14 @@ class EnvConfig(Section):
         description="verifiers_v1: seconds each stage of an episode may take (setup, the "
         "harness's run, scoring); past it the harness is killed and the episode fails",
     )
+    verifiers_reexecute: bool = Field(
+        False,
+        description="verifiers_v1: let untrusted workers play the taskset; the validators and "
+        "the trainer run the harness again with each episode's model turns and refuse an "
+        "episode whose environment turns differ. Set it only for a harness whose tool results "
+        "and messages are a function of the task and the model's turns (no clock, randomness "
+        "or outside world): otherwise honest workers are rejected",
+    )
     system_prompt: str | None = Field(
         None, description="system prompt a tokenizer's chat template puts before each prompt"
     )

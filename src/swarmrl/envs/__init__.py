@@ -111,6 +111,7 @@ def _base_env(config: EnvConfig, scores: bool) -> Environment:
             config.verifiers_harness_args,
             config.heldout_fraction,
             config.verifiers_timeout_s,
+            config.verifiers_reexecute,
         )
     if config.name in ("code", "code_tiny"):
         from swarmrl.envs.code import CodeEnv, CodeTinyEnv

@@ -36,10 +36,12 @@ the trusted side's: it checks that the trace carries exactly the episode's token
 taskset's rewards on it again, without the harness's runtime (a taskset whose rewards need the
 runtime cannot be scored there: :attr:`VerifiersV1Env.trusted_scoring` is False).
 
-What is not proven: the environment turns (tool results, a simulated user) are what the harness
-program wrote on the worker; swarmrl cannot recompute them from task, seed and model turns, so
-:attr:`VerifiersV1Env.untrusted_refusal` gives the one-line reason a pool with untrusted
-workers refuses these tasks (docs/tasks.md).
+Untrusted workers: the environment turns (tool results, a simulated user) are what the harness
+program wrote on the worker. A pool with untrusted workers refuses these tasks
+(:attr:`VerifiersV1Env.untrusted_refusal`, one line) unless ``env.verifiers_reexecute`` says the
+harness is deterministic given the model's turns: then the trusted side plays each episode
+again with the claimed model turns as the model's answers (``swarmrl.trainer.harness_check``)
+and refuses one whose environment turns differ (docs/tasks.md).
 
 Knows nothing about models or weights: tokens come from a :class:`TokenSource`.
 """
@@ -61,13 +63,14 @@ from packaging.version import Version
 
 from swarmrl.envs.base import Environment, Score, Split, Task
 from swarmrl.envs.data import require
-from swarmrl.errors import ConfigError, HarnessFailed, Invalid
+from swarmrl.errors import ConfigError, HarnessFailed, HarnessTimedOut, Invalid
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import Episode, ModelCall, episode_from_calls
 
 UNTRUSTED_REFUSAL = (
     "env.name = 'verifiers_v1': its environment turns are written by a harness program on the "
-    "worker and cannot be recomputed from task, seed and model turns; run it with --colocated"
+    "worker; run it with --colocated, or set env.verifiers_reexecute = true where the harness's "
+    "turns are a function of the task and the model's turns (the trusted side replays them)"
 )
 
 
@@ -165,7 +168,6 @@ class VerifiersV1Env(Environment):
     name = "verifiers_v1"
     alphabet = None
     prose = True
-    untrusted_refusal = UNTRUSTED_REFUSAL
 
     def __init__(
         self,
@@ -175,10 +177,13 @@ class VerifiersV1Env(Environment):
         harness_args: dict[str, Any] | None = None,
         heldout_fraction: float = 0.1,
         timeout_s: float = 120.0,
+        reexecute: bool = False,
     ) -> None:
         super().__init__(heldout_fraction)
         vf = require_v1()
         self.vf, self.timeout_s = vf, timeout_s
+        # why untrusted workers may not play these tasks (None: the trusted side replays them)
+        self.untrusted_refusal = None if reexecute else UNTRUSTED_REFUSAL
         self._loop: asyncio.AbstractEventLoop | None = None
         stages = {"setup": timeout_s, "rollout": timeout_s, "scoring": timeout_s}
         agent: dict[str, Any] = {"runtime": {"type": "subprocess"}, "timeout": stages}
@@ -262,7 +267,24 @@ class VerifiersV1Env(Environment):
     ) -> list[HarnessEpisode]:
         """Play one episode per task, concurrently (the source answers the calls); episode i
         samples from ``seeds[i]``. ``tokenizer_path`` is the policy's directory: its tokenizer
-        and chat template render every prompt."""
+        and chat template render every prompt. The first episode that fails raises its
+        :class:`HarnessFailed`."""
+        played = self.play_each(tasks, seeds, source, tokenizer_path, params, model)
+        for outcome in played:
+            if isinstance(outcome, HarnessFailed):
+                raise outcome
+        return played  # type: ignore[return-value]
+
+    def play_each(
+        self,
+        tasks: Sequence[Task],
+        seeds: Sequence[int],
+        source: TokenSource,
+        tokenizer_path: str,
+        params: SamplingParams,
+        model: str = "policy",
+    ) -> list[HarnessEpisode | HarnessFailed]:
+        """:meth:`run_episodes`, each episode's failure returned in its place instead."""
         if len(tasks) != len(seeds):
             raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds")
         return self._run(self._run_all(tasks, seeds, source, tokenizer_path, params, model))
@@ -275,7 +297,7 @@ class VerifiersV1Env(Environment):
         tokenizer_path: str,
         params: SamplingParams,
         model: str,
-    ) -> list[HarnessEpisode]:
+    ) -> list[HarnessEpisode | HarnessFailed]:
         from renderers.configs import DefaultRendererConfig
 
         vf = self.vf
@@ -286,7 +308,7 @@ class VerifiersV1Env(Environment):
             renderer_model_name=tokenizer_path,
         )
 
-        async def one(task: Task, seed: int) -> HarnessEpisode:
+        async def one(task: Task, seed: int) -> HarnessEpisode | HarnessFailed:
             sampling = {
                 "temperature": params.temperature,
                 "top_p": params.top_p,
@@ -297,7 +319,10 @@ class VerifiersV1Env(Environment):
                 sampling["top_k"] = params.top_k
             ctx = vf.ModelContext(model=model, client=client, sampling=vf.Sampling(**sampling))
             played = await self.vf_env.run_episode(self.vf_tasks[task.problem_id], ctx)
-            return self._episode(task, seed, played, source)
+            try:
+                return self._episode(task, seed, played, source)
+            except HarnessFailed as exc:
+                return exc
 
         async with self.vf_env.serving():
             return list(
@@ -309,7 +334,7 @@ class VerifiersV1Env(Environment):
         trace = played.traces[0] if played.traces else None
         errors = [*played.errors, *(trace.errors if trace is not None else [])]
         if played.is_timeout or (trace is not None and trace.is_timeout):
-            raise HarnessFailed(f"{where}: ran past its {self.timeout_s:g} s timeout")
+            raise HarnessTimedOut(f"{where}: ran past its {self.timeout_s:g} s timeout")
         if trace is None or not played.ok or not trace.ok:
             last = errors[-1] if errors else None
             detail = (last.message.strip().splitlines() or [""])[-1] if last else "no trace"

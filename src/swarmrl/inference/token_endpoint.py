@@ -36,7 +36,9 @@ each row keeps its own seed. A row the engine refuses (token ids outside its voc
 refused alone: its batch is run again without it.
 
 Every answered call is recorded per session (:meth:`TokenEndpoint.calls`), so the caller can
-hold the trace a harness returns against what was really sampled.
+hold the trace a harness returns against what was really sampled. Given ``prove`` (a worker's
+proof builder, ``swarmrl.roles.worker.rollouts.ProofBuilder``), the engine also returns hidden
+states and each call's proof is recorded beside it (:meth:`TokenEndpoint.proofs`).
 
 Knows nothing about verifiers, harnesses or rewards: token ids in, token ids out.
 """
@@ -48,9 +50,9 @@ import queue
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -73,6 +75,9 @@ _NEUTRAL = {
     "routed_experts_prompt_start",
 }
 _BODY = {"model", "token_ids", "sampling_params", "cache_salt", "priority"}
+
+# the generations of one engine call (with hidden states) -> one wire proof per generation
+Prover = Callable[[list[Generation], SamplingParams], list[dict | str | None]]
 
 
 class _Refused(Exception):
@@ -98,6 +103,7 @@ class _Call:
     seed: int
     done: threading.Event = field(default_factory=threading.Event)
     generation: Generation | None = None
+    proof: dict | str | None = None
     refusal: str = ""
     status: int = 400
 
@@ -115,12 +121,15 @@ class TokenEndpoint:
         max_body_bytes: int = 4 << 20,
         request_timeout_s: float = 30.0,
         max_batch: int = 64,
+        prove: Prover | None = None,
     ) -> None:
         self.engine, self.defaults, self.model = engine, defaults, model
+        self.prove = prove
         self.max_model_len, self.max_body_bytes = max_model_len, max_body_bytes
         self.max_batch = max_batch
         self._lock = threading.Lock()  # guards _calls and _in_flight
         self._calls: dict[str, list[ModelCall]] = defaultdict(list)
+        self._proofs: dict[str, list[dict | str | None]] = defaultdict(list)
         self._in_flight: set[str] = set()
         self._queue: queue.Queue[_Call | None] = queue.Queue()
         self._engine_thread = threading.Thread(
@@ -197,6 +206,11 @@ class TokenEndpoint:
         with self._lock:
             return list(self._calls.get(session, []))
 
+    def proofs(self, session: str) -> list[dict | str | None]:
+        """The proofs of ``session``'s calls, in order (None each without ``prove``)."""
+        with self._lock:
+            return list(self._proofs.get(session, []))
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -222,8 +236,12 @@ class TokenEndpoint:
     def _sample(self, calls: list[_Call]) -> None:
         try:
             gens = self.engine.generate(
-                [c.prompt for c in calls], calls[0].params, [c.seed for c in calls]
+                [c.prompt for c in calls],
+                calls[0].params,
+                [c.seed for c in calls],
+                return_hidden=self.prove is not None,
             )
+            proofs = self.prove(gens, calls[0].params) if self.prove else [None] * len(gens)
         except ValueError as exc:  # a row with token ids outside the vocabulary
             if len(calls) > 1:
                 for call in calls:
@@ -237,8 +255,9 @@ class TokenEndpoint:
                 call.refusal, call.status = f"engine failed: {type(exc).__name__}", 500
                 call.done.set()
             return
-        for call, gen in zip(calls, gens, strict=True):
-            call.generation = gen
+        for call, gen, proof in zip(calls, gens, proofs, strict=True):
+            call.generation = replace(gen, hidden_states=None)  # the proof holds what it needs
+            call.proof = proof
             call.done.set()
 
     def _generate(self, body: Any, session: str | None) -> dict[str, Any]:
@@ -269,6 +288,7 @@ class TokenEndpoint:
                 self._calls[session].append(
                     ModelCall(list(prompt), list(gen.output_tokens), list(gen.logprobs))
                 )
+                self._proofs[session].append(call.proof)
         finally:
             with self._lock:
                 self._in_flight.discard(session)

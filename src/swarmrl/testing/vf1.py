@@ -6,7 +6,8 @@ answer (or, with the taskset's ``dense = true``, by the share of the last reply'
 that are digits: a signal a random policy meets, for training tests). Its harness is a Python program run by verifiers' subprocess runtime that talks to the
 interception like any OpenAI client; its ``mode``: ``check`` asks once more after the first
 answer (an environment turn), ``tools`` offers a calculator and runs the calls the model makes,
-``crash`` exits 3, ``hang`` never returns. The policy: a character tokenizer with the two
+``crash`` exits 3, ``hang`` never returns; ``lie`` is added to every tool result and is the
+number of ``!`` after "sure?" (a tampered harness: the forger of the re-execution tests). The policy: a character tokenizer with the two
 tool-call tokens and a chat template that renders user, assistant (with its tool calls) and
 tool turns.
 """
@@ -22,6 +23,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
+from swarmrl.inference.engine import TorchEngine
 from swarmrl.model import build_char_tokenizer, create_tiny_model, save_policy
 
 TASKSET_ID = "swarmrl_vf1_sums"
@@ -32,7 +34,7 @@ import verifiers.v1 as vf
 
 PROGRAM = r"""
 import json, sys, time, urllib.request
-base, key, model, prompt, mode = sys.argv[1:6]
+base, key, model, prompt, mode, lie = sys.argv[1:7]
 if mode == "crash":
     print("harness: out of cheese", file=sys.stderr)
     sys.exit(3)
@@ -57,11 +59,11 @@ for turn in range(3):
     for call in calls:
         a, b = json.loads(call["function"]["arguments"])["expression"].split("+")
         messages.append({"role": "tool", "tool_call_id": call["id"],
-                         "content": str(int(a) + int(b))})
+                         "content": str(int(a) + int(b) + int(lie))})
     if calls:
         continue
     if mode == "check" and turn == 0:
-        messages.append({"role": "user", "content": "sure?"})
+        messages.append({"role": "user", "content": "sure?" + "!" * int(lie)})
         continue
     break
 print("answered", len(messages))
@@ -95,6 +97,7 @@ class SumTaskset(vf.Taskset[SumTask, SumTasksetConfig]):
 
 class SumHarnessConfig(vf.HarnessConfig):
     mode: str = "check"
+    lie: int = 0  # added to every tool result: a harness a forging worker tampered with
 
 
 class SumHarness(vf.Harness[SumHarnessConfig]):
@@ -103,7 +106,8 @@ class SumHarness(vf.Harness[SumHarnessConfig]):
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data):
         _, prompt = self.resolve_text_prompt(data)
-        argv = [sys.executable, "-c", PROGRAM, endpoint, secret, ctx.model, prompt, self.config.mode]
+        argv = [sys.executable, "-c", PROGRAM, endpoint, secret, ctx.model, prompt,
+                self.config.mode, str(self.config.lie)]
         return await runtime.run(argv, {})
 
 
@@ -149,6 +153,31 @@ def char_policy(
     )
     torch.manual_seed(seed)
     return str(root), tokenizer, create_tiny_model(config.model.tiny, tokenizer)
+
+
+def memorizing_engine(tokenizer: PreTrainedTokenizerBase, text: str) -> TorchEngine:
+    """An engine whose two-layer model has learnt ``text`` by heart (greedy decoding replays
+    it): a policy that makes a given tool call, without a trained model."""
+    config = load_config(
+        [EMBEDDED_DEFAULT],
+        [
+            "model.tiny.hidden_size=64",
+            "model.tiny.num_layers=2",
+            "model.tiny.intermediate_size=128",
+        ],
+    )
+    torch.manual_seed(0)
+    model = create_tiny_model(config.model.tiny, tokenizer).train()
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(500):
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    return TorchEngine(model.eval(), tokenizer)
 
 
 def write_run(

@@ -10,7 +10,9 @@ A harness that fails (exits non-zero, runs past its timeout, makes no model call
 trace that is not what was sampled) is a :class:`~swarmrl.errors.HarnessFailed` naming the
 task; the run stops on it rather than training on part of a step.
 
-Untrusted workers cannot play these episodes: their environment turns could not be recomputed
+Untrusted workers play these episodes only where the harness is declared deterministic
+(``env.verifiers_reexecute``): the trusted side then plays each of theirs again
+(``swarmrl.trainer.harness_check``); otherwise a swarm refuses them
 (``swarmrl.envs.multiturn.require_recomputable``).
 """
 

@@ -29,13 +29,16 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import MultiTurnEnvironment
-from swarmrl.errors import ForgedEpisode
+from swarmrl.envs.vf1 import VerifiersV1Env
+from swarmrl.errors import ForgedEpisode, HarnessTimedOut
 from swarmrl.model.prompts import decode_completion
+from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import ModelCall, episode_from_calls
 from swarmrl.protocol.pool import Sample, TrainableSubmission
 from swarmrl.trainer.batch import Completion, Group
 from swarmrl.trainer.episode_check import replay_episode
 from swarmrl.trainer.episodes import episode_completions
+from swarmrl.trainer.harness_check import rerun_episodes
 
 
 @dataclass
@@ -107,10 +110,15 @@ def submission_groups(
     on the environment turns it computes itself and scores the recomputed transcript, so a
     forged environment turn never trains even in work no validator replayed; an episode that
     differs from its recomputation raises :class:`ForgedEpisode` (``max_new_tokens``: the
-    sampling limit per call the units were leased with).
+    sampling limit per call the units were leased with). Harness episodes (a verifiers taskset,
+    ``env.verifiers_reexecute``) are played again by the harness with their model turns
+    (``swarmrl.trainer.harness_check``); a replay past its timeout raises
+    :class:`~swarmrl.errors.HarnessTimedOut` (not trained either).
     """
     if sub.behaviour_logprobs is None:
         return []
+    if isinstance(env, VerifiersV1Env):
+        return _harness_groups(sub, env, tokenizer, group_size, max_new_tokens)
     groups = []
     for j, task_index in enumerate(sub.task_indices):
         group = Group(env.task("train", task_index))
@@ -165,6 +173,44 @@ def trusted_episode(
     episode = episode_from_calls(calls, state.seed, score.reward)
     correct = bool(score.details.get("correct", score.reward == 1.0))
     return episode_completions(episode, sample.policy_version, correct)
+
+
+def _harness_groups(
+    sub: TrainableSubmission,
+    env: VerifiersV1Env,
+    tokenizer: PreTrainedTokenizerBase,
+    group_size: int,
+    max_new_tokens: int,
+) -> list[Group]:
+    """``submission_groups`` of a harness environment: every episode of ``sub`` replayed at
+    once, trained with the replayed rewards and the trusted behaviour log-probs (the replay's
+    model answers are scripted: of the sampling, only the token limit matters)."""
+    assert sub.behaviour_logprobs is not None
+    tasks = [env.task("train", t) for t in sub.task_indices for _ in range(group_size)]
+    episodes = [s.episode for s in sub.samples]
+    if any(e is None for e in episodes) or len(tasks) != len(episodes):
+        raise ForgedEpisode(
+            f"submission {sub.submission_id}: a harness task's sample has no episode"
+        )
+    limit = SamplingParams(max_new_tokens=max_new_tokens)
+    reruns = rerun_episodes(env, tokenizer, tasks, episodes, limit)  # type: ignore[arg-type]
+    groups = [Group(env.task("train", t)) for t in sub.task_indices]
+    for i, (sample, rerun) in enumerate(zip(sub.samples, reruns, strict=True)):
+        if rerun.own_failure:
+            raise HarnessTimedOut(f"submission {sub.submission_id}: {rerun.own_failure}")
+        if rerun.rejection:
+            raise ForgedEpisode(f"task {tasks[i].problem_id}: {rerun.rejection}")
+        calls, used = [], 0
+        for call in rerun.calls:
+            n = len(call.output_tokens)
+            behaviour = list(sub.behaviour_logprobs[i][used : used + n])
+            calls.append(ModelCall(call.prompt_tokens, call.output_tokens, behaviour))
+            used += n
+        episode = episode_from_calls(calls, sample.episode.seed, rerun.reward)  # type: ignore[union-attr]
+        groups[i // group_size].completions += episode_completions(
+            episode, sample.policy_version, rerun.correct
+        )
+    return groups
 
 
 def group_version(group: Group) -> int:

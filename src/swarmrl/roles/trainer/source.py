@@ -45,7 +45,7 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
-from swarmrl.errors import ForgedEpisode, InfraError, PeerError, WaitTimeout
+from swarmrl.errors import ForgedEpisode, HarnessTimedOut, InfraError, PeerError, WaitTimeout
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.pool import TrainableSubmission
 from swarmrl.rl import is_informative
@@ -326,6 +326,9 @@ class PoolSource:
         except ForgedEpisode as exc:  # unchecked work a passed check released: not trained
             self.log.warning("submission %s is not trained: %s", sid, exc)
             self.forged.append(sid)
+            groups = []
+        except HarnessTimedOut as exc:  # its harness could not be replayed here: not trained
+            self.log.warning("submission %s is not trained: %s", sid, exc)
             groups = []
         self._outstanding[sid] = len(groups) + 1  # + 1 so that a group-less one finishes too
         for group in groups:

@@ -17,6 +17,11 @@ included), the recomputed token limit and the call's seed ``derive_seed("turn", 
 proofs cover the whole sequence, the sampling and termination checks the model tokens only.
 The episode's reward is the environment's score of the recomputed transcript.
 
+An episode of a verifiers taskset (``swarmrl.envs.vf1`` under ``env.verifiers_reexecute``) is
+recomputed by playing its harness again with the claimed model turns as the model's answers
+(``swarmrl.trainer.harness_check``); then each call is checked the same way, against the prompt
+and sampling the trusted side's harness produced, and the reward is the replayed trace's.
+
 A submission is accepted only if every sample is; the validator's replayed log-probs become the
 trusted behaviour log-probs the trainer's importance ratio uses. A rejection is hard (the node
 is banned) unless the validator itself failed ("replay" only), in which case no verdict is
@@ -38,8 +43,11 @@ from transformers import PreTrainedTokenizerBase
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import MultiTurnEnvironment
+from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.errors import VersionGone
 from swarmrl.model.prompts import decode_completion, encode_prompt
+from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.episodes import Episode, ModelCall
 from swarmrl.protocol.pool import Sample, Severity
 from swarmrl.protocol.proofs import Assignment, ProofVerdict, SampleClaim, proof_from_wire
 from swarmrl.protocol.seeds import derive_seed, sample_seed
@@ -48,6 +56,7 @@ from swarmrl.rolekit.policy import LoadedVersion
 from swarmrl.toploc.evidence import NodeEvidence, unit_measures
 from swarmrl.toploc.verify import Scorer, Verifier
 from swarmrl.trainer.episode_check import replay_episode
+from swarmrl.trainer.harness_check import rerun_episodes
 
 MAX_REASONS = 8
 
@@ -126,6 +135,64 @@ def _sample_items(
     return items, _scorer(env, tokenizer, by_prompt)
 
 
+def _claimed_episodes(pending: PendingSubmission, indices: list[int]) -> list[Episode] | Judgement:
+    """The episodes of samples ``indices``, each with the seed its lease gives it, or the
+    rejection of the first that has none or another seed."""
+    episodes = []
+    for i in indices:
+        episode = pending.samples[i].episode
+        if episode is None:
+            return _reject(pending, [f"sample {i}: the task is multi-turn; no episode was sent"])
+        seed = sample_seed(pending.work.seed, i)
+        if episode.seed != seed:
+            return _reject(
+                pending, [f"sample {i}: episode seed {episode.seed} where the lease gives {seed}"]
+            )
+        episodes.append(episode)
+    return episodes
+
+
+def _call_items(
+    pending: PendingSubmission,
+    loaded: LoadedVersion,
+    i: int,
+    episode: Episode,
+    calls: Sequence[ModelCall],
+    sampling: Sequence[SamplingParams],
+) -> list[Item]:
+    """One verifier item per model call of sample ``i``'s episode, against the calls as the
+    trusted side recomputed them: each call's prompt and sampling are the recomputed ones,
+    its seed ``derive_seed("turn", episode seed, k)``."""
+    tokenizer = loaded.tokenizer
+    stops = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    proofs = pending.samples[i].turn_proofs or [None] * len(calls)
+    segment_of = [
+        s for s, seg in enumerate(episode.segments) for t in seg.turns if t.role == "model"
+    ]
+    items: list[Item] = []
+    for k, (call, params) in enumerate(zip(calls, sampling, strict=True)):
+        assignment = Assignment(
+            policy_version=loaded.version,
+            model_digest=loaded.root_digest,
+            prompt_tokens=call.prompt_tokens,
+            sampling=params,
+            seed=derive_seed("turn", episode.seed, k),
+            worker_key=pending.node_key,
+        )
+        ended = bool(call.output_tokens) and call.output_tokens[-1] in stops | set(
+            params.stop_token_ids
+        )
+        claim = SampleClaim(
+            prompt_tokens=call.prompt_tokens,
+            output_tokens=call.output_tokens,
+            logprobs=call.logprobs,
+            finish_reason="eos" if ended else "length",
+        )
+        # one replay per segment: its calls' sequences extend one another
+        items.append((i, (proof_from_wire(proofs[k]), claim, assignment), (i, segment_of[k])))
+    return items
+
+
 def _episode_items(
     pending: PendingSubmission,
     env: MultiTurnEnvironment,
@@ -134,54 +201,53 @@ def _episode_items(
     indices: list[int],
     rewards: dict[int, float],
 ) -> list[Item] | Judgement:
-    """One verifier item per model call of each episode of ``indices``, checked against the
-    episode the trusted side recomputes (``swarmrl.trainer.episode_check``): each call's prompt
-    and token limit are the recomputed ones, its seed ``derive_seed("turn", episode seed, k)``.
-    Fills ``rewards`` from the recomputed transcripts. A rejection (a forged environment turn,
-    a wrong seed, a missing episode) is returned as the judgement."""
-    work, tokenizer = pending.work, loaded.tokenizer
-    stops = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
-    stops |= set(work.sampling.stop_token_ids)
+    """The verifier items of each episode of ``indices``, checked against the episode the
+    trusted side recomputes (``swarmrl.trainer.episode_check``). Fills ``rewards`` from the
+    recomputed transcripts. A rejection (a forged environment turn, a wrong seed, a missing
+    episode) is returned as the judgement."""
+    episodes = _claimed_episodes(pending, indices)
+    if isinstance(episodes, Judgement):
+        return episodes
     items: list[Item] = []
-    for i in indices:
-        sample, task = pending.samples[i], tasks[i]
-        episode = sample.episode
-        if episode is None:
-            return _reject(pending, [f"sample {i}: the task is multi-turn; no episode was sent"])
-        seed = sample_seed(work.seed, i)
-        if episode.seed != seed:
-            return _reject(
-                pending, [f"sample {i}: episode seed {episode.seed} where the lease gives {seed}"]
-            )
+    for i, episode in zip(indices, episodes, strict=True):
         rejection, state = replay_episode(
-            env, tokenizer, task, episode, work.sampling.max_new_tokens
+            env, loaded.tokenizer, tasks[i], episode, pending.work.sampling.max_new_tokens
         )
         if rejection is not None or state is None:
             return _reject(pending, [f"sample {i}: episode: {rejection}"])
-        proofs = sample.turn_proofs or [None] * len(state.calls)
-        segment_of = [
-            s for s, seg in enumerate(episode.segments) for t in seg.turns if t.role == "model"
-        ]
-        for k, (call, limit) in enumerate(zip(state.calls, state.limits, strict=True)):
-            sampling = work.sampling.model_copy(update={"max_new_tokens": limit})
-            assignment = Assignment(
-                policy_version=loaded.version,
-                model_digest=loaded.root_digest,
-                prompt_tokens=call.prompt_tokens,
-                sampling=sampling,
-                seed=derive_seed("turn", seed, k),
-                worker_key=pending.node_key,
-            )
-            ended = bool(call.output_tokens) and call.output_tokens[-1] in stops
-            claim = SampleClaim(
-                prompt_tokens=call.prompt_tokens,
-                output_tokens=call.output_tokens,
-                logprobs=call.logprobs,
-                finish_reason="eos" if ended else "length",
-            )
-            # one replay per segment: its calls' sequences extend one another
-            items.append((i, (proof_from_wire(proofs[k]), claim, assignment), (i, segment_of[k])))
-        rewards[i] = env.score_episode(task, seed, state.transcript).reward
+        lease = pending.work.sampling
+        sampling = [lease.model_copy(update={"max_new_tokens": n}) for n in state.limits]
+        items += _call_items(pending, loaded, i, episode, state.calls, sampling)
+        rewards[i] = env.score_episode(tasks[i], episode.seed, state.transcript).reward
+    return items
+
+
+def _harness_items(
+    pending: PendingSubmission,
+    env: VerifiersV1Env,
+    loaded: LoadedVersion,
+    tasks: list[Task],
+    indices: list[int],
+    rewards: dict[int, float],
+) -> list[Item] | Judgement:
+    """The verifier items of each harness episode of ``indices``, checked against the harness
+    played again with the episode's model turns (``swarmrl.trainer.harness_check``), all at
+    once. Fills ``rewards`` with the replayed traces' rewards. A replay past its timeout is no
+    verdict (judged again later)."""
+    episodes = _claimed_episodes(pending, indices)
+    if isinstance(episodes, Judgement):
+        return episodes
+    reruns = rerun_episodes(
+        env, loaded.tokenizer, [tasks[i] for i in indices], episodes, pending.work.sampling
+    )
+    items: list[Item] = []
+    for i, episode, rerun in zip(indices, episodes, reruns, strict=True):
+        if rerun.own_failure:
+            return Judgement(None, [], failure=rerun.own_failure)
+        if rerun.rejection:
+            return _reject(pending, [f"sample {i}: episode: {rerun.rejection}"])
+        items += _call_items(pending, loaded, i, episode, rerun.calls, rerun.sampling)
+        rewards[i] = rerun.reward
     return items
 
 
@@ -257,8 +323,11 @@ def judge_many(
         for unit, idx in parts:
             if unit.done is not None:
                 continue
-            if isinstance(env, MultiTurnEnvironment):
-                checked = _episode_items(unit.pending, env, loaded, unit.tasks, idx, unit.rewards)
+            if isinstance(env, (MultiTurnEnvironment, VerifiersV1Env)):
+                item_maker = (
+                    _episode_items if isinstance(env, MultiTurnEnvironment) else _harness_items
+                )
+                checked = item_maker(unit.pending, env, loaded, unit.tasks, idx, unit.rewards)  # type: ignore[arg-type]
                 if isinstance(checked, Judgement):
                     unit.done = checked
                     continue
@@ -314,7 +383,7 @@ def _decide(
     own_failures = [v for v in calls if not v.accepted and v.codes == {"replay"}]
     if own_failures:
         return Judgement(None, [], failure=own_failures[0].reasons[0].detail)
-    episodes = isinstance(env, MultiTurnEnvironment)
+    episodes = isinstance(env, (MultiTurnEnvironment, VerifiersV1Env))
     reasons = [
         f"sample {i}" + (f" turn {k}" if episodes else "") + f": {r.code}: {r.detail}"
         for i in range(len(pending.samples))

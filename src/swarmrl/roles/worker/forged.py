@@ -9,6 +9,12 @@ and a turn with neither (a refused call's ``[?]``) replaced by a made-up result,
 model's later turns then read the forged text, as they would under a real forger; the trusted
 side's recomputation of each environment turn (``swarmrl.trainer.episode_check``) is what catches it.
 
+A verifiers taskset's environment turns are written by its harness program; the forger of
+those (:func:`forging_harness`) plays a tampered harness instead: the harness config's ``lie``
+field set to 1, which the tests' harness (``swarmrl.testing.vf1``) adds to every tool result
+and to its follow-up question. A harness without that field cannot be tampered with this way
+(a one-line :class:`~swarmrl.errors.ConfigError` at the worker's start).
+
 Knows nothing about pools or proofs.
 """
 
@@ -18,7 +24,8 @@ import copy
 import re
 from collections.abc import Sequence
 
-from swarmrl.envs import Task
+from swarmrl.config.env import EnvConfig
+from swarmrl.envs import Environment, Task, build_env
 from swarmrl.envs.multiturn import Message, MultiTurnEnvironment, Reply
 
 _NUMBER = re.compile(r"\d+")
@@ -45,3 +52,10 @@ def forging(env: MultiTurnEnvironment) -> MultiTurnEnvironment:
 
     forged.reply = reply  # type: ignore[method-assign]
     return forged
+
+
+def forging_harness(config: EnvConfig) -> Environment:
+    """The environment of ``config`` (a verifiers taskset) played by a tampered harness
+    (module docstring)."""
+    tampered = {**config.verifiers_harness_args, "lie": 1}
+    return build_env(config.model_copy(update={"verifiers_harness_args": tampered}), scores=False)

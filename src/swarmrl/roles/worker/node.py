@@ -27,6 +27,7 @@ Knows nothing about training or validation; it only produces rollouts and proofs
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -34,10 +35,12 @@ from pathlib import Path
 
 from swarmrl.config import SwarmConfig
 from swarmrl.config.swarm import cheat_after, cheat_kind
-from swarmrl.envs import build_env
+from swarmrl.envs import Environment, build_env
 from swarmrl.envs.multiturn import MultiTurnEnvironment
+from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.errors import (
     ConfigError,
+    HarnessFailed,
     InfraError,
     NodeBanned,
     NotFound,
@@ -51,13 +54,18 @@ from swarmrl.inference.types import Generation
 from swarmrl.model.io import load_policy
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Submission, WorkUnit
+from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Sample, Submission, WorkUnit
 from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
-from swarmrl.roles.worker.forged import forging
-from swarmrl.roles.worker.rollouts import corrupt_weights, generate_episodes, generate_unit
+from swarmrl.roles.worker.forged import forging, forging_harness
+from swarmrl.roles.worker.rollouts import (
+    corrupt_weights,
+    generate_episodes,
+    generate_harness_episodes,
+    generate_unit,
+)
 from swarmrl.roles.worker.versions import VersionFollower
 from swarmrl.shardcast import WeightClient
 from swarmrl.toploc.bundle import build_bundles
@@ -117,14 +125,19 @@ class WorkerNode:
         self.submitted = 0
         self.units_by_version: dict[int, int] = {}
         self.cheat_after = cheat_after(config.swarm.cheat)
-        if cheat_kind(config.swarm.cheat) == "forge_env_after" and not isinstance(
-            self.env, MultiTurnEnvironment
-        ):
-            raise ConfigError(
-                f"swarm.cheat = {config.swarm.cheat!r} forges environment turns: env.name = "
-                f"{config.env.name!r} is single-turn"
-            )
+        self._forger: Environment | None = None  # TEST-ONLY: what forges environment turns
+        if cheat_kind(config.swarm.cheat) == "forge_env_after":
+            if isinstance(self.env, VerifiersV1Env):
+                self._forger = forging_harness(config.env)  # refused at start without `lie`
+            elif isinstance(self.env, MultiTurnEnvironment):
+                self._forger = forging(self.env)
+            else:
+                raise ConfigError(
+                    f"swarm.cheat = {config.swarm.cheat!r} forges environment turns: env.name "
+                    f"= {config.env.name!r} is single-turn"
+                )
         self.cheating = False  # the test-only misbehaviour has started
+        self._tokenizer_dir: tempfile.TemporaryDirectory | None = None  # harness tasks' renderer
         self.corrupted = False  # generating with corrupted weights
 
     # -- weights --------------------------------------------------------------------------
@@ -358,17 +371,12 @@ class WorkerNode:
         assert self.policy is not None
         self.status.set(state="generating")
         start = time.perf_counter()
-        generate = (
-            generate_episodes if isinstance(self.env, MultiTurnEnvironment) else generate_unit
-        )
-        samples = generate(
-            self.policy.engine,
-            self.env,  # type: ignore[arg-type]
-            self.policy.tokenizer,
-            work,
-            self.policy.version,
-            self._prove,
-        )
+        try:
+            samples = self._generate(work)
+        except HarnessFailed as exc:  # the harness program failed on this unit: not submitted
+            self.log.warning("%s; the unit is left to expire", exc)
+            self.status.add(refused=1)
+            return None
         seconds = time.perf_counter() - start
         tokens = sum(len(s.output_tokens) for s in samples)
         used = min(s.policy_version for s in samples)
@@ -411,15 +419,41 @@ class WorkerNode:
             and self.submitted >= self.cheat_after
         ):
             self.cheating = True
-            if cheat_kind(self.config.swarm.cheat) == "forge_env_after":
-                assert isinstance(self.env, MultiTurnEnvironment)  # checked at start
+            if self._forger is not None:
                 self.log.warning("TEST-ONLY cheat: forging the environment's turns from now on")
-                self.env = forging(self.env)
+                self.env = self._forger
             else:
                 self.log.warning("TEST-ONLY cheat: generating with corrupted weights from now on")
                 self.corrupted = True
                 self._corrupt()
         return None
+
+    def _generate(self, work: WorkUnit) -> list[Sample]:
+        """The samples of ``work`` on the current policy: completions, or episodes."""
+        assert self.policy is not None
+        policy, env = self.policy, self.env
+        if isinstance(env, VerifiersV1Env):
+            if self._tokenizer_dir is None:  # the harness's renderer loads it from a directory
+                self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="swarmrl-worker-")
+                policy.tokenizer.save_pretrained(self._tokenizer_dir.name)
+            return generate_harness_episodes(
+                policy.engine,
+                env,
+                policy.tokenizer,
+                self._tokenizer_dir.name,
+                work,
+                policy.version,
+                self._prove,
+            )
+        generate = generate_episodes if isinstance(env, MultiTurnEnvironment) else generate_unit
+        return generate(
+            policy.engine,
+            env,  # type: ignore[arg-type]
+            policy.tokenizer,
+            work,
+            policy.version,
+            self._prove,
+        )
 
     def _wait(self, reason: str, retry_after_s: float) -> None:
         """Told to wait: one log line per kind of reason and minute (not per retry), then the

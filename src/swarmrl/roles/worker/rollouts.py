@@ -1,6 +1,7 @@
 """Turn one leased work unit into signed-ready samples: prompts, seeded generation, proofs.
 
-A unit of a multi-turn environment is answered with episodes (:func:`generate_episodes`).
+A unit of a multi-turn environment is answered with episodes (:func:`generate_episodes`), one
+of a verifiers taskset with episodes its harness plays (:func:`generate_harness_episodes`).
 
 A work unit names task indices into the pool's training split, ``samples_per_task`` (G) and a
 unit seed. Sample ``i`` (tasks in lease order, G consecutive samples per task) is generated with
@@ -11,12 +12,13 @@ the layout the warm start trained on.
 Also holds the test-only misbehaviour :func:`corrupt_weights` used to show that a worker
 generating with other weights than the declared version is caught.
 
-Knows nothing about HTTP or pools beyond the wire types of a work unit and a sample.
+Knows nothing about pools beyond the wire types of a work unit and a sample (a harness talks
+to the engine over loopback HTTP, ``swarmrl.inference.token_endpoint``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -24,15 +26,19 @@ from transformers import PreTrainedTokenizerBase
 
 from swarmrl.envs import Environment
 from swarmrl.envs.multiturn import MultiTurnEnvironment
+from swarmrl.envs.vf1 import VerifiersV1Env
+from swarmrl.inference.interface import Engine
+from swarmrl.inference.token_endpoint import Prover, serve_engine
 from swarmrl.inference.types import Generation
 from swarmrl.model.prompts import encode_prompt
 from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.episodes import Episode
 from swarmrl.protocol.pool import Sample, WorkUnit
 from swarmrl.protocol.seeds import sample_seed
 from swarmrl.trainer.episodes import EpisodeState, run_episodes
 
 # generations of one unit (with hidden states) -> one wire proof bundle per generation
-ProofBuilder = Callable[[list[Generation], SamplingParams], list[dict | str | None]]
+ProofBuilder = Prover
 
 
 def unit_prompts(
@@ -116,23 +122,69 @@ def generate_episodes(
             finish[id(state)] = gen.finish_reason
 
     states = run_episodes(env, engine, tokenizer, tasks, seeds, work.sampling, on_turn)
+    return [
+        _episode_sample(t, state.episode(), finish[id(state)], policy_version, proofs[id(state)])
+        for t, state in zip(indices, states, strict=True)
+    ]
+
+
+def generate_harness_episodes(
+    engine: Engine,
+    env: VerifiersV1Env,
+    tokenizer: PreTrainedTokenizerBase,
+    tokenizer_dir: str,
+    work: WorkUnit,
+    policy_version: int,
+    prove: ProofBuilder | None = None,
+) -> list[Sample]:
+    """All ``len(task_indices) × G`` episodes of ``work`` for a verifiers taskset, played by
+    its harness at once (``swarmrl.envs.vf1``), the engine behind a token endpoint that proves
+    each call as it samples it; seeds as in :func:`generate_episodes`. ``tokenizer_dir``: the
+    policy's tokenizer, saved (what the harness's renderer loads). A harness that fails raises
+    its :class:`~swarmrl.errors.HarnessFailed`."""
+    stops = set(work.sampling.stop_token_ids)
+    if tokenizer.eos_token_id is not None:
+        stops.add(int(tokenizer.eos_token_id))
+    tasks = [env.task("train", t) for t in work.task_indices for _ in range(work.samples_per_task)]
+    indices = [t for t in work.task_indices for _ in range(work.samples_per_task)]
+    seeds = [sample_seed(work.seed, i) for i in range(len(tasks))]
+    with serve_engine(engine, work.sampling, prove=prove) as endpoint:
+        played = env.run_episodes(tasks, seeds, endpoint, tokenizer_dir, work.sampling)
+        proofs = [endpoint.proofs(p.trace.id) for p in played]
     samples = []
-    for task_index, state in zip(indices, states, strict=True):
-        episode = state.episode()
-        first = episode.segments[0]
+    for task_index, result, proof in zip(indices, played, proofs, strict=True):
+        last = result.episode.calls()[-1].output_tokens
+        ended = bool(last) and last[-1] in stops
         samples.append(
-            Sample(
-                task_index=task_index,
-                prompt_tokens=first.tokens[: first.turns[0].end],
-                output_tokens=[t for c in state.calls for t in c.output_tokens],
-                logprobs=[x for c in state.calls for x in c.logprobs],
-                finish_reason=finish[id(state)],
-                policy_version=policy_version,
-                episode=episode,
-                turn_proofs=proofs[id(state)] if prove is not None else None,
+            _episode_sample(
+                task_index, result.episode, "eos" if ended else "length", policy_version, proof
             )
         )
     return samples
+
+
+def _episode_sample(
+    task_index: int,
+    episode: Episode,
+    finish: str,
+    policy_version: int,
+    proofs: list[dict | str | None] | None,
+) -> Sample:
+    """The wire form of an episode (``swarmrl.protocol.pool.Sample``'s episode form); the
+    worker's reward is never sent (the trusted side scores)."""
+    episode = episode.model_copy(update={"reward": None})
+    calls = episode.calls()
+    first = episode.segments[0]
+    return Sample(
+        task_index=task_index,
+        prompt_tokens=first.tokens[: first.turns[0].end],
+        output_tokens=[t for c in calls for t in c.output_tokens],
+        logprobs=[x for c in calls for x in c.logprobs],
+        finish_reason=finish,
+        policy_version=policy_version,
+        episode=episode,
+        turn_proofs=proofs if proofs and any(p is not None for p in proofs) else None,
+    )
 
 
 def corrupt_weights(
