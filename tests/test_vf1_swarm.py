@@ -49,13 +49,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return config.toploc, taskset, path, tokenizer, KeyPair.generate()
 
 
-def _env(taskset: str, mode: str, lie: int = 0, reexecute: bool = True):
+def _env(taskset: str, mode: str, lie: int = 0, reexecute: bool = True, timeout_s: float = 60):
     return build_env(
         EnvConfig(
             name="verifiers_v1",
             verifiers_env=taskset,
             verifiers_harness_args={"mode": mode, "lie": lie},
-            verifiers_timeout_s=60,
+            verifiers_timeout_s=timeout_s,
             verifiers_reexecute=reexecute,
         )
     )
@@ -183,6 +183,18 @@ def test_an_episode_that_stops_before_the_harness_does_is_refused(setup, tools):
     short = _cut(sample.episode, 2)  # the tool call alone, as if the harness had ended there
     [rerun] = rerun_episodes(env, tokenizer, [task], [short], work.sampling)
     assert rerun.rejection.startswith("call_count: the harness asked for call 1")
+
+
+def test_a_replay_past_its_timeout_drops_the_unit_without_a_ban(setup, tools):
+    """The trusted side's harness hangs (here: the harness is the hanging one): no proof
+    against the worker, and the unit is not judged again at every claim."""
+    _, taskset, _, _, _ = setup
+    _, engine, work, _, samples = tools
+    hanging = _env(taskset, "hang", timeout_s=2)
+    judgement = _judge(setup, hanging, engine, work, samples)
+    assert judgement.verdict is not None and not judgement.verdict.accept
+    assert judgement.verdict.severity == "soft"
+    assert "ran past its 2 s timeout" in judgement.verdict.reasons[0]
 
 
 def test_honest_sampled_episodes_replay_exactly_batched(setup):

@@ -48,7 +48,7 @@
     │                               program crashed, hung past its timeout, or its trace differs
     │                               from what the engine sampled); the message says which task
     │   └── HarnessTimedOut         ... because it ran past its timeout (a slow machine as much as
-    │                               the episode: the trusted side judges it again later)
+    │                               the episode: the trusted side drops it without a ban)
     ├── Abandoned                   the client of a served request went away; its generation
     │                               stopped (or never started)
     ├── VersionGone                 a weight version every source has pruned: it will not come

@@ -18,8 +18,10 @@ turn for turn. The first difference is the rejection, with one reason:
 ``harness``        the harness failed when replayed with the episode's model turns
 =================  =====================================================================
 
-A replay that runs past ``env.verifiers_timeout_s`` is no verdict (the trusted side's machine
-may be the slow one): :attr:`Rerun.own_failure` says so and the episode is judged again later.
+A replay that runs past ``env.verifiers_timeout_s`` proves nothing against the worker (the
+trusted side's machine may be the slow one): :attr:`Rerun.own_failure` says so; the validator
+drops the unit without a ban (a soft rejection, never judged again: an episode crafted to make
+the harness hang costs one timeout, not one per claim) and the trainer does not train it.
 
 What this proves: the environment turns, the turn structure and the reward are what this
 harness gives for these model turns; the reward is the taskset's, computed on the replayed

@@ -232,8 +232,8 @@ def _harness_items(
 ) -> list[Item] | Judgement:
     """The verifier items of each harness episode of ``indices``, checked against the harness
     played again with the episode's model turns (``swarmrl.trainer.harness_check``), all at
-    once. Fills ``rewards`` with the replayed traces' rewards. A replay past its timeout is no
-    verdict (judged again later)."""
+    once. Fills ``rewards`` with the replayed traces' rewards. A replay past its timeout is a
+    soft rejection: the unit is dropped, its node not banned."""
     episodes = _claimed_episodes(pending, indices)
     if isinstance(episodes, Judgement):
         return episodes
@@ -242,8 +242,9 @@ def _harness_items(
     )
     items: list[Item] = []
     for i, episode, rerun in zip(indices, episodes, reruns, strict=True):
-        if rerun.own_failure:
-            return Judgement(None, [], failure=rerun.own_failure)
+        if rerun.own_failure:  # not proven dishonest, but never judged again: a harness a
+            # crafted episode makes hang would cost a timeout at every claim
+            return _reject(pending, [f"sample {i}: episode: {rerun.own_failure}"], "soft")
         if rerun.rejection:
             return _reject(pending, [f"sample {i}: episode: {rerun.rejection}"])
         items += _call_items(pending, loaded, i, episode, rerun.calls, rerun.sampling)
