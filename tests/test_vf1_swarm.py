@@ -224,3 +224,11 @@ def test_untrusted_workers_need_the_reexecute_setting(setup):
         require_recomputable(_env(taskset, "check", reexecute=False))
     assert "\n" not in str(refused.value) and "verifiers_reexecute" in str(refused.value)
     require_recomputable(_env(taskset, "check"))  # declared deterministic: allowed
+    # a harness that runs model-written code is never replayed on the trusted side
+    config = EnvConfig(
+        name="verifiers_v1", verifiers_env=taskset, verifiers_harness="bash",
+        verifiers_reexecute=True,
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        build_env(config)
+    assert "\n" not in str(refused.value) and "runs model-written code" in str(refused.value)

@@ -41,7 +41,9 @@ program wrote on the worker. A pool with untrusted workers refuses these tasks
 (:attr:`VerifiersV1Env.untrusted_refusal`, one line) unless ``env.verifiers_reexecute`` says the
 harness is deterministic given the model's turns: then the trusted side plays each episode
 again with the claimed model turns as the model's answers (``swarmrl.trainer.harness_check``)
-and refuses one whose environment turns differ (docs/tasks.md).
+and refuses one whose environment turns differ (docs/tasks.md). A harness that runs
+model-written code (verifiers' ``Harness.EXECUTES_CODE``: ``bash`` and every agent harness) is
+never replayed: that would run a worker's code on the trusted side.
 
 Knows nothing about models or weights: tokens come from a :class:`TokenSource`.
 """
@@ -197,6 +199,12 @@ class VerifiersV1Env(Environment):
                 timeout={"episode": 4 * timeout_s},
             )
             harness = vf.load_harness(config.agent_harnesses()["agent"])
+            if reexecute and harness.EXECUTES_CODE:
+                raise ConfigError(
+                    f"env.verifiers_reexecute: harness {harness.config.id!r} runs model-written "
+                    "code on its host; replaying workers' episodes would run it on the trusted "
+                    "side, unisolated (only harnesses without code execution are replayed)"
+                )
             if harness.config.id in UV_HARNESSES and not _uv_found():
                 raise ConfigError(
                     f"verifiers harness {harness.config.id!r} builds its program with uv (from "
