@@ -65,7 +65,7 @@ def test_a_swarm_refuses_a_verifiers_taskset_in_one_line(tmp_path: Path):
 
 
 def test_a_swarm_replays_the_harness_and_bans_a_worker_running_a_tampered_one(tmp_path: Path):
-    config, env = write_run(tmp_path, steps=4)
+    config, env = write_run(tmp_path, steps=4, eval_every=100)  # held-out: before and after
     sets = [
         "env.verifiers_reexecute=true", "swarm.workers=1", "swarm.cheaters=['forge_env_after:1']",
         "swarm.rollouts_per_lease=2",  # units of one task: the forger submits several
