@@ -67,7 +67,7 @@ def test_a_swarm_refuses_a_verifiers_taskset_in_one_line(tmp_path: Path):
 def test_a_swarm_replays_the_harness_and_bans_a_worker_running_a_tampered_one(tmp_path: Path):
     config, env = write_run(tmp_path, steps=4, eval_every=100)  # held-out: before and after
     sets = [
-        "env.verifiers_reexecute=true", "swarm.workers=1", "swarm.cheaters=['forge_env_after:1']",
+        "env.verifiers_reexecute=true", "swarm.workers=1", "swarm.cheaters=['forge_env_after:0']",
         "swarm.rollouts_per_lease=2",  # units of one task: the forger submits several
         "swarm.spot_check_floor=1.0",  # every unit checked: the judgement is what is tested
     ]  # fmt: skip
@@ -78,7 +78,7 @@ def test_a_swarm_replays_the_harness_and_bans_a_worker_running_a_tampered_one(tm
     swarm = facts["swarm"]
     (forger,) = [w for w in swarm["workers"] if w.get("cheat")]
     assert swarm["banned_nodes"] == [forger["node_id"]]
-    # the forger's "sure?!" is not what the harness asks: call 1's prompt differs
+    # the forger's "sure?!" (from its first unit) is not what the harness asks: call 1's prompt
     assert "env_mismatch: call 1's prompt differs" in forger["first_rejection"], forger
     assert swarm["submissions"]["rejected_honest"] == 0
     assert swarm["submissions"]["rejected_trained"] == 0

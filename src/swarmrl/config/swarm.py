@@ -36,7 +36,8 @@ class SwarmSection(Section):
             "TEST-ONLY misbehaviour of this worker: '' = honest; 'corrupt_weights_after:N' = "
             "after N submissions generate with corrupted weights (proofs then fail replay); "
             "'forge_env_after:N' = after N submissions forge the environment's turns of "
-            "multi-turn episodes (every number in a tool result or feedback changed)"
+            "multi-turn episodes (every number in a tool result or feedback changed; a "
+            "verifiers taskset: its harness config's `lie` set); N = 0: from the first unit"
         ),
     )
     rollouts_per_lease: int = Field(

@@ -371,6 +371,7 @@ class WorkerNode:
         assert self.policy is not None
         self.status.set(state="generating")
         start = time.perf_counter()
+        self._cheat_when_due()
         try:
             samples = self._generate(work)
         except HarnessFailed as exc:  # the harness program failed on this unit: not submitted
@@ -413,20 +414,21 @@ class WorkerNode:
             self.tokens_per_s,
             receipt.status,
         )
-        if (
-            self.cheat_after is not None
-            and not self.cheating
-            and self.submitted >= self.cheat_after
-        ):
-            self.cheating = True
-            if self._forger is not None:
-                self.log.warning("TEST-ONLY cheat: forging the environment's turns from now on")
-                self.env = self._forger
-            else:
-                self.log.warning("TEST-ONLY cheat: generating with corrupted weights from now on")
-                self.corrupted = True
-                self._corrupt()
         return None
+
+    def _cheat_when_due(self) -> None:
+        """TEST-ONLY: start the configured misbehaviour once ``cheat_after`` units were
+        submitted (0: from the first unit)."""
+        if self.cheat_after is None or self.cheating or self.submitted < self.cheat_after:
+            return
+        self.cheating = True
+        if self._forger is not None:
+            self.log.warning("TEST-ONLY cheat: forging the environment's turns from now on")
+            self.env = self._forger
+        else:
+            self.log.warning("TEST-ONLY cheat: generating with corrupted weights from now on")
+            self.corrupted = True
+            self._corrupt()
 
     def _generate(self, work: WorkUnit) -> list[Sample]:
         """The samples of ``work`` on the current policy: completions, or episodes."""
