@@ -148,6 +148,27 @@ def trace_calls(trace: Any) -> list[ModelCall]:
     return calls
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _shared_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every verifiers episode of this process runs on, a thread that lives as
+    long as the process. verifiers and renderers keep process-wide asyncio locks (a renderer's,
+    per tokenizer) that bind to the loop that first waits on one, so every environment of the
+    process (a worker's honest and forging ones, a validator's replays) must share one loop:
+    with one loop per environment, a second environment failed its model calls whenever the
+    lock was contended ("bound to a different event loop")."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(
+                target=_LOOP.run_forever, name="verifiers-v1-loop", daemon=True
+            ).start()
+        return _LOOP
+
+
 def _uv_found() -> bool:
     """Whether the subprocess runtime finds ``uv`` (it also looks in ``~/.local/bin``);
     without it verifiers would ``pip install --user uv`` on its own."""
@@ -186,7 +207,6 @@ class VerifiersV1Env(Environment):
         self.vf, self.timeout_s = vf, timeout_s
         # why untrusted workers may not play these tasks (None: the trusted side replays them)
         self.untrusted_refusal = None if reexecute else UNTRUSTED_REFUSAL
-        self._loop: asyncio.AbstractEventLoop | None = None
         stages = {"setup": timeout_s, "rollout": timeout_s, "scoring": timeout_s}
         agent: dict[str, Any] = {"runtime": {"type": "subprocess"}, "timeout": stages}
         try:
@@ -230,15 +250,8 @@ class VerifiersV1Env(Environment):
         self.trusted_scoring = not any(_needs_runtime(fn) for fn in rewards)
 
     def _run(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` on this environment's own event loop, a thread that lives as long
-        as the environment: verifiers and renderers keep process-wide asyncio locks that bind
-        to the first loop using them, so every episode must run on that one loop."""
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            threading.Thread(
-                target=self._loop.run_forever, name="verifiers-v1-loop", daemon=True
-            ).start()
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        """Run ``coroutine`` on the process's one verifiers loop (:func:`_shared_loop`)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, _shared_loop()).result()
 
     # --- the problem space --------------------------------------------------------------------
     def space_size(self) -> int:
