@@ -313,10 +313,14 @@ def test_a_node_that_is_never_checked_gets_no_unit_to_release_its_work(db_url, t
 
 
 def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdue(db_url, tmp_path):
-    """A node that took a unit and stalls must not hold the run until its lease times out."""
+    """A node that took a unit and stalls must not hold the run until its lease times out. Time
+    is the orchestrator's clock, moved here: on a loaded machine the real one could pass the
+    overdue mark between the grant and the first "wait" this test expects."""
     orch, owner, node = (KeyPair.generate() for _ in range(3))
     cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        now = [time.time()]
+        server.ctx.clock = lambda: now[0]  # signatures keep the real clock
         spec = PoolSpec(
             pool_id=POOL,
             owner_key=owner.public_key_hex,
@@ -340,14 +344,15 @@ def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdu
         assert len(stalled) == 2
         assert trainer.batch(POOL, step=0).submissions == []  # the trainer starves
         assert worker.lease(POOL).outcome == "wait"  # the leased work is on its way
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        deadline = now[0] + 30
+        while now[0] < deadline:
             assert trainer.batch(POOL, step=0).submissions == []
             reply = worker.lease(POOL)
             if reply.outcome == "work":
                 break
-            time.sleep(0.2)
+            now[0] += 0.2
         assert reply.outcome == "work", reply.reason
+        assert now[0] - deadline + 30 >= 1.0  # not before the leases were overdue (2 × 0.5 s)
 
 
 def test_a_lease_counts_the_backlog_only_when_the_decision_needs_it(tmp_path):
