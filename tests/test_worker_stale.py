@@ -71,7 +71,7 @@ def test_the_worker_generates_a_stale_unit_again_on_the_newer_policy(tmp_path, m
         worker = WorkerNode(config, settings, key, status, logging.getLogger("test.stale"))
         generated: list[int] = []
 
-        def generate(engine, env, tokenizer, work, policy_version, prove=None):
+        def generate(engine, env, tokenizer, work, policy_version, prove=None, saved=None):
             generated.append(policy_version)
             if len(generated) == 1:  # the trainer publishes v1 while v0's unit is generated
                 trainer.set_version(POOL, 1)
@@ -85,7 +85,7 @@ def test_the_worker_generates_a_stale_unit_again_on_the_newer_policy(tmp_path, m
             loaded.version = version
             return loaded
 
-        monkeypatch.setattr(worker_node, "generate_unit", generate)
+        monkeypatch.setattr(worker_node, "generate_samples", generate)
         monkeypatch.setattr(worker_node, "swap_version", swap)
         worker.policy = SimpleNamespace(version=0, engine=None, tokenizer=None)
         try:

@@ -37,7 +37,7 @@ refused alone: its batch is run again without it.
 
 Every answered call is recorded per session (:meth:`TokenEndpoint.calls`), so the caller can
 hold the trace a harness returns against what was really sampled. Given ``prove`` (a worker's
-proof builder, ``swarmrl.roles.worker.rollouts.ProofBuilder``), the engine also returns hidden
+proof builder, :data:`Prover`), the engine also returns hidden
 states and each call's proof is recorded beside it (:meth:`TokenEndpoint.proofs`).
 
 Knows nothing about verifiers, harnesses or rewards: token ids in, token ids out.

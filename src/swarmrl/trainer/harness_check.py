@@ -77,10 +77,12 @@ class ScriptedEngine:
     def __init__(self, episodes: Sequence[Episode], stop_token_ids: set[int]) -> None:
         self.stops = stop_token_ids
         self.script: dict[int, tuple[int, int, ModelCall]] = {}
+        self.counts: list[int] = []
         for e, episode in enumerate(episodes):
-            for k, call in enumerate(episode.calls()):
+            calls = episode.calls()
+            for k, call in enumerate(calls):
                 self.script[derive_seed("turn", episode.seed, k)] = (e, k, call)
-        self.counts = [len(ep.calls()) for ep in episodes]
+            self.counts.append(len(calls))
         # the call after each episode's last: a harness that asks for it plays another episode
         self.beyond = {
             derive_seed("turn", ep.seed, n): e

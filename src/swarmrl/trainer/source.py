@@ -162,17 +162,22 @@ def trusted_episode(
     rejection, state = replay_episode(env, tokenizer, task, sample.episode, max_new_tokens)
     if rejection is not None or state is None:
         raise ForgedEpisode(f"task {task.problem_id}: {rejection}")
-    calls, used = [], 0
-    for call in state.calls:
+    score = env.score_episode(task, state.seed, state.transcript)
+    episode = episode_from_calls(_with_behaviour(state.calls, behaviour), state.seed, score.reward)
+    correct = bool(score.details.get("correct", score.reward == 1.0))
+    return episode_completions(episode, sample.policy_version, correct)
+
+
+def _with_behaviour(calls: Sequence[ModelCall], behaviour: Sequence[float]) -> list[ModelCall]:
+    """``calls`` with ``behaviour`` [all their output tokens, in order] as their log-probs."""
+    out, used = [], 0
+    for call in calls:
         n = len(call.output_tokens)
-        calls.append(
+        out.append(
             ModelCall(call.prompt_tokens, call.output_tokens, list(behaviour[used : used + n]))
         )
         used += n
-    score = env.score_episode(task, state.seed, state.transcript)
-    episode = episode_from_calls(calls, state.seed, score.reward)
-    correct = bool(score.details.get("correct", score.reward == 1.0))
-    return episode_completions(episode, sample.policy_version, correct)
+    return out
 
 
 def _harness_groups(
@@ -200,12 +205,7 @@ def _harness_groups(
             raise HarnessTimedOut(f"submission {sub.submission_id}: {rerun.own_failure}")
         if rerun.rejection:
             raise ForgedEpisode(f"task {tasks[i].problem_id}: {rerun.rejection}")
-        calls, used = [], 0
-        for call in rerun.calls:
-            n = len(call.output_tokens)
-            behaviour = list(sub.behaviour_logprobs[i][used : used + n])
-            calls.append(ModelCall(call.prompt_tokens, call.output_tokens, behaviour))
-            used += n
+        calls = _with_behaviour(rerun.calls, sub.behaviour_logprobs[i])
         episode = episode_from_calls(calls, sample.episode.seed, rerun.reward)  # type: ignore[union-attr]
         groups[i // group_size].completions += episode_completions(
             episode, sample.policy_version, rerun.correct

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from swarmrl.config.env import EnvConfig
 from swarmrl.envs import Environment, Task, build_env
 from swarmrl.envs.multiturn import Message, MultiTurnEnvironment, Reply
+from swarmrl.envs.vf1 import VerifiersV1Env
+from swarmrl.errors import ConfigError
 
 _NUMBER = re.compile(r"\d+")
 _SWAP = {"<": ">", ">": "<"}
@@ -52,6 +54,20 @@ def forging(env: MultiTurnEnvironment) -> MultiTurnEnvironment:
 
     forged.reply = reply  # type: ignore[method-assign]
     return forged
+
+
+def forger_for(config: EnvConfig, env: Environment, cheat: str) -> Environment:
+    """The environment a worker forging ``env``'s turns plays (:func:`forging_harness` for a
+    verifiers taskset, :func:`forging` for a multi-turn one); a one-line ConfigError for a
+    single-turn ``env``, which has no turns to forge."""
+    if isinstance(env, VerifiersV1Env):
+        return forging_harness(config)  # refused at start without `lie`
+    if isinstance(env, MultiTurnEnvironment):
+        return forging(env)
+    raise ConfigError(
+        f"swarm.cheat = {cheat!r} forges environment turns: env.name = {config.name!r} is "
+        "single-turn"
+    )
 
 
 def forging_harness(config: EnvConfig) -> Environment:

@@ -35,11 +35,9 @@ from pathlib import Path
 
 from swarmrl.config import SwarmConfig
 from swarmrl.config.swarm import cheat_after, cheat_kind
-from swarmrl.envs import Environment, build_env
-from swarmrl.envs.multiturn import MultiTurnEnvironment
+from swarmrl.envs import build_env
 from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.errors import (
-    ConfigError,
     HarnessFailed,
     InfraError,
     NodeBanned,
@@ -59,13 +57,8 @@ from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
-from swarmrl.roles.worker.forged import forging, forging_harness
-from swarmrl.roles.worker.rollouts import (
-    corrupt_weights,
-    generate_episodes,
-    generate_harness_episodes,
-    generate_unit,
-)
+from swarmrl.roles.worker.forged import forger_for
+from swarmrl.roles.worker.rollouts import corrupt_weights, generate_samples
 from swarmrl.roles.worker.versions import VersionFollower
 from swarmrl.shardcast import WeightClient
 from swarmrl.toploc.bundle import build_bundles
@@ -125,17 +118,8 @@ class WorkerNode:
         self.submitted = 0
         self.units_by_version: dict[int, int] = {}
         self.cheat_after = cheat_after(config.swarm.cheat)
-        self._forger: Environment | None = None  # TEST-ONLY: what forges environment turns
-        if cheat_kind(config.swarm.cheat) == "forge_env_after":
-            if isinstance(self.env, VerifiersV1Env):
-                self._forger = forging_harness(config.env)  # refused at start without `lie`
-            elif isinstance(self.env, MultiTurnEnvironment):
-                self._forger = forging(self.env)
-            else:
-                raise ConfigError(
-                    f"swarm.cheat = {config.swarm.cheat!r} forges environment turns: env.name "
-                    f"= {config.env.name!r} is single-turn"
-                )
+        forges = cheat_kind(config.swarm.cheat) == "forge_env_after"  # TEST-ONLY
+        self._forger = forger_for(config.env, self.env, config.swarm.cheat) if forges else None
         self.cheating = False  # the test-only misbehaviour has started
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None  # harness tasks' renderer
         self.corrupted = False  # generating with corrupted weights
@@ -432,29 +416,15 @@ class WorkerNode:
 
     def _generate(self, work: WorkUnit) -> list[Sample]:
         """The samples of ``work`` on the current policy: completions, or episodes."""
-        assert self.policy is not None
-        policy, env = self.policy, self.env
-        if isinstance(env, VerifiersV1Env):
-            if self._tokenizer_dir is None:  # the harness's renderer loads it from a directory
-                self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="swarmrl-worker-")
-                policy.tokenizer.save_pretrained(self._tokenizer_dir.name)
-            return generate_harness_episodes(
-                policy.engine,
-                env,
-                policy.tokenizer,
-                self._tokenizer_dir.name,
-                work,
-                policy.version,
-                self._prove,
-            )
-        generate = generate_episodes if isinstance(env, MultiTurnEnvironment) else generate_unit
-        return generate(
-            policy.engine,
-            env,  # type: ignore[arg-type]
-            policy.tokenizer,
-            work,
-            policy.version,
-            self._prove,
+        policy = self.policy
+        assert policy is not None
+        if isinstance(self.env, VerifiersV1Env) and self._tokenizer_dir is None:
+            # the harness's renderer loads the tokenizer from a directory
+            self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="swarmrl-worker-")
+            policy.tokenizer.save_pretrained(self._tokenizer_dir.name)
+        saved = self._tokenizer_dir.name if self._tokenizer_dir is not None else None
+        return generate_samples(
+            policy.engine, self.env, policy.tokenizer, work, policy.version, self._prove, saved
         )
 
     def _wait(self, reason: str, retry_after_s: float) -> None:

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from swarmrl.envs import Environment
+from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.inference.interface import Engine
@@ -36,9 +36,6 @@ from swarmrl.protocol.episodes import Episode
 from swarmrl.protocol.pool import Sample, WorkUnit
 from swarmrl.protocol.seeds import sample_seed
 from swarmrl.trainer.episodes import EpisodeState, run_episodes
-
-# generations of one unit (with hidden states) -> one wire proof bundle per generation
-ProofBuilder = Prover
 
 
 def unit_prompts(
@@ -71,7 +68,7 @@ def generate_unit(
     tokenizer: PreTrainedTokenizerBase,
     work: WorkUnit,
     policy_version: int,
-    prove: ProofBuilder | None = None,
+    prove: Prover | None = None,
 ) -> list[Sample]:
     """All ``len(task_indices) × G`` samples of ``work`` generated with ``policy_version``."""
     prompts = unit_prompts(env, tokenizer, work)
@@ -103,15 +100,13 @@ def generate_episodes(
     tokenizer: PreTrainedTokenizerBase,
     work: WorkUnit,
     policy_version: int,
-    prove: ProofBuilder | None = None,
+    prove: Prover | None = None,
 ) -> list[Sample]:
     """All ``len(task_indices) × G`` episodes of ``work`` (``swarmrl.protocol.pool.Sample``'s
     episode form), run batched across episodes: episode ``i`` has seed ``sample_seed(unit
     seed, i)`` and its call k samples with ``derive_seed("turn", that seed, k)``, so a validator
     knows every call's noise; each call is proven as it is generated."""
-    tasks = [env.task("train", t) for t in work.task_indices for _ in range(work.samples_per_task)]
-    indices = [t for t in work.task_indices for _ in range(work.samples_per_task)]
-    seeds = [sample_seed(work.seed, i) for i in range(len(tasks))]
+    indices, tasks, seeds = _unit_episodes(env, work)
     proofs: dict[int, list[dict | str | None]] = {}
     finish: dict[int, str] = {}
 
@@ -135,7 +130,7 @@ def generate_harness_episodes(
     tokenizer_dir: str,
     work: WorkUnit,
     policy_version: int,
-    prove: ProofBuilder | None = None,
+    prove: Prover | None = None,
 ) -> list[Sample]:
     """All ``len(task_indices) × G`` episodes of ``work`` for a verifiers taskset, played by
     its harness at once (``swarmrl.envs.vf1``), the engine behind a token endpoint that proves
@@ -145,9 +140,7 @@ def generate_harness_episodes(
     stops = set(work.sampling.stop_token_ids)
     if tokenizer.eos_token_id is not None:
         stops.add(int(tokenizer.eos_token_id))
-    tasks = [env.task("train", t) for t in work.task_indices for _ in range(work.samples_per_task)]
-    indices = [t for t in work.task_indices for _ in range(work.samples_per_task)]
-    seeds = [sample_seed(work.seed, i) for i in range(len(tasks))]
+    indices, tasks, seeds = _unit_episodes(env, work)
     with serve_engine(engine, work.sampling, prove=prove) as endpoint:
         played = env.run_episodes(tasks, seeds, endpoint, tokenizer_dir, work.sampling)
         proofs = [endpoint.proofs(p.trace.id) for p in played]
@@ -161,6 +154,37 @@ def generate_harness_episodes(
             )
         )
     return samples
+
+
+def generate_samples(
+    engine: Engine,
+    env: Environment,
+    tokenizer: PreTrainedTokenizerBase,
+    work: WorkUnit,
+    policy_version: int,
+    prove: Prover | None,
+    tokenizer_dir: str | None = None,
+) -> list[Sample]:
+    """``work``'s samples in the form ``env`` asks for: completions (:func:`generate_unit`),
+    episodes (:func:`generate_episodes`), or a verifiers taskset's harness episodes
+    (:func:`generate_harness_episodes`, which needs ``tokenizer_dir``)."""
+    if isinstance(env, VerifiersV1Env):
+        if tokenizer_dir is None:
+            raise ValueError("a verifiers taskset's episodes need the saved tokenizer's directory")
+        return generate_harness_episodes(
+            engine, env, tokenizer, tokenizer_dir, work, policy_version, prove
+        )
+    if isinstance(env, MultiTurnEnvironment):
+        return generate_episodes(engine, env, tokenizer, work, policy_version, prove)
+    return generate_unit(engine, env, tokenizer, work, policy_version, prove)
+
+
+def _unit_episodes(env: Environment, work: WorkUnit) -> tuple[list[int], list[Task], list[int]]:
+    """Task index, task and seed of every episode of ``work`` (G per task, in lease order;
+    episode i from ``sample_seed(unit seed, i)``)."""
+    indices = [t for t in work.task_indices for _ in range(work.samples_per_task)]
+    tasks = [env.task("train", t) for t in indices]
+    return indices, tasks, [sample_seed(work.seed, i) for i in range(len(indices))]
 
 
 def _episode_sample(
