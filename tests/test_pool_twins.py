@@ -1,7 +1,8 @@
 """Twins through the real pool (``swarmrl.pool.flow.twins``): an unchecked unit leased again to
 another node waits for the usual release when the two outputs are equal (the twin never trains),
 and is sent to validators with its twin when they differ, whichever of the two lied; a node never gets its own unit's twin; a
-twin nobody answers lapses and the unit goes back to the usual release. The ledger alone
+twin nobody answers lapses and the unit goes back to the usual release, at once when no other
+node is healthy any more; a node with no healthy peer gets no twin at all. The ledger alone
 re-derives every twin draw and every match, and the start-up audit agrees with the tables.
 
 The "model" is ``synthetic_samples`` (as in tests/test_pool_spotcheck.py): a function of the
@@ -161,20 +162,78 @@ def test_a_twin_on_another_version_is_not_compared_and_its_unit_goes_to_validato
         audit(server.ctx.engine, orch.public_key_hex)
 
 
+def _held_beside_an_idle_node(server, orch, owner, validator, **over):
+    """A pool with twins on every unchecked unit (floor 0.5, no decay) and two members: one
+    that works and one that joined (healthy) but never asks for work. The worker's first
+    unchecked unit, its twin waiting, after a later unit's check passed: the worker, the
+    validator's client and the unit."""
+    spec = {"validated_fraction": 0.5, "check_rate_decay": 0.0, "twin_fraction": 1.0, **over}
+    PoolClient(server.url, orch).create_pool(make_spec(owner, [validator], **spec))
+    node, idle, checker = (
+        PoolClient(server.url, KeyPair.generate()),
+        PoolClient(server.url, KeyPair.generate()),
+        PoolClient(server.url, validator),
+    )
+    node.join(POOL, CPU_NODE)
+    idle.join(POOL, CPU_NODE)
+    submit(node)
+    _judge(checker)
+    held = _until(server, node, "unchecked")[-1]
+    _until(server, node, "pending")
+    _judge(checker)
+    return node, checker, held
+
+
 def test_a_twin_nobody_answers_lapses_and_the_unit_waits_for_the_usual_release(tmp_path, db_url):
     """k = 1: a passed check of a later unit releases nothing while the unit's twin is out;
     once the twin lapsed (nobody took it by its deadline), the next passed check does."""
     orch, owner, validator = (KeyPair.generate() for _ in range(3))
     with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        node, checker, held = _held_beside_an_idle_node(
+            server, orch, owner, validator, lease_timeout_s=3.0
+        )
+        assert statuses(server)[held] == "unchecked"  # its twin is out
+        time.sleep(3.2)
+        sweep(server.ctx)
+        _until(server, node, "pending")
+        _judge(checker)
+        assert statuses(server)[held] == "accepted"
+        _reverifies(server, orch, owner)
+
+
+def test_a_twin_nobody_healthy_can_take_lapses_before_its_deadline(tmp_path, db_url):
+    """The only other node goes silent (unhealthy) while a unit's twin waits for it: the sweep
+    lapses the twin at once, not at its deadline, and the next passed check releases the unit.
+    Silence is measured on the orchestrator's clock, moved here (signatures keep the real one)."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    config = PoolConfig(db_url=db_url, unhealthy_after_s=10, sweep_interval_s=3600)
+    with local_orchestrator(tmp_path / "run", orch, config) as server:
+        now = [time.time()]
+        server.ctx.clock = lambda: now[0]
+        node, checker, held = _held_beside_an_idle_node(
+            server, orch, owner, validator, lease_timeout_s=600.0
+        )
+        sweep(server.ctx)
+        assert statuses(server)[held] == "unchecked"  # its twin waits for the idle node
+        now[0] += 11  # the idle node has been silent 11 s; the node beats on
+        node.heartbeat(POOL, Heartbeat(status="ok"))
+        sweep(server.ctx)
+        _until(server, node, "pending")
+        _judge(checker)
+        assert statuses(server)[held] == "accepted"
+        _reverifies(server, orch, owner)
+
+
+def test_a_node_with_no_healthy_peer_gets_no_twin_and_its_unit_is_not_held(tmp_path, db_url):
+    """Drawn for a twin while no other node could answer it: no twin is leased (the entry says
+    ``alone``), the next passed check releases the unit, and the ledger re-derives the draw; a
+    ledger that calls a unit alone whose draw made no twin, or twinned and alone, fails."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
         PoolClient(server.url, orch).create_pool(
             make_spec(
-                owner,
-                [validator],
-                validated_fraction=0.5,
-                check_rate_decay=0.0,
-                twin_fraction=1.0,
-                lease_timeout_s=3.0,
-            )
+                owner, [validator], validated_fraction=0.5, check_rate_decay=0.0, twin_fraction=1.0
+            )  # fmt: skip
         )
         node, checker = (
             PoolClient(server.url, KeyPair.generate()),
@@ -184,15 +243,33 @@ def test_a_twin_nobody_answers_lapses_and_the_unit_waits_for_the_usual_release(t
         submit(node)
         _judge(checker)
         held = _until(server, node, "unchecked")[-1]
+        with server.ctx.engine.connect() as conn:
+            twin_rows = conn.execute(
+                sa.select(sa.func.count()).where(db.leases.c.twin_of.is_not(None))
+            ).scalar_one()
+        assert twin_rows == 0
+        [record] = [
+            e["body"]["check"]
+            for e in entries(server, "submission")
+            if e["body"]["submission_id"] == held
+        ]
+        assert record["alone"] is True and record["twin"] is False
         _until(server, node, "pending")
         _judge(checker)
-        assert statuses(server)[held] == "unchecked"  # its twin is out
-        time.sleep(3.2)
-        sweep(server.ctx)
-        _until(server, node, "pending")
-        _judge(checker)
-        assert statuses(server)[held] == "accepted"
+        assert statuses(server)[held] == "accepted"  # not held for a twin nobody could answer
         _reverifies(server, orch, owner)
+        log = read_entries(server.ctx.engine)
+    for forge, reason in (
+        ({"twin": True}, "both twinned and without a node"),
+        ({"alone": False}, "recorded twin = False, but the draw"),
+    ):
+        forged = copy.deepcopy(log)
+        for e in forged:
+            if e["kind"] == "submission" and e["body"]["submission_id"] == held:
+                e["body"]["check"].update(forge)
+        spot = SpotCheckReplay()
+        reasons = [r for e in forged if (r := spot.feed(e))] + [spot.finish()]
+        assert reasons and reason in reasons[0], (forge, reasons)
 
 
 def test_a_ledger_whose_match_joins_different_digests_does_not_reverify(tmp_path):

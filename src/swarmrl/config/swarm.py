@@ -47,7 +47,7 @@ class SwarmSection(Section):
         60.0, gt=0, description="a leased unit not submitted within this is reassigned"
     )
     spot_check_floor: float = Field(
-        0.5,
+        0.4,
         ge=0,
         le=1,
         description=(
@@ -66,7 +66,7 @@ class SwarmSection(Section):
         ),
     )
     spot_check_release_after: int = Field(
-        2,
+        1,
         ge=1,
         le=1000,
         description=(
@@ -94,14 +94,15 @@ class SwarmSection(Section):
         ),
     )
     spot_check_twin: float = Field(
-        0.0,
+        1.0,
         ge=0,
         le=1,
         description=(
             "share of the unchecked submissions whose unit (tasks and seed) another worker "
-            "generates again (the pool's `twin_fraction`): equal outputs release it at once, "
-            "differing ones go to validators; costs that share of workers' compute, no "
-            "validator work for honest twins; 0 = none"
+            "generates again (the pool's `twin_fraction`): differing outputs send both to "
+            "validators, equal ones leave the unit to the usual release; none while no other "
+            "worker is healthy; costs that share of workers' compute, no validator work for "
+            "honest twins; 0 = none"
         ),
     )
     lease_version_lag: int = Field(

@@ -24,7 +24,8 @@ and ``release_young_checks`` of the node in all, and that the ones it sends to a
 "release-check/<pool>/<submission id>") / 2^256`` is below ``release_replay_fraction`` (keyed
 with the secret of the epoch the release names). With twins (``twin_fraction``, the pool
 module ``swarmrl.pool.flow.twins``) it also re-derives which unchecked submissions were drawn
-for a twin (``HMAC-SHA256(secret, "twin/<pool>/<submission id>")``), that a twin's submission
+for a twin (``HMAC-SHA256(secret, "twin/<pool>/<submission id>")``; a drawn one the pool
+leased to nobody, no other node being healthy, is recorded ``alone``), that a twin's submission
 repeats one so drawn, from another node, that a twin entry joining the two as a match names
 submissions whose ``digest`` is equal and releases nothing, and that every twin's answer taken
 at rate 0 was compared. Knows nothing about databases or HTTP; the rates
@@ -174,10 +175,14 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         reason = self._draw_or_wait(pool_id, key[1], sid, want, checked, "spot-check")
         if reason or checked or by_match or not pool.twin_fraction:
             return reason
-        twinned = bool(check.get("twin"))
+        twinned, alone = bool(check.get("twin")), bool(check.get("alone"))
+        if twinned and alone:
+            return f"submission {sid} is recorded both twinned and without a node to twin it"
         if twinned:
             pool.twinned.add(sid)
-        return self._draw_or_wait(pool_id, key[1], sid, pool.twin_fraction, twinned, "twin")
+        # "alone": drawn for a twin that no other healthy node could answer, so none was leased
+        drawn = twinned or alone
+        return self._draw_or_wait(pool_id, key[1], sid, pool.twin_fraction, drawn, "twin")
 
     def _draw_or_wait(
         self, pool_id: str | None, epoch: int, sid: str, rate: float, checked: bool, purpose: str

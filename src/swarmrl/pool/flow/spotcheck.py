@@ -25,7 +25,9 @@ falsified unit followed by k honest checked ones and not drawn for a replay (doc
 "The spot-check residual", measures it). With ``twin_fraction`` > 0 a drawn share of the
 unchecked units is generated again by another node (``swarmrl.pool.flow.twins``): such a unit
 is not released by later checks while its twin is out; an equal answer leaves it to the usual
-release, a different one sends both to the validators.
+release, a different one sends both to the validators. A unit drawn for a twin while no other
+node of the pool is healthy gets none (its entry records ``"alone": true``): nobody could answer
+it, and the unit would wait for its lapse (a swarm of one worker would wait on every unit).
 
 Quorum: with ``quorum`` k > 1 a rejection is one vote (``vote`` ledger entry) and the
 submission waits as ``disputed`` for other validators; it is rejected once more than half of k
@@ -60,6 +62,7 @@ class Check:
     has_validators: bool = True
     twin: bool | None = None  # drawn for a twin (swarmrl.pool.flow.twins); None: no twins here
     by_twin: bool = False  # a twin's answer judged by its comparison, drawn for nothing
+    alone: bool = False  # drawn for a twin, but no other healthy node could answer it
 
     @property
     def status(self) -> str:
@@ -75,6 +78,8 @@ class Check:
             record["twin"] = self.twin
         if self.by_twin:
             record["by_twin"] = True
+        if self.alone:
+            record["alone"] = True
         return record
 
 
@@ -123,10 +128,29 @@ def decide(
         return Check(epoch, 0.0, False, bool(spec.validators), None, by_twin=True)
     rate = node_rate(conn, spec, node_id)
     checked = is_checked(secret, spec.pool_id, sid, rate)
-    twin = None
+    twin, alone = None, False
     if spec.twin_fraction > 0 and spec.validators and not checked:
         twin = is_twinned(secret, spec.pool_id, sid, spec.twin_fraction)
-    return Check(epoch, rate, checked, bool(spec.validators), twin)
+        if twin and not _has_peer(conn, spec.pool_id, node_id):
+            twin, alone = False, True  # nobody could answer it: the unit would only wait
+    return Check(epoch, rate, checked, bool(spec.validators), twin, alone=alone)
+
+
+_PEER = Fast(
+    sa.select(db.nodes.c.node_id)
+    .where(
+        db.nodes.c.pool_id == sa.bindparam("p"),
+        db.nodes.c.node_id != sa.bindparam("n"),
+        db.nodes.c.state == "healthy",
+    )
+    .limit(1)
+)
+
+
+def _has_peer(conn: sa.Connection, pool_id: str, node_id: str) -> bool:
+    """Whether another node of the pool is healthy (beating), so a twin of ``node_id``'s unit
+    could be answered before it lapses."""
+    return _PEER.run(conn, {"p": pool_id, "n": node_id}).first() is not None
 
 
 def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, accepted: int) -> list[str]:

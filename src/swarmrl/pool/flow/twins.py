@@ -5,7 +5,8 @@ the same policy version produce the same tokens. A share ``twin_fraction`` of th
 submissions (drawn under the epoch secret like the spot check, ``"twin/<pool>/<submission>"``;
 recorded as ``check.twin`` in the submission's ledger entry) has its unit leased once more to
 another node (a lease row in state ``twin``, handed out before fresh work, never to the node
-that submitted it, lapsed when nobody took it within ``lease_timeout_s``). While its twin is
+that submitted it, lapsed when nobody took it within ``lease_timeout_s`` or once no other node
+of the pool is healthy; none is leased while no other node is healthy). While its twin is
 out, the unit is not released by later passed checks (``spotcheck.passed``). When the twin's
 answer arrives (:func:`compare_with`, before its spot-check draw; :func:`settle`):
 

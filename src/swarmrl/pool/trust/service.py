@@ -350,6 +350,20 @@ _LAPSE_TWINS = (
     )
     .values(state="lapsed")
 )
+# a twin nobody can take any more: no node of its pool but the unit's own is healthy
+_LAPSE_UNTAKEABLE_TWINS = (
+    db.leases.update()
+    .where(
+        db.leases.c.twin_of.is_not(None),
+        db.leases.c.state.in_(("twin", "expired")),
+        ~sa.exists().where(
+            db.nodes.c.pool_id == db.leases.c.pool_id,
+            db.nodes.c.node_id != db.leases.c.twin_node,
+            db.nodes.c.state == "healthy",
+        ),
+    )
+    .values(state="lapsed")
+)
 _EXPIRE = (
     db.leases.update()
     .where(db.leases.c.lease_id == sa.bindparam("lease"), db.leases.c.state == "active")
@@ -396,6 +410,7 @@ def sweep(ctx: Context) -> dict[str, int]:
                 db.nodes.update().where(where).values(state=target)
             ).rowcount
         changed["leases"] += conn.execute(_LAPSE_TWINS, {"now": now}).rowcount
+        changed["leases"] += conn.execute(_LAPSE_UNTAKEABLE_TWINS).rowcount
         for lease in conn.execute(_OVERDUE, {"now": now}).all():
             node = {"p": lease.pool_id, "n": lease.node_id}
             if conn.execute(_NODE_UNLESS_BUSY, node).first() is None:
