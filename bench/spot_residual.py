@@ -12,6 +12,13 @@ with identities of a few strategies, one at a time, each until it is banned or h
   falsifies each unit with probability 0.25;
 - ``honest``: never falsifies, submits ``--honest-units`` units; what a remedy costs it.
 
+A cheater falsifies only its own units: a twin of another node's unit (the lease says whose,
+``origin_node_id``) is compared with that node's output, so it answers those honestly.
+
+In the twin arms a peer beside the identities answers every twin (it is the only other node
+asking); with ``--sybil`` it is the cheaters' accomplice, answering the twin of a falsified unit
+with the same falsified output, the worst case of a party holding two identities.
+
 A validator claims every selected unit and replays it (the synthetic model of
 ``swarmrl.testing.pool_nodes`` is a function of the unit's seed, so a falsified unit really
 differs: one output token changed), and the trainer takes and acknowledges every batch after
@@ -78,6 +85,7 @@ ARMS: dict[str, tuple[float, int, float, int, float]] = {
     "t1k1": (0.5, 1, 0.0, 0, 1.0),
     "t1k1p0.4": (0.4, 1, 0.0, 0, 1.0),
     "t1k1p0.3": (0.3, 1, 0.0, 0, 1.0),
+    "t1p0.4": (0.4, 2, 0.0, 0, 1.0),
 }
 
 
@@ -116,13 +124,23 @@ def _replay(pending) -> Verdict:
     )
 
 
-def _peer_answers(peer: PoolClient) -> None:
-    """The honest peer of a twin arm takes one unit (a twin first, when one waits) and answers
-    it."""
+def _falsify(samples: list) -> list:
+    """The cheat every strategy plays: one output token changed."""
+    samples[0].output_tokens[0] = (samples[0].output_tokens[0] + 1) % 1000
+    return samples
+
+
+def _peer_answers(peer: PoolClient, copies: set[tuple] | None = None) -> None:
+    """The peer of a twin arm takes one unit (a twin first, when one waits) and answers it:
+    honestly, or (``--sybil``) a twin of one of ``copies`` (the units its partner falsified,
+    by tasks and seed) with the same falsified output."""
     peer.heartbeat(POOL, Heartbeat(status="ok"))
     work = peer.lease(POOL).work
     if work is not None:
-        peer.submit(POOL, Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0)))
+        samples = synthetic_samples(work, 0)
+        if copies is not None and (tuple(work.task_indices), work.seed) in copies:
+            samples = _falsify(samples)
+        peer.submit(POOL, Submission(lease_id=work.lease_id, samples=samples))
 
 
 def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strategy, args,
@@ -132,6 +150,7 @@ def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strateg
     checker, trainer = PoolClient(url, validator), PoolClient(url, owner)
     me = Identity()
     falsified: set[str] = set()
+    copies: set[tuple] | None = set() if args.sybil else None  # told to a colluding peer
     submitted_at: dict[str, int] = {}
     trained_at: dict[str, int] = {}
     for n in range(strategy.units or args.max_units):
@@ -139,8 +158,13 @@ def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strateg
         work = node.lease(POOL).work
         samples = synthetic_samples(work, 0)
         cheat = n >= strategy.warmup and rng.random() < strategy.f
+        # a twin (another node's unit again: ``origin_node_id``) is answered honestly: its
+        # output is compared with another node's, so falsifying it only gets the node caught
+        cheat &= work.origin_node_id == node.keypair.node_id
         if cheat:
-            samples[0].output_tokens[0] = (samples[0].output_tokens[0] + 1) % 1000
+            samples = _falsify(samples)
+            if copies is not None:
+                copies.add((tuple(work.task_indices), work.seed))
         sid = node.submit(POOL, Submission(lease_id=work.lease_id, samples=samples)).submission_id
         me.submitted += 1
         if work.origin_node_id != node.keypair.node_id:  # another node's unit again: a twin
@@ -151,7 +175,7 @@ def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strateg
             me.falsified += 1
             falsified.add(sid)
         if peer is not None:
-            _peer_answers(peer)
+            _peer_answers(peer, copies)
         while pending := checker.claim(POOL, limit=256):  # releases may send units to a check
             for unit in pending:
                 me.replays += unit.submission_id in submitted_at
@@ -339,6 +363,10 @@ def main() -> None:
     parser.add_argument("--peer", action="store_true",
                         help="an honest peer beside each identity in every arm (the twin arms "
                         "always have one: it answers the twins)")  # fmt: skip
+    parser.add_argument("--sybil", action="store_true",
+                        help="the peer colludes: it answers the twin of a unit its partner "
+                        "falsified with the same falsified output (a party holding both "
+                        "identities, winning every twin of its own units)")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--combine", nargs="+", metavar="JSON",
                         help="only pool the runs of these --json files over their seeds")  # fmt: skip

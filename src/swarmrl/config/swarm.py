@@ -66,7 +66,7 @@ class SwarmSection(Section):
         ),
     )
     spot_check_release_after: int = Field(
-        1,
+        2,
         ge=1,
         le=1000,
         description=(
