@@ -116,6 +116,10 @@ class AdapterMismatch(UserError):
     """A LoRA adapter trained on other base weights, or whose targets or shapes do not fit."""
 
 
+class ProtocolMismatch(UserError):
+    """The orchestrator speaks a newer pool protocol than this swarmrl: upgrade to join it."""
+
+
 class PeerError(SwarmError):
     """An untrusted peer sent something wrong. Reject, record, penalise."""
 

@@ -30,11 +30,13 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from swarmrl.errors import PeerUnavailable, Rejected, ReplayedRequest
+from swarmrl import __version__
+from swarmrl.errors import PeerUnavailable, ProtocolMismatch, Rejected, ReplayedRequest, SwarmError
 from swarmrl.identity.keys import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.rejections import refusal
 from swarmrl.protocol.pool import (
+    PROTOCOL_VERSION,
     BatchAck,
     BatchAckReceipt,
     BatchReply,
@@ -142,9 +144,28 @@ class _Base:
             raise refusal(code, f"{call}: {message}")
         if adapter is None:
             return response.json()
-        if isinstance(adapter, TypeAdapter):
-            return adapter.validate_json(response.content)
-        return adapter.model_validate_json(response.content)
+        try:
+            if isinstance(adapter, TypeAdapter):
+                return adapter.validate_json(response.content)
+            return adapter.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise self._unreadable(call, exc) from exc
+
+    def _unreadable(self, call: str, exc: ValidationError) -> SwarmError:
+        """The error for an answer this client cannot read: an upgrade, where the orchestrator
+        speaks a newer protocol (``PROTOCOL_VERSION``), else an unavailable peer."""
+        first = str(exc).splitlines()
+        what = f"{first[0]}: {first[1]}" if len(first) > 1 else str(exc)
+        try:
+            theirs = int(self._send("GET", "/health", None, None, 0.0).get("protocol", 0))
+        except (SwarmError, TypeError, ValueError, AttributeError):
+            theirs = 0
+        if theirs > PROTOCOL_VERSION:
+            return ProtocolMismatch(
+                f"{call}: the orchestrator at {self.url} speaks pool protocol {theirs}, this "
+                f"swarmrl {__version__} speaks {PROTOCOL_VERSION}: upgrade swarmrl"
+            )
+        return PeerUnavailable(f"orchestrator {self.url} answered {call} unreadably: {what}")
 
 
 class PoolClient(_Base):

@@ -18,6 +18,12 @@ from swarmrl.protocol.bounded import PeerProof, PeerText
 from swarmrl.protocol.episodes import Episode
 from swarmrl.protocol.sampling import FinishReason, SamplingParams
 
+# The pool protocol's version, raised whenever a wire type changes so that a peer of the version
+# before would refuse a message (a new field: every Message refuses the fields it does not
+# know). The orchestrator names it in /health; a client that cannot read an answer asks for it
+# and, where the orchestrator's is newer, stops with one line saying to upgrade
+# (swarmrl.pool.client).
+PROTOCOL_VERSION = 1
 POOL_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 HEX64 = r"^[0-9a-f]{64}$"
 NODE_ID = r"^[0-9a-f]{32}$"

@@ -59,6 +59,7 @@ from swarmrl.pool.web.waits import PoolChanges, held
 from swarmrl.protocol.pool import (
     NODE_ID,
     POOL_ID_PATTERN,
+    PROTOCOL_VERSION,
     BatchAck,
     BatchAckReceipt,
     BatchReply,
@@ -299,12 +300,13 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness, the orchestrator's public key (which signs the ledger) and the ``[pool]``
-        settings it applies (storage locations left out: they may carry credentials)."""
+        """Liveness, the orchestrator's public key (which signs the ledger), the protocol version
+        it speaks (``PROTOCOL_VERSION``) and the ``[pool]`` settings it applies (storage locations left out: they may carry credentials)."""
         return {
             "ok": True,
             "orchestrator_key": ctx.key.public_key_hex,
             "version": __version__,
+            "protocol": PROTOCOL_VERSION,
             "config": ctx.config.model_dump(mode="json", exclude={"db_url", "store_url"}),
         }
 
