@@ -17,7 +17,10 @@ A cheater falsifies only its own units: a twin of another node's unit (the lease
 
 In the twin arms a peer beside the identities answers every twin (it is the only other node
 asking); with ``--sybil`` it is the cheaters' accomplice, answering the twin of a falsified unit
-with the same falsified output, the worst case of a party holding two identities.
+with the same falsified output, the worst case of a party holding two identities. With
+``--more-peers K``, K honest peers ask for work after it each round: a twin goes to a node drawn
+among the healthy others first (``swarmrl.pool.flow.twins``), so the accomplice wins only its
+share.
 
 A validator claims every selected unit and replays it (the synthetic model of
 ``swarmrl.testing.pool_nodes`` is a function of the unit's seed, so a falsified unit really
@@ -144,7 +147,7 @@ def _peer_answers(peer: PoolClient, copies: set[tuple] | None = None) -> None:
 
 
 def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strategy, args,
-                 rng: random.Random, peer: PoolClient | None = None) -> Identity:  # fmt: skip
+                 rng: random.Random, peers: list[PoolClient] = ()) -> Identity:  # fmt: skip
     node = PoolClient(url, KeyPair.generate())
     node.join(POOL, CPU_NODE)
     checker, trainer = PoolClient(url, validator), PoolClient(url, owner)
@@ -174,8 +177,8 @@ def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strateg
         if cheat:
             me.falsified += 1
             falsified.add(sid)
-        if peer is not None:
-            _peer_answers(peer, copies)
+        for i, peer in enumerate(peers):  # the first is the accomplice under --sybil
+            _peer_answers(peer, copies if i == 0 else None)
         while pending := checker.claim(POOL, limit=256):  # releases may send units to a check
             for unit in pending:
                 me.replays += unit.submission_id in submitted_at
@@ -229,10 +232,11 @@ def run_arm(arm: str, seed: int, args) -> tuple[dict[str, list[Identity]], dict[
         local_orchestrator(Path(tmp), orch, config) as server,
     ):
         PoolClient(server.url, orch).create_pool(spec)
-        peer = None
-        if twin > 0 or args.peer:  # an honest node beside each identity, to answer twins
-            peer = PoolClient(server.url, KeyPair.generate())
-            peer.join(POOL, CPU_NODE)
+        peers = []
+        if twin > 0 or args.peer:  # nodes beside each identity, to answer twins
+            for _ in range(1 + args.more_peers):
+                peers.append(PoolClient(server.url, KeyPair.generate()))
+                peers[-1].join(POOL, CPU_NODE)
         for i, strategy in enumerate(strategies):
             count = args.honest if strategy.units else args.identities
             out[strategy.name] = [
@@ -244,7 +248,7 @@ def run_arm(arm: str, seed: int, args) -> tuple[dict[str, list[Identity]], dict[
                     strategy,
                     args,
                     random.Random(f"{seed}/{i}/{j}"),
-                    peer,
+                    peers,
                 )  # fmt: skip
                 for j in range(count)
             ]
@@ -363,6 +367,9 @@ def main() -> None:
     parser.add_argument("--peer", action="store_true",
                         help="an honest peer beside each identity in every arm (the twin arms "
                         "always have one: it answers the twins)")  # fmt: skip
+    parser.add_argument("--more-peers", type=int, default=0,
+                        help="honest peers beside the first peer (which asks first): with "
+                        "--sybil, the accomplice competes with them for its partner's twins")  # fmt: skip
     parser.add_argument("--sybil", action="store_true",
                         help="the peer colludes: it answers the twin of a unit its partner "
                         "falsified with the same falsified output (a party holding both "

@@ -162,6 +162,59 @@ def test_a_twin_on_another_version_is_not_compared_and_its_unit_goes_to_validato
         audit(server.ctx.engine, orch.public_key_hex)
 
 
+def _taker_of(server, sid: str) -> str | None:
+    """The node the twin of submission ``sid`` is offered to first."""
+    with server.ctx.engine.connect() as conn:
+        return conn.execute(
+            sa.select(db.leases.c.twin_taker).where(db.leases.c.twin_of == sid)
+        ).scalar_one()
+
+
+def test_a_twin_goes_to_its_drawn_taker_first_and_to_anyone_after_a_leases_time(tmp_path, db_url):
+    """Asking first does not win a twin: it is offered to a node drawn among the healthy
+    others, and to the rest only once it waited ``lease_target_s`` or the drawn node fell
+    silent (the pool's clock, moved here; signatures keep the real one)."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    config = PoolConfig(db_url=db_url, sweep_interval_s=3600)
+    with local_orchestrator(tmp_path / "run", orch, config) as server:
+        now = [time.time()]
+        server.ctx.clock = lambda: now[0]
+        a, b, checker = _pool(
+            server, orch, owner, validator, lease_target_s=30.0, max_leases_in_flight=8
+        )
+        c = PoolClient(server.url, KeyPair.generate())
+        c.join(POOL, CPU_NODE)
+        submit(c)
+        _judge(checker)
+        others = {b.keypair.node_id: b, c.keypair.node_id: c}
+        origin = a.keypair.node_id
+        for late in (False, True):
+            _, receipt = _answer(a)  # unchecked from now on, and twinned
+            taker = _taker_of(server, receipt.submission_id)
+            assert taker in others
+            [other] = [n for n in others if n != taker]
+            if late:
+                now[0] += 31  # the drawn taker did not ask within a lease's time
+            others[other].heartbeat(POOL, Heartbeat(status="ok"))
+            asked_first = others[other].lease(POOL).work
+            assert (asked_first.origin_node_id == origin) is late, late
+            if not late:
+                twin = others[taker].lease(POOL).work
+                assert twin.origin_node_id == origin
+        # a drawn taker gone silent (unhealthy) does not hold the twin for its turn either
+        _, receipt = _answer(a)
+        taker = _taker_of(server, receipt.submission_id)
+        [other] = [n for n in others if n != taker]
+        now[0] += 16  # past unhealthy_after_s (15), well within lease_target_s (30)
+        for node in (a, others[other]):
+            node.heartbeat(POOL, Heartbeat(status="ok"))
+        sweep(server.ctx)
+        states = {v.node_id: v.state for v in PoolClient(server.url, owner).nodes(POOL)}
+        assert states[taker] == "unhealthy" and states[other] == "healthy"
+        assert others[other].lease(POOL).work.origin_node_id == origin
+        _reverifies(server, orch, owner)
+
+
 def _held_beside_an_idle_node(server, orch, owner, validator, **over):
     """A pool with twins on every unchecked unit (floor 0.5, no decay) and two members: one
     that works and one that joined (healthy) but never asks for work. The worker's first
@@ -330,3 +383,19 @@ def test_compare_needs_equal_tokens_and_log_probs_within_the_tolerance():
             theirs = synthetic_samples(work, 1)
             want = "apart"
         assert twins.compare(ours, theirs) == want, change
+
+
+def test_a_database_made_before_drawn_takers_gets_the_column_empty(tmp_path):
+    """Opened again by this version, a database without ``leases.twin_taker`` gets it, empty:
+    its waiting twins stay open to any node but their own, as they were."""
+    url = db.sqlite_url(tmp_path / "pool.db")
+    engine = db.make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE leases DROP COLUMN twin_taker")
+    engine.dispose()
+    engine = db.make_engine(url)
+    try:
+        columns = {c["name"]: c for c in sa.inspect(engine).get_columns("leases")}
+        assert "twin_taker" in columns and columns["twin_taker"]["nullable"]
+    finally:
+        engine.dispose()

@@ -6,7 +6,11 @@ submissions (drawn under the epoch secret like the spot check, ``"twin/<pool>/<s
 recorded as ``check.twin`` in the submission's ledger entry) has its unit leased once more to
 another node (a lease row in state ``twin``, handed out before fresh work, never to the node
 that submitted it, lapsed when nobody took it within ``lease_timeout_s`` or once no other node
-of the pool is healthy; none is leased while no other node is healthy). While its twin is
+of the pool is healthy; none is leased while no other node is healthy). It is offered first
+to one node drawn at random among the healthy others (``twin_taker``), and to any other node
+only once it waited ``lease_target_s`` (one lease's time for the drawn node to ask) or the
+drawn node is no longer healthy: a party holding a second identity beside many honest nodes
+wins the twin of its own unit by chance, not by asking first. While its twin is
 out, the unit is not released by later passed checks (``spotcheck.passed``). When the twin's
 answer arrives (:func:`compare_with`, before its spot-check draw; :func:`settle`):
 
@@ -93,10 +97,24 @@ def compare(ours: list[Sample], theirs: list[Sample]) -> Outcome:
     return "equal"
 
 
+_TAKER = (
+    sa.select(db.nodes.c.node_id)
+    .where(
+        db.nodes.c.pool_id == sa.bindparam("p"),
+        db.nodes.c.node_id != sa.bindparam("n"),
+        db.nodes.c.state == "healthy",
+    )
+    .order_by(sa.func.random())
+    .limit(1)
+)
+
+
 def lease_twin(
     conn: sa.Connection, spec: PoolSpec, sid: str, node_id: str, lease: Any, now: float
 ) -> None:
-    """Put submission ``sid``'s unit (its lease row ``lease``) out again for another node."""
+    """Put submission ``sid``'s unit (its lease row ``lease``) out again for another node,
+    offered first to one drawn at random among the healthy others (module docstring)."""
+    taker = conn.execute(_TAKER, {"p": spec.pool_id, "n": node_id}).scalar()
     conn.execute(
         db.leases.insert(),
         dict(
@@ -110,6 +128,7 @@ def lease_twin(
             deadline=now + spec.lease_timeout_s,
             twin_of=sid,
             twin_node=node_id,
+            twin_taker=taker,
         ),
     )
 

@@ -60,6 +60,7 @@ def _new_id() -> str:
 # built once: a lease and a submission run them on every call (building a statement costs as
 # much as running it)
 _L = db.leases
+_N = db.nodes
 _ORPHAN = Fast(
     sa.select(_L.c.lease_id, _L.c.work, _L.c.twin_of, _L.c.twin_node)
     .where(
@@ -68,6 +69,17 @@ _ORPHAN = Fast(
         _L.c.reassigned_to.is_(None),
         _L.c.node_id != sa.bindparam("n"),
         sa.func.coalesce(_L.c.twin_node, "") != sa.bindparam("n"),
+        # a twin is offered to its drawn taker first (swarmrl.pool.flow.twins)
+        sa.or_(
+            _L.c.twin_taker.is_(None),
+            _L.c.twin_taker == sa.bindparam("n"),
+            _L.c.created_at < sa.bindparam("open_before"),
+            ~sa.exists().where(
+                _N.c.pool_id == _L.c.pool_id,
+                _N.c.node_id == _L.c.twin_taker,
+                _N.c.state == "healthy",
+            ),
+        ),
     )
     .order_by(_L.c.deadline)
     .limit(1)
@@ -160,7 +172,8 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
         queue.granted(node_id, now)
         lease_id = _new_id()
-        orphan = _ORPHAN.run(conn, {"p": pool_id, "n": node_id}).first()
+        open_before = now - spec.lease_target_s  # a drawn taker's turn at a twin has passed
+        orphan = _ORPHAN.run(conn, {"p": pool_id, "n": node_id, "open_before": open_before}).first()
         twin_of = twin_node = None
         if orphan is not None:
             twin_of, twin_node = orphan.twin_of, orphan.twin_node

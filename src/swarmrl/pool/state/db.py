@@ -79,6 +79,9 @@ leases = sa.Table(
     # node) → reassigned, or → lapsed when nobody took it by its deadline
     sa.Column("twin_of", sa.String(32), nullable=True),
     sa.Column("twin_node", sa.String(32), nullable=True),
+    # the node a waiting twin is offered to first, drawn at random among the healthy others
+    # (NULL: anyone but twin_node); open to all after lease_target_s or once it is not healthy
+    sa.Column("twin_taker", sa.String(32), nullable=True),
     sa.Index("ix_leases_node_state", "pool_id", "node_id", "state"),
     sa.Index("ix_leases_twin_of", "twin_of"),
     sa.Index("ix_leases_state_deadline", "state", "deadline"),
@@ -273,6 +276,7 @@ def make_engine(url: str, fast_sql: bool = True) -> sa.Engine:
         _add_batched_through(engine)
         _add_passes_after(engine)
         _add_twins(engine)
+        _add_twin_taker(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
@@ -309,6 +313,15 @@ def _add_twins(engine: sa.Engine) -> None:
         conn.execute(sa.text("ALTER TABLE leases ADD COLUMN twin_of VARCHAR(32)"))
         conn.execute(sa.text("ALTER TABLE leases ADD COLUMN twin_node VARCHAR(32)"))
         conn.execute(sa.text("CREATE INDEX ix_leases_twin_of ON leases (twin_of)"))
+
+
+def _add_twin_taker(engine: sa.Engine) -> None:
+    """A database made before twins were offered to a drawn node first gets the column, empty
+    (its waiting twins are open to anyone, as they were)."""
+    if "twin_taker" in {c["name"] for c in sa.inspect(engine).get_columns("leases")}:
+        return
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE leases ADD COLUMN twin_taker VARCHAR(32)"))
 
 
 def _add_lease_task_counts(engine: sa.Engine) -> None:
