@@ -14,8 +14,9 @@
     │   ├── LedgerMismatch          the pool database disagrees with its signed ledger (a cut
     │   │                           tail, edited rows): the orchestrator refuses to start
     │   ├── CheckpointMismatch      a trainer checkpoint written for another model or config
-    │   └── AdapterMismatch         a LoRA adapter that does not belong to the base beside it
-    │                               (other base weights, shapes or target modules)
+    │   ├── AdapterMismatch         a LoRA adapter that does not belong to the base beside it
+    │   │                           (other base weights, shapes or target modules)
+    │   └── ProtocolMismatch        the orchestrator speaks a newer pool protocol: upgrade
     ├── PeerError                   an untrusted peer sent something wrong: reject it, record it,
     │   │                           penalise the peer; never crash, never silently accept.
     │   │                           ``code`` is the machine-readable name the pool answers with
