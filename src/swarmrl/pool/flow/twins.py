@@ -53,6 +53,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from swarmrl.fastsql import Fast
 from swarmrl.identity.keys import canonical_json, digest_hex
 from swarmrl.ledger.chain import Entry
 from swarmrl.pool.state import db
@@ -97,7 +98,8 @@ def compare(ours: list[Sample], theirs: list[Sample]) -> Outcome:
     return "equal"
 
 
-_TAKER = (
+# built once (a submission runs it): one healthy node other than the unit's, at random
+_TAKER = Fast(
     sa.select(db.nodes.c.node_id)
     .where(
         db.nodes.c.pool_id == sa.bindparam("p"),
@@ -114,7 +116,7 @@ def lease_twin(
 ) -> None:
     """Put submission ``sid``'s unit (its lease row ``lease``) out again for another node,
     offered first to one drawn at random among the healthy others (module docstring)."""
-    taker = conn.execute(_TAKER, {"p": spec.pool_id, "n": node_id}).scalar()
+    taker = _TAKER.run(conn, {"p": spec.pool_id, "n": node_id}).scalar()
     conn.execute(
         db.leases.insert(),
         dict(

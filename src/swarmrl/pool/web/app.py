@@ -301,7 +301,8 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         """Liveness, the orchestrator's public key (which signs the ledger), the protocol version
-        it speaks (``PROTOCOL_VERSION``) and the ``[pool]`` settings it applies (storage locations left out: they may carry credentials)."""
+        it speaks (``PROTOCOL_VERSION``) and the ``[pool]`` settings it applies (storage
+        locations left out: they may carry credentials)."""
         return {
             "ok": True,
             "orchestrator_key": ctx.key.public_key_hex,
