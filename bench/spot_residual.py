@@ -52,6 +52,7 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def _peer_answers(peer: PoolClient, copies: set[tuple] | None = None) -> None:
 
 
 def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strategy, args,
-                 rng: random.Random, peers: list[PoolClient] = ()) -> Identity:  # fmt: skip
+                 rng: random.Random, peers: Sequence[PoolClient] = ()) -> Identity:  # fmt: skip
     node = PoolClient(url, KeyPair.generate())
     node.join(POOL, CPU_NODE)
     checker, trainer = PoolClient(url, validator), PoolClient(url, owner)

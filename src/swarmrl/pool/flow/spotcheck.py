@@ -44,6 +44,7 @@ import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
 from swarmrl.ledger.spotchecks import check_rate, is_checked, is_replayed, is_twinned
+from swarmrl.pool.flow import twins
 from swarmrl.pool.rejections import Conflict
 from swarmrl.pool.state import db
 from swarmrl.pool.trust import assignments
@@ -63,6 +64,7 @@ class Check:
     twin: bool | None = None  # drawn for a twin (swarmrl.pool.flow.twins); None: no twins here
     by_twin: bool = False  # a twin's answer judged by its comparison, drawn for nothing
     alone: bool = False  # drawn for a twin, but no other healthy node could answer it
+    taker: str | None = None  # the node a drawn twin is offered to first (not in the record)
 
     @property
     def status(self) -> str:
@@ -128,29 +130,14 @@ def decide(
         return Check(epoch, 0.0, False, bool(spec.validators), None, by_twin=True)
     rate = node_rate(conn, spec, node_id)
     checked = is_checked(secret, spec.pool_id, sid, rate)
-    twin, alone = None, False
+    twin, alone, taker = None, False, None
     if spec.twin_fraction > 0 and spec.validators and not checked:
         twin = is_twinned(secret, spec.pool_id, sid, spec.twin_fraction)
-        if twin and not _has_peer(conn, spec.pool_id, node_id):
-            twin, alone = False, True  # nobody could answer it: the unit would only wait
-    return Check(epoch, rate, checked, bool(spec.validators), twin, alone=alone)
-
-
-_PEER = Fast(
-    sa.select(db.nodes.c.node_id)
-    .where(
-        db.nodes.c.pool_id == sa.bindparam("p"),
-        db.nodes.c.node_id != sa.bindparam("n"),
-        db.nodes.c.state == "healthy",
-    )
-    .limit(1)
-)
-
-
-def _has_peer(conn: sa.Connection, pool_id: str, node_id: str) -> bool:
-    """Whether another node of the pool is healthy (beating), so a twin of ``node_id``'s unit
-    could be answered before it lapses."""
-    return _PEER.run(conn, {"p": pool_id, "n": node_id}).first() is not None
+        if twin:
+            taker = twins.draw_taker(conn, spec.pool_id, node_id)
+            alone = taker is None  # nobody could answer it: the unit would only wait
+            twin = not alone
+    return Check(epoch, rate, checked, bool(spec.validators), twin, alone=alone, taker=taker)
 
 
 def passed(ctx: Context, conn: sa.Connection, spec: PoolSpec, row: Any, accepted: int) -> list[str]:

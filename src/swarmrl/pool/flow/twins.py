@@ -111,12 +111,23 @@ _TAKER = Fast(
 )
 
 
+def draw_taker(conn: sa.Connection, pool_id: str, node_id: str) -> str | None:
+    """A node drawn at random among the pool's healthy ones other than ``node_id``, to offer
+    the twin of its unit to first; None when there is none (module docstring)."""
+    return _TAKER.run(conn, {"p": pool_id, "n": node_id}).scalar()
+
+
 def lease_twin(
-    conn: sa.Connection, spec: PoolSpec, sid: str, node_id: str, lease: Any, now: float
+    conn: sa.Connection,
+    spec: PoolSpec,
+    sid: str,
+    node_id: str,
+    lease: Any,
+    now: float,
+    taker: str | None,
 ) -> None:
     """Put submission ``sid``'s unit (its lease row ``lease``) out again for another node,
-    offered first to one drawn at random among the healthy others (module docstring)."""
-    taker = _TAKER.run(conn, {"p": spec.pool_id, "n": node_id}).scalar()
+    offered first to ``taker`` (:func:`draw_taker`)."""
     conn.execute(
         db.leases.insert(),
         dict(

@@ -477,7 +477,7 @@ def _submit(
                     credit_entry(ctx, conn, spec, sid, node_id, tokens, "orchestrator", held)
                 )
             if check.twin:
-                twins.lease_twin(conn, spec, sid, node_id, row, now)
+                twins.lease_twin(conn, spec, sid, node_id, row, now, check.taker)
             if compared is not None:
                 entries.append(twins.settle(ctx, conn, spec, sid, compared))
             ctx.ledger.append_many(conn, entries)  # one head read, one insert
