@@ -278,3 +278,33 @@ def test_an_ejected_worker_rejoins_by_itself_once(tmp_path):
             beats.join(timeout=WAIT_S)
             worker.pool.close()
             worker.weights.close()
+
+
+def test_a_beat_cut_short_by_the_workers_own_stop_is_not_logged_as_failed(tmp_path, caplog):
+    """A stopping worker closes its pool client while a beat may be in flight (the beat then
+    fails with a closed socket): that is the stop, not a failed heartbeat, and the loop ends
+    without a warning that would read as a lost orchestrator."""
+    orch, owner, validator, key = (KeyPair.generate() for _ in range(4))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(closed_spec(owner, validator))
+        worker = make_worker(server.url, key, make_invite(owner, POOL, 600), tmp_path)
+        worker.join()
+        beats = []
+
+        def closed_under_the_beat(pool_id, beat):
+            beats.append(beat)
+            worker.stop.set()  # the worker stops and closes its client while this beat is out
+            raise PeerUnavailable("POST /pools/swarm/heartbeat: [Errno 9] Bad file descriptor")
+
+        worker.pool.heartbeat = closed_under_the_beat
+        try:
+            with caplog.at_level(logging.WARNING, logger="test.worker"):
+                beating = threading.Thread(target=worker._heartbeat_loop, daemon=True)
+                beating.start()
+                beating.join(timeout=WAIT_S)
+            assert not beating.is_alive() and len(beats) == 1
+            assert [r.getMessage() for r in caplog.records if "heartbeat" in r.getMessage()] == []
+        finally:
+            worker.stop.set()
+            worker.pool.close()
+            worker.weights.close()

@@ -171,6 +171,8 @@ class WorkerNode:
                     return
                 continue
             except (InfraError, PeerError) as exc:  # PeerError: the pool refused the beat
+                if self.stop.is_set():  # stopping: the client may be closed under the beat
+                    return
                 self.log.warning("heartbeat failed: %s", exc)
                 continue
             finally:
