@@ -127,6 +127,11 @@ def figures(outcome: Outcome) -> dict[str, float]:
         "before": outcome.report["eval"]["before"]["accuracy"],
         "after": outcome.report["eval"]["after"]["accuracy"],
         "fast_receipts": outcome.receipts("worker@gpu1"),
+        # where a step's time goes: its first step (which waits for the workers' first work)
+        # and the median step's wait for its batch and its update
+        "first_step_s": float(outcome.metrics[0]["wall_time"]),
+        "rollout_s": statistics.median(float(r["rollout_s"]) for r in outcome.metrics[1:]),
+        "update_s": statistics.median(float(r["update_s"]) for r in outcome.metrics[1:]),
     }
 
 
@@ -176,7 +181,10 @@ def main() -> None:
             f"{statistics.median(r['slow_receipts'] for r in runs):.0f}; "
             f"held-out {statistics.median(r['before'] for r in runs):.0%} → "
             f"{statistics.median(r['after'] for r in runs):.0%} "
-            f"({min(r['after'] for r in runs):.0%}–{max(r['after'] for r in runs):.0%})"
+            f"({min(r['after'] for r in runs):.0%}–{max(r['after'] for r in runs):.0%}); "
+            f"first step {statistics.median(r['first_step_s'] for r in runs):.2f} s, later "
+            f"steps' batch wait / update {statistics.median(r['rollout_s'] for r in runs):.2f} / "
+            f"{statistics.median(r['update_s'] for r in runs):.2f} s (medians)"
         )
 
 

@@ -7,6 +7,7 @@ its last steps' work."""
 from __future__ import annotations
 
 import logging
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -160,3 +161,30 @@ def test_a_trainer_resumed_from_the_last_steps_checkpoint_tells_the_run_is_over(
     continue_versions(learner, origin, source, announce, log, resumed=True)
     assert learner.version == 2 and origin.versions == [0, 1, 2]
     assert pool.pool(POOL).run_finished
+
+
+def test_a_step_does_not_wait_for_the_orchestrators_answer_and_versions_are_told_in_order(
+    trainer_side,
+):
+    """The orchestrator is told each version from the announcer's own thread: a step goes on
+    while the answer is on its way (across a far link that was one round trip a step), the
+    versions arrive in order, and ``wait`` returns once they are told and out."""
+    pool, origin, learner, announce, *_ = trainer_side
+    announce(0)
+    announce.wait()
+    real, gate, told = announce.pool.set_version, threading.Event(), []
+
+    def slow_orchestrator(pool_id, version, **plan):
+        told.append(version)
+        gate.wait(30)  # the answer is held until the test lets it go
+        return real(pool_id, version, **plan)
+
+    announce.pool.set_version = slow_orchestrator
+    for version in (1, 2):
+        learner.version = version
+        announce(version)  # returns with v1's answer still held
+    assert pool.pool(POOL).current_version == 0 and not gate.is_set()
+    gate.set()
+    announce.wait()
+    assert told == [1, 2] and pool.pool(POOL).current_version == 2
+    assert origin.versions == [0, 1, 2]

@@ -1,9 +1,11 @@
 """Announcing and publishing the trainer's policy versions without holding up its next step.
 
-:class:`Announcer` tells the orchestrator each new version at once and saves, shards and signs
-it through the origin (:class:`swarmrl.roles.trainer.origin.Origin`) in one background thread,
-from a snapshot of the weights that later optimizer steps do not touch. Knows nothing about the
-training loop beyond the learner whose weights it snapshots.
+:class:`Announcer` tells the orchestrator each new version at once, from a thread of its own (the
+next step does not wait the round trip: across a slow link to the orchestrator that was one
+round trip a step), and saves, shards and signs it through the origin
+(:class:`swarmrl.roles.trainer.origin.Origin`) in another background thread, from a snapshot of
+the weights that later optimizer steps do not touch. Knows nothing about the training loop
+beyond the learner whose weights it snapshots.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class Announcer:
     """Tells the orchestrator each new version and publishes it through the origin in a
     background thread, so that the next step does not wait for it.
 
-    ``announce(v)`` tells the orchestrator (so nothing more is leased for the old version),
-    takes a snapshot of the weights (the next optimizer step changes them) and queues the save,
-    shard and sign; versions go out in order.
-    A failure is raised by the next ``announce`` or by ``wait``. ``pool`` is this
-    announcer's own client (the thread does not share one with the training loop). ``announce(v, final=True)``
+    ``announce(v)`` sends the orchestrator the new version at once (so nothing more is leased
+    for the old one) without waiting for its answer, takes a snapshot of the weights (the next
+    optimizer step changes them) and queues the save, shard and sign; versions are told and go
+    out in order. A failure is raised by the next ``announce``, by ``wait`` or by ``tell``.
+    ``pool`` is this announcer's own client (its threads do not share one with the training
+    loop). ``announce(v, final=True)``
     also waits for everything queued and tells the orchestrator the run is over, so workers and
     validators stop.
 
@@ -69,7 +72,8 @@ class Announcer:
         self.origin, self.pool, self.pool_id, self.learner = origin, pool, pool_id, learner
         self.scratch, self.config, self.log, self.status = scratch, config, log, status
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="publish")
-        self._pending: list[Future[None]] = []
+        self._telling = ThreadPoolExecutor(1, thread_name_prefix="tell")  # in order, one at a time
+        self._pending: list[Future[None]] = []  # tells and publishes not yet seen done
         self.version_offset = 0
         self._queued: set[int] = set()  # versions handed to the publishing thread
         self.published: list[tuple[float, int]] = []  # (Unix s, version) once announced
@@ -80,7 +84,7 @@ class Announcer:
             snapshot = self._writer()
             # the orchestrator learns the version at once, so that no unit is leased for the
             # old one meanwhile; the weights follow (a worker waits for them to download)
-            self.tell(version)
+            self._pending.append(self._telling.submit(self._tell, version))
             self._queued.add(version)
             self._pending.append(self._executor.submit(self._publish, version, snapshot))
         if final:
@@ -93,12 +97,13 @@ class Announcer:
             )
 
     def wait(self) -> None:
-        """Block until every queued version is out; raise the first failure."""
+        """Block until every queued version is told and out; raise the first failure."""
         for future in self._pending:
             future.result()
         self._pending.clear()
 
     def close(self) -> None:
+        self._telling.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def told(self) -> int:
@@ -112,6 +117,13 @@ class Announcer:
         )
 
     def tell(self, version: int, finished: bool = False) -> None:
+        """``/version`` with the run's plan, now, after the versions already queued were told
+        (so an older one never arrives after it)."""
+        self._telling.submit(lambda: None).result()  # the queue before it is drained
+        self._raise_failures()
+        self._tell(version, finished)
+
+    def _tell(self, version: int, finished: bool = False) -> None:
         """``/version`` with the run's plan (the version it ends at and its batch size, for
         admission)."""
         swarm, rl = self.config.swarm, self.config.rl
