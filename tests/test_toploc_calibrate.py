@@ -153,3 +153,22 @@ def test_a_trainer_started_by_hand_records_thresholds_in_its_run_dir(tmp_path, m
     )
     calibrate_verifier(off, model_dir, tmp_path / "run2", status, logging.getLogger("t"))
     assert not (tmp_path / "run2").exists()
+
+
+def test_a_chunk_of_fewer_entries_than_top_k_allows_one_index_ranked_differently():
+    """One top-k index that prover and validator rank differently adds up to 127 / k ulps to a
+    chunk's mean mantissa error. A model whose hidden size (32) is below top-k (128) has
+    one-position chunks of 32 entries, where that one index adds up to 4 ulps: an honest worker
+    whose other entries agreed bit for bit was rejected at a mean of 1.25 under the calibrated
+    1-ulp limit. Such a chunk now passes; a full chunk is held to the limit as before, and so is
+    a small chunk off by more than one index's worth."""
+    from swarmrl.toploc.hidden import ChunkAgreement
+
+    config = ToplocConfig(min_exponent_matches=126, max_mantissa_mean=1.0, max_mantissa_median=1.0)
+    verifier = Verifier(None, config, eos_token_ids=[0], vocab_size=16)  # judges chunks only
+    passes = verifier._chunk_passes
+    assert passes(ChunkAgreement(0, 40 / 32, 0.0, 32))  # the rejected honest chunk
+    assert not passes(ChunkAgreement(0, 1.25, 0.0, 128))  # a full chunk: the limit as before
+    assert passes(ChunkAgreement(0, 1.0, 0.0, 128))
+    assert not passes(ChunkAgreement(0, 4.1, 0.0, 32))  # more than one index's worth
+    assert not passes(ChunkAgreement(0, 1.25, 2.0, 32))  # the median is not relaxed

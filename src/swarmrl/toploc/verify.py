@@ -66,6 +66,10 @@ log = logging.getLogger(__name__)
 Scorer = Callable[[Sequence[int], Sequence[int]], float]
 """The environment's reward of (prompt tokens, output tokens); trusted code."""
 
+# the largest mantissa error of one entry (7 bits of a bfloat16): what one top-k index ranked
+# differently by prover and validator can add to a chunk's sum (``_chunk_passes``)
+MAX_MANTISSA_ERROR = 127
+
 THRESHOLD_KEYS = (
     "min_exponent_matches",
     "max_mantissa_mean",
@@ -343,11 +347,17 @@ class Verifier:
         return out
 
     def _chunk_passes(self, chunk: ChunkAgreement) -> bool:
+        """The thresholds are for chunks of ``topk`` entries; a chunk of fewer (k: a model whose
+        hidden size is below top-k) needs proportionally fewer exponent matches, and its mean
+        mantissa error may exceed the limit by what one index ranked differently (a near-tie at
+        the top-k boundary, mantissa error up to 127) weighs more in k entries than in top-k:
+        127 / k − 127 / topk (3 ulps for k = 32; none for a full chunk)."""
         cfg = self.config
         need = math.ceil(cfg.min_exponent_matches * chunk.k / cfg.topk)
+        one_index = MAX_MANTISSA_ERROR * (1 / max(1, chunk.k) - 1 / cfg.topk)
         return (
             chunk.k - chunk.exp_mismatches >= need
-            and chunk.mant_err_mean <= cfg.max_mantissa_mean
+            and chunk.mant_err_mean <= cfg.max_mantissa_mean + max(0.0, one_index)
             and chunk.mant_err_median <= cfg.max_mantissa_median
         )
 
