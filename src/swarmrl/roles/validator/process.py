@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from swarmrl.config import SwarmConfig
@@ -25,6 +26,7 @@ from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
 from swarmrl.inference.interface import require_backend
 from swarmrl.pool.client import PoolClient
+from swarmrl.protocol import Verdict, VerdictReceipt
 from swarmrl.rolekit.metrics import serve_role_metrics
 from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads, swap_version
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
@@ -138,6 +140,33 @@ def run_finished(pool: PoolClient, pool_id: str, swarm: SwarmSection, log: loggi
     return info.run_finished
 
 
+def post_verdicts(
+    pool: PoolClient,
+    pool_id: str,
+    verdicts: list[Verdict],
+    poster: ThreadPoolExecutor,
+    swarm: SwarmSection,
+    log: logging.Logger,
+) -> list[VerdictReceipt | PeerError]:
+    """Post a batch's verdicts side by side (each retried while the orchestrator is away), so a
+    batch costs one round trip to a far orchestrator, not one per verdict; answers in the
+    verdicts' order, a refusal as its :class:`PeerError` (a peer that stays away raises)."""
+
+    def post(verdict: Verdict) -> VerdictReceipt | PeerError:
+        try:
+            return retry(
+                lambda: pool.verdict(pool_id, verdict),
+                "post verdict",
+                log,
+                give_up_s=swarm.give_up_s,
+                pause_s=swarm.retry_s,
+            )
+        except PeerError as exc:
+            return exc
+
+    return list(poster.map(post, verdicts))
+
+
 def run(
     args: argparse.Namespace, config: SwarmConfig, log: logging.Logger, status: StatusReporter
 ) -> int:
@@ -157,6 +186,7 @@ def run(
     versions = Versions(weights, config, log, stop)
     threading.Thread(target=versions.follow, name="weights", daemon=True).start()
     banned: set[str] = set()
+    poster = ThreadPoolExecutor(max(1, args.claim), thread_name_prefix="verdicts")
     try:
         with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
             status.set(state="waiting for submissions")
@@ -186,23 +216,18 @@ def run(
                 started = time.perf_counter()
                 results = judge_many(pending, env, versions, config.toploc)
                 status.add(replay_seconds=time.perf_counter() - started, replays=len(pending))
+                verdicts = [r.verdict for r in results if r.verdict is not None]
+                receipts = iter(post_verdicts(pool, args.pool, verdicts, poster, swarm, log))
                 for sub, result in zip(pending, results, strict=True):
                     if result.verdict is None:
                         log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
                         status.add(deferred=1)
                         continue
                     verdict = result.verdict
-                    try:
-                        receipt = retry(
-                            lambda v=verdict: pool.verdict(args.pool, v),
-                            "post verdict",
-                            log,
-                            give_up_s=swarm.give_up_s,
-                            pause_s=swarm.retry_s,
-                        )
-                    except PeerError as exc:  # the pool refused it
+                    receipt = next(receipts)
+                    if isinstance(receipt, PeerError):  # the pool refused it
                         # e.g. the submission was dropped when its node was banned meanwhile
-                        log.info("verdict on %s not recorded: %s", sub.submission_id, exc)
+                        log.info("verdict on %s not recorded: %s", sub.submission_id, receipt)
                         status.add(superseded=1)
                         continue
                     if verdict.accept and receipt.status == "rejected":  # the node's evidence
@@ -248,6 +273,7 @@ def run(
 
     finally:
         stop.set()  # ends the version follower
+        poster.shutdown(wait=True)
         versions.close()  # the follower only downloads files: no engine of its to wait for
 
 

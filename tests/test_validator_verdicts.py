@@ -1,0 +1,109 @@
+"""A validator posts a batch's verdicts side by side: across a far link a batch costs one round
+trip, not one per verdict; the answers come back in the verdicts' order, a refusal in its
+place, and a peer that stays away is still raised."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from swarmrl.config.swarm import SwarmSection
+from swarmrl.errors import PeerError, WaitTimeout
+from swarmrl.identity import KeyPair
+from swarmrl.pool.client import PoolClient
+from swarmrl.protocol.pool import PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict, VerdictReceipt
+from swarmrl.roles.validator.process import post_verdicts
+from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
+
+POOL = "vv"
+LOG = logging.getLogger("test")
+
+
+class HeldTogether(PoolClient):
+    """A real client whose verdicts wait at a barrier before they are sent: a batch posted one
+    after another never gets past it (the barrier breaks after ``timeout`` s)."""
+
+    def __init__(self, *args, parties: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.barrier = threading.Barrier(parties, timeout=10)
+
+    def verdict(self, pool_id: str, verdict: Verdict) -> VerdictReceipt:
+        self.barrier.wait()
+        return super().verdict(pool_id, verdict)
+
+
+def _submitted(server_url: str, nodes: int) -> list[str]:
+    """One unit submitted by each of ``nodes`` fresh nodes; their submission ids."""
+    ids = []
+    for _ in range(nodes):
+        node = PoolClient(server_url, KeyPair.generate())
+        node.join(POOL, CPU_NODE)
+        work = node.lease(POOL).work
+        sub = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+        ids.append(node.submit(POOL, sub).submission_id)
+    return ids
+
+
+def test_a_batch_of_verdicts_is_posted_side_by_side_and_answered_in_order(tmp_path):
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    spec = PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=20,
+        open=True,
+        sampling=SamplingParams(max_new_tokens=2),
+        validators=[validator.public_key_hex],
+        validated_fraction=1.0,
+    )
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        ids = _submitted(server.url, 3)
+        checker = HeldTogether(server.url, validator, parties=4)
+        pending = {p.submission_id: p for p in checker.claim(POOL)}
+        assert set(pending) == set(ids)
+        verdicts = [
+            Verdict(
+                submission_id=sid,
+                accept=True,
+                measured_tokens=2,
+                behaviour_logprobs=[s.logprobs for s in pending[sid].samples],
+            )
+            for sid in ids[:2]
+        ]
+        # a verdict on a unit that does not exist is refused by the pool: its refusal comes
+        # back in its place, the others still recorded
+        verdicts.insert(1, Verdict(submission_id="f" * 32, accept=True, measured_tokens=2))
+        verdicts.append(
+            Verdict(
+                submission_id=ids[2],
+                accept=False,
+                reasons=["sampling replay mismatch"],
+                measured_tokens=0,
+            )
+        )
+        swarm = SwarmSection(give_up_s=5, retry_s=0.1)
+        with ThreadPoolExecutor(4) as poster:
+            answers = post_verdicts(checker, POOL, verdicts, poster, swarm, LOG)
+        assert isinstance(answers[1], PeerError)
+        assert [a.submission_id for a in (answers[0], answers[2], answers[3])] == ids
+        assert [a.status for a in (answers[0], answers[2], answers[3])] == [
+            "accepted",
+            "accepted",
+            "rejected",
+        ]
+        assert not checker.barrier.broken  # all four were in flight at once
+
+
+def test_a_verdict_whose_orchestrator_stays_away_is_raised_not_returned(tmp_path):
+    validator = KeyPair.generate()
+    with local_orchestrator(tmp_path / "run") as server:
+        url = server.url
+    gone = PoolClient(url, validator, timeout_s=1)  # the server above has stopped
+    swarm = SwarmSection(give_up_s=1, retry_s=0.2)
+    verdict = Verdict(submission_id="a" * 32, accept=True, measured_tokens=1)
+    with ThreadPoolExecutor(2) as poster, pytest.raises(WaitTimeout):
+        post_verdicts(gone, POOL, [verdict, verdict], poster, swarm, LOG)
