@@ -34,7 +34,7 @@ Knows nothing about HTTP, disks or how digests are computed (see ``swarmrl.shard
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -143,3 +143,8 @@ class VersionList(_Wire):
 
     latest: int | None = Field(description="Highest version listed; None when there is none.")
     versions: list[VersionInfo] = Field(description="Versions on this server, oldest first.")
+    manifest: dict[str, Any] | None = Field(
+        None,
+        description="The long-poll's answer to ``manifest=1``: the signed manifest of ``latest``, "
+        "verified by the client as if fetched from ``/v/{latest}/manifest``; absent otherwise.",
+    )

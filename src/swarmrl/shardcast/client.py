@@ -2,8 +2,11 @@
 
 ``WeightClient(sources, publisher_key_hex, out_root).fetch("latest")`` returns the path of a
 ready checkpoint directory (``out_root/vNNNNNNNN``); ``wait_for_newer(timeout_s)`` blocks on
-the sources' long-poll until a newer version is announced. A fetch resolves the version,
-takes its manifest from the best source that serves a valid one (signed by a trusted
+the sources' long-poll until a newer version is announced (each source sends the version's
+signed manifest with its notice, and the next ``fetch("latest")``, within ``NOTICE_FRESH_S``,
+takes that version and those manifests without listing every source or asking for the
+manifest again: two round trips less per version across a far link). A fetch resolves the
+version, takes its manifest from the best source that serves a valid one (signed by a trusted
 publisher, the version asked for, not older than what is held), assembles the files in a
 partial directory (see ``assemble``), and renames it into place only once every shard is
 verified. Any failure removes the partial directory and raises: a ``PeerError`` when peers
@@ -20,14 +23,16 @@ Knows nothing about torch or how the worker loads the weights.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import (
@@ -49,6 +54,8 @@ from swarmrl.shardcast.writers import DirectFileWriter, FileWriter
 log = logging.getLogger(__name__)
 
 MANIFEST_LIMIT = 64 << 20
+# a long-poll's notice stands in for listing the sources this long (seconds) after it came
+NOTICE_FRESH_S = 5.0
 UNBACKED_PAUSE_S = (0.5, 30.0)  # first and longest pause on a source after an unbacked notice
 HELD_HEADER = "X-Shardcast-Held-Version"
 CLIENT_HEADER = "X-Shardcast-Client"
@@ -85,14 +92,23 @@ def fetch_manifest(
     held: int | None,
     allow_rollback: bool,
     timeout_s: float | None = None,
+    offered: Mapping[str, dict[str, Any]] | None = None,
 ) -> Manifest:
-    """The first valid manifest of ``version`` among the sources (bad ones are reported)."""
+    """The first valid manifest of ``version`` among the sources (bad ones are reported).
+    ``offered``: manifests of ``version`` sources sent inline with a long-poll's answer (by
+    source url), each taken and judged as that source's answer, with no request of its own."""
     problems: list[str] = []
     statuses: list[int] = []  # HTTP answers other than 200 (410: pruned, it will not return)
     last_peer_error: PeerError | None = None
     for url in pool.ordered():
+        body: bytes | dict[str, Any]
         try:
-            status, body = conns.get_bytes(url, f"/v/{version}/manifest", MANIFEST_LIMIT, timeout_s)
+            if offered and url in offered:
+                status, body = 200, offered[url]
+            else:
+                status, body = conns.get_bytes(
+                    url, f"/v/{version}/manifest", MANIFEST_LIMIT, timeout_s
+                )
         except (OSError, http.client.HTTPException) as exc:
             pool.failure(url, exc)
             problems.append(f"{url}: {exc}")
@@ -152,6 +168,10 @@ class WeightClient:
         self.writer = writer
         self.last_report: AssemblyReport | None = None
         self._advertised: dict[str, int] = {}  # the latest each source listed last time
+        # what the last long-poll announced: (version, monotonic time), taken by the next
+        # fetch("latest") while fresh, and the manifests sources sent with their notices
+        self._notice: tuple[int, float] | None = None
+        self._offers: dict[str, tuple[int, dict[str, Any]]] = {}
         self._strikes: dict[str, int] = {}  # unbacked announcements in a row, per source
         self._lock = threading.Lock()
         if self.config.recheck_on_start:  # a damaged held version is fetched again, not loaded
@@ -231,17 +251,19 @@ class WeightClient:
         """Make ``version`` ready under ``out_root`` and return its directory.
 
         With ``"latest"``, a version some source advertises but none can back with a valid
-        manifest (a lying relay) is skipped for the next highest advertised one.
+        manifest (a lying relay) is skipped for the next highest advertised one; the version a
+        long-poll just announced is tried first, and the sources are listed only if it fails.
         """
         held = self.held_version()
-        candidates = self.advertised_versions() if version == "latest" else [int(version)]
-        if held is not None and candidates[0] < held and not allow_rollback:
+        candidates = self._candidates(version, held)
+        first = next(candidates)
+        if held is not None and first < held and not allow_rollback:
             raise ReplayedRequest(
-                f"refusing rollback to v{candidates[0]}: v{held} is already held "
+                f"refusing rollback to v{first}: v{held} is already held "
                 "(allow_rollback=True to go back)"
             )
         first_error: PeerError | PeerUnavailable | None = None
-        for target in candidates:
+        for target in itertools.chain([first], candidates):
             ready = store.ready_dir(self.out_root, target)
             if store.manifest_path(ready).is_file():
                 return ready
@@ -255,6 +277,7 @@ class WeightClient:
                     self.trusted,
                     held=held,
                     allow_rollback=allow_rollback,
+                    offered=self._offers_for(target),
                 )
             except (PeerError, PeerUnavailable) as exc:  # advertised, but nobody backs it
                 self._judge_sources(target, backed=False)
@@ -270,6 +293,32 @@ class WeightClient:
         if first_error is None:
             first_error = ReplayedRequest(f"no advertised version is newer than the held v{held}")
         raise first_error
+
+    def _candidates(self, version: int | str, held: int | None) -> Iterator[int]:
+        """The versions :meth:`fetch` tries, in order: ``version`` itself; for "latest", the
+        one the last long-poll announced while its notice is fresh (no listing round trip to
+        every source), then what the sources list, highest first."""
+        if version != "latest":
+            yield int(version)
+            return
+        noticed = self._take_notice()
+        if noticed is not None and (held is None or noticed > held):
+            yield noticed
+        yield from (v for v in self.advertised_versions() if v != noticed)
+
+    def _take_notice(self) -> int | None:
+        """The version the last long-poll announced, once, while fresh (a later fetch lists
+        the sources again)."""
+        with self._lock:
+            notice, self._notice = self._notice, None
+        if notice is None or time.monotonic() - notice[1] > NOTICE_FRESH_S:
+            return None
+        return notice[0]
+
+    def _offers_for(self, version: int) -> dict[str, dict[str, Any]]:
+        """The manifests of ``version`` sources sent with their notices, by source."""
+        with self._lock:
+            return {url: m for url, (v, m) in self._offers.items() if v == version}
 
     def wait_for_newer(self, than: int | None = None, timeout_s: float = 60.0) -> int:
         """Block until some source announces a version newer than ``than`` (default: held).
@@ -294,17 +343,22 @@ class WeightClient:
                 try:
                     resp = conns.get(
                         url,
-                        f"/versions/wait?after={after}&timeout={hold:.2f}",
+                        f"/versions/wait?after={after}&timeout={hold:.2f}&manifest=1",
                         self._headers(),
                         timeout_s=hold + 10,
                     )
                     body = resp.read(MANIFEST_LIMIT)
-                    latest = parse_version_list(body).latest if resp.status == 200 else None
+                    listing = parse_version_list(body) if resp.status == 200 else None
                 except (OSError, http.client.HTTPException, PeerError):
                     conns.close_all()
                     stop.wait(min(1.0, max(0.0, deadline - time.monotonic())))
                     continue
-                if latest is not None and latest > after:
+                latest = None if listing is None else listing.latest
+                if listing is not None and latest is not None and latest > after:
+                    with self._lock:
+                        self._advertised[url] = latest
+                        if listing.manifest is not None:
+                            self._offers[url] = (latest, listing.manifest)
                     found.put(latest)
                     return
             conns.close_all()
@@ -313,7 +367,10 @@ class WeightClient:
         for thread in threads:
             thread.start()
         try:
-            return found.get(timeout=timeout_s)
+            latest = found.get(timeout=timeout_s)
+            with self._lock:
+                self._notice = (latest, time.monotonic())
+            return latest
         except queue.Empty:
             raise WaitTimeout(
                 f"no version newer than v{after} announced by {self.pool.urls} within {timeout_s:.1f}s"

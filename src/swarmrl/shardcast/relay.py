@@ -1,7 +1,9 @@
 """A relay: follow upstreams (origin or relays) and re-serve what they publish, verified.
 
 One watcher thread per upstream holds a long-poll (``/versions/wait``) open, so a new version
-is known the moment its upstream knows it; each upstream's announcement is kept apart, so one
+is known the moment its upstream knows it, its signed manifest sent with the notice (one round
+trip less across a far link; judged like a fetched one, a bad one counting against the upstream
+that sent it); each upstream's announcement is kept apart, so one
 that announces a version it cannot back (a lying or broken relay) delays nobody else. A
 replication thread then takes the newest announced version that no upstream has yet failed to
 back with a validly signed manifest (such a version is set aside, with a growing cool-down,
@@ -24,6 +26,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.errors import DiskWriteError, InfraError, PeerError
@@ -76,6 +79,9 @@ class Follower:
         self.errors: deque[str] = deque(maxlen=ERRORS_KEPT)  # newest replication failures
         self._reported = 0
         self._announced = {url: -1 for url in self.pool.urls}  # newest version each announced
+        # the manifest each upstream sent with its newest notice: (version, manifest as sent),
+        # judged when that version is replicated as if fetched from that upstream
+        self._offered: dict[str, tuple[int, dict[str, Any]]] = {}
         # version -> (monotonic time it may be tried again, failures so far)
         self._unbacked: dict[int, tuple[float, int]] = {}
         self._strikes = {url: 0 for url in self.pool.urls}  # its unbacked notices in a row
@@ -127,14 +133,15 @@ class Follower:
             try:
                 resp = conns.get(
                     url,
-                    f"/versions/wait?after={self._announced[url]}&timeout={hold}",
+                    f"/versions/wait?after={self._announced[url]}&timeout={hold}&manifest=1",
                     headers,
                     timeout_s=hold + 10,
                 )
                 body = resp.read(MANIFEST_LIMIT)
                 if resp.status != 200:
                     raise OSError(f"HTTP {resp.status}")
-                latest = parse_version_list(body).latest
+                listing = parse_version_list(body)
+                latest = listing.latest
                 backoff = 0.2
             except (OSError, http.client.HTTPException, PeerError) as exc:
                 conns.close_all()
@@ -146,6 +153,8 @@ class Follower:
                 with self._cv:
                     if latest > self._announced[url]:
                         self._announced[url] = latest
+                        if listing.manifest is not None:
+                            self._offered[url] = (latest, listing.manifest)
                         self._cv.notify_all()
                     # poll again once this notice is dealt with (replicating, held or set
                     # aside), so an upstream answering at once with ever newer versions cannot
@@ -238,7 +247,10 @@ class Follower:
                 backoff = min(backoff * 2, 30.0)
 
     def _manifest(self, version: int) -> Manifest:
-        """The signed manifest of ``version`` from the first upstream that backs it."""
+        """The signed manifest of ``version`` from the first upstream that backs it (one sent
+        with an upstream's notice is judged first, in that upstream's place, with no request)."""
+        with self._cv:
+            offered = {url: m for url, (v, m) in self._offered.items() if v == version}
         return fetch_manifest(
             self.pool,
             self.conns,
@@ -246,6 +258,7 @@ class Follower:
             self.trusted,
             held=self._held(),
             allow_rollback=False,
+            offered=offered,
         )
 
     def replicate(self, version: int) -> None:

@@ -7,7 +7,10 @@ Routes::
     GET /metrics                        Prometheus text format (``shardcast.metrics``)
     GET /versions                       VersionList
     GET /versions/wait?after=N&timeout=S   long-poll: answers as soon as a version > N is
-                                        known, or after S seconds with the current list
+                                        known, or after S seconds with the current list;
+                                        ``&manifest=1``: with the newest version's signed
+                                        manifest inline (``manifest``) when it is newer than N,
+                                        so a far client saves the manifest's round trip
     GET /clients                        the version each client last reported
     GET /v/{version}/manifest           the signed manifest (JSON); 410 when pruned
     GET /v/{version}/shard/{index}      shard bytes; single-range ``Range`` supported
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -219,7 +223,8 @@ def build_app(
         refused = _client_report(request, catalog)
         if refused is not None:
             return refused
-        return JSONResponse(catalog.version_list().model_dump(mode="json"))
+        catalog.count("listings_served_total")
+        return JSONResponse(catalog.version_list().model_dump(mode="json", exclude={"manifest"}))
 
     async def versions_wait(request: Request) -> Response:
         refused = _client_report(request, catalog)
@@ -238,7 +243,12 @@ def build_app(
             latest = catalog.latest()
             left = deadline - time.monotonic()
             if (latest is not None and latest > after) or left <= 0 or catalog.closing:
-                return JSONResponse(catalog.version_list().model_dump(mode="json"))
+                body = catalog.version_list().model_dump(mode="json", exclude={"manifest"})
+                entry = catalog.get(latest) if latest is not None and latest > after else None
+                if entry is not None and request.query_params.get("manifest") == "1":
+                    catalog.count("manifests_inline_total")
+                    body["manifest"] = json.loads(entry.manifest_json)
+                return JSONResponse(body)
             await catalog.wait_change(left)
 
     async def clients(request: Request) -> Response:
