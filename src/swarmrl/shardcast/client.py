@@ -353,13 +353,12 @@ class WeightClient:
                     conns.close_all()
                     stop.wait(min(1.0, max(0.0, deadline - time.monotonic())))
                     continue
-                latest = None if listing is None else listing.latest
-                if listing is not None and latest is not None and latest > after:
+                if listing is not None and listing.latest is not None and listing.latest > after:
                     with self._lock:
-                        self._advertised[url] = latest
+                        self._advertised[url] = listing.latest
                         if listing.manifest is not None:
-                            self._offers[url] = (latest, listing.manifest)
-                    found.put(latest)
+                            self._offers[url] = (listing.latest, listing.manifest)
+                    found.put(listing.latest)
                     return
             conns.close_all()
 

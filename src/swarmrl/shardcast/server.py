@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -199,6 +198,17 @@ def _client_report(request: Request, catalog: Catalog) -> Response | None:
     return None
 
 
+def _listing(catalog: Catalog, inline: ServedVersion | None = None) -> Response:
+    """The catalog's version list as JSON; with ``inline``, that version's signed manifest
+    spliced in (``manifest``) as the bytes it was stored as: every client parked on a long-poll
+    is answered at once when a version arrives, so the manifest is not decoded and encoded again
+    per answer."""
+    body = catalog.version_list().model_dump_json(exclude={"manifest"}).encode()
+    if inline is not None:
+        body = body[:-1] + b',"manifest":' + inline.manifest_json + b"}"
+    return Response(body, media_type="application/json")
+
+
 def build_app(
     catalog: Catalog,
     config: ShardcastConfig | None = None,
@@ -224,7 +234,7 @@ def build_app(
         if refused is not None:
             return refused
         catalog.count("listings_served_total")
-        return JSONResponse(catalog.version_list().model_dump(mode="json", exclude={"manifest"}))
+        return _listing(catalog)
 
     async def versions_wait(request: Request) -> Response:
         refused = _client_report(request, catalog)
@@ -242,13 +252,13 @@ def build_app(
         while True:
             latest = catalog.latest()
             left = deadline - time.monotonic()
-            if (latest is not None and latest > after) or left <= 0 or catalog.closing:
-                body = catalog.version_list().model_dump(mode="json", exclude={"manifest"})
-                entry = catalog.get(latest) if latest is not None and latest > after else None
-                if entry is not None and request.query_params.get("manifest") == "1":
+            newer = latest is not None and latest > after
+            if newer or left <= 0 or catalog.closing:
+                asked = newer and request.query_params.get("manifest") == "1"
+                entry = catalog.get(latest) if asked and latest is not None else None
+                if entry is not None:
                     catalog.count("manifests_inline_total")
-                    body["manifest"] = json.loads(entry.manifest_json)
-                return JSONResponse(body)
+                return _listing(catalog, entry)
             await catalog.wait_change(left)
 
     async def clients(request: Request) -> Response:
