@@ -18,7 +18,7 @@ from swarmrl.roles.worker.versions import store_version
 from swarmrl.shardcast import Publisher, WeightClient
 from swarmrl.shardcast import client as client_module
 from swarmrl.shardcast.catalog import Catalog
-from swarmrl.shardcast.client import connections, fetch_manifest
+from swarmrl.shardcast.client import connections, fetch_manifest, parse_version_list
 from swarmrl.shardcast.relay import Follower
 from swarmrl.shardcast.transport import SourcePool
 from swarmrl.testing.shardcast import random_weights, serve_store, write_checkpoint
@@ -160,3 +160,39 @@ def test_a_client_fetches_the_version_a_long_poll_announced_without_listing_or_a
         assert _metrics(origin.url)["shardcast_listings_served_total"] == listed + 1
     finally:
         origin.stop()
+
+
+NASTY_LISTINGS = [
+    b'{"latest":1,"versions":[],"manifest":5}',
+    b'{"latest":1,"versions":[],"manifest":{"a":NaN}}',
+    b'{"latest":1,"versions":[],"manifest":{"a":"\\ud800"}}',
+    b'{"latest":1,"versions":[],"manifest":{"a\\u0000":"\\u0000"}}',
+    b'{"latest":1,"versions":[],"manifest":' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}",
+    b'{"latest":1,"versions":[],"manifest":{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+]
+
+
+@pytest.mark.parametrize("raw", NASTY_LISTINGS, ids=range(len(NASTY_LISTINGS)))
+def test_a_nasty_inline_manifest_is_a_peer_error_and_nothing_is_installed(tmp_path, raw):
+    """What a source may send with its notice: a listing the client cannot parse is a
+    PeerError; one it can parse carries a manifest that is refused, reported against its sender,
+    and the next source serves the real one."""
+    _published(tmp_path)
+    good = serve_store(tmp_path / "origin", CFG)
+    liar = "http://127.0.0.1:9"
+    try:
+        try:
+            listing = parse_version_list(raw)
+        except PeerError:
+            return  # refused whole, as a malformed listing always was
+        conns = connections(CFG, {})
+        pool = SourcePool([liar, good.url])
+        pool.ordered = lambda: [liar, good.url]
+        manifest = fetch_manifest(
+            pool, conns, 1, [KEY.public_key_hex], held=None, allow_rollback=False,
+            offered={liar: listing.manifest},
+        )  # fmt: skip
+        assert manifest.version == 1
+        assert [(r.source, r.what) for r in pool.reports] == [(liar, "manifest")]
+    finally:
+        good.stop()
