@@ -22,7 +22,9 @@ submissions a worker was told were taken in that the pool's final account lacks,
 held-out accuracy (100 problems, greedy) before and after RL: whether the run learnt across
 its links.
 
-Usage (as root): ``python bench/swarm_hosts.py [--runs 2] [--scenarios clean wan ...]``.
+Usage (as root): ``python bench/swarm_hosts.py [--runs 2] [--scenarios clean wan ...] [--steps 8]``
+(``--steps``: RL steps per run; a run's first step also waits for the workers to join and
+fetch their first version, a share of s/step that more steps make smaller).
 """
 
 from __future__ import annotations
@@ -118,6 +120,11 @@ def figures(outcome: Outcome) -> dict[str, float]:
     )
     return {
         "s_per_step": outcome.seconds_per_step(),
+        # the steps after the first (which also waits for the workers to join and fetch)
+        "later_s_per_step": (
+            float(outcome.metrics[-1]["wall_time"]) - float(outcome.metrics[0]["wall_time"])
+        )
+        / max(1, len(outcome.metrics) - 1),
         "wasted": swarm["wasted_share"] or 0.0,
         "rejected": counts["rejected"],
         "staleness_max": max(row["staleness_max"] for row in outcome.metrics),
@@ -140,7 +147,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     parser.add_argument("--timeout-s", type=float, default=300)
+    parser.add_argument("--steps", type=int, default=CONFIG["rl"]["steps"])
     args = parser.parse_args()
+    CONFIG["rl"]["steps"] = args.steps
     results: dict[str, list[dict[str, float]]] = {name: [] for name in args.scenarios}
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
@@ -159,20 +168,21 @@ def main() -> None:
                 )
                 results[name].append(figures(outcome))
                 print(f"{name} run {round_}: {results[name][-1]}", flush=True)
-    base = (
-        statistics.median(r["s_per_step"] for r in results.get("clean", []))
-        if ("clean" in results)
-        else None
-    )
+    clean = results.get("clean")
+    base = statistics.median(r["s_per_step"] for r in clean) if clean else None
+    later_base = statistics.median(r["later_s_per_step"] for r in clean) if clean else None
     steps = CONFIG["rl"]["steps"]
     rows = CONFIG["rl"]["prompts_per_step"] * CONFIG["rl"]["group_size"]
     print(f"\n{steps} RL steps of {rows} rollouts, 2 workers, {args.runs} runs each")
     for name, runs in results.items():
         sps = [r["s_per_step"] for r in runs]
+        later = [r["later_s_per_step"] for r in runs]
         ratio = f", {statistics.median(sps) / base:.2f}× clean" if base else ""
+        later_ratio = f", {statistics.median(later) / later_base:.2f}×" if later_base else ""
         print(
             f"{name:10s} s/step {statistics.median(sps):.2f} ({min(sps):.2f}–{max(sps):.2f})"
-            f"{ratio}; wasted {statistics.median(r['wasted'] for r in runs):.0%}; "
+            f"{ratio}; after the first step {statistics.median(later):.2f} "
+            f"({min(later):.2f}–{max(later):.2f}){later_ratio}; wasted {statistics.median(r['wasted'] for r in runs):.0%}; "
             f"rejected {sum(r['rejected'] for r in runs):.0f}; "
             f"max staleness {max(r['staleness_max'] for r in runs):.0f}; "
             f"lost {sum(r['lost'] for r in runs):.0f}; "

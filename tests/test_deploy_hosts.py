@@ -17,7 +17,11 @@ from swarmrl.testing.hosts import TestBed, unavailable_reason
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
 NO_BED = unavailable_reason()
-pytestmark = [pytest.mark.skipif(NO_BED is not None, reason=NO_BED or ""), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(NO_BED is not None, reason=NO_BED or ""),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("netns"),  # the test beds share one subnet: one at a time
+]
 
 # the page's my.toml: configs/arith.toml made small enough to run in seconds
 SMALL = {

@@ -22,6 +22,8 @@ from swarmrl.testing.hosts import (
 from swarmrl.testing.linkproxy import Impairment, LinkProxy
 
 NO_BED = unavailable_reason()
+# the test beds share one subnet (10.237.0.0/24): under pytest-xdist, one at a time
+pytestmark = pytest.mark.xdist_group("netns")
 needs_bed = pytest.mark.skipif(NO_BED is not None, reason=NO_BED or "")
 needs_cpu = pytest.mark.skipif(
     NO_BED is not None or cpu_unavailable_reason() is not None,

@@ -23,7 +23,11 @@ from swarmrl.testing.hosts import (
 from test_deploy_hosts import PAGE, small_config
 
 NO_BED = unavailable_reason() or cpu_unavailable_reason()
-pytestmark = [pytest.mark.skipif(NO_BED is not None, reason=NO_BED or ""), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(NO_BED is not None, reason=NO_BED or ""),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("netns"),  # the test beds share one subnet: one at a time
+]
 ASYNC_LEVEL = 2  # configs/arith.toml's rl.async_level
 WAN = {"delay_ms": 75, "jitter_ms": 5, "reset_probability": 0.02}
 SLOW_LINK = {"up_mbit": 20, "down_mbit": 20}
