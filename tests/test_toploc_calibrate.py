@@ -19,8 +19,8 @@ from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
 from swarmrl.toploc import thresholds
-from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
-from swarmrl.toploc.verify import Verifier, load_thresholds
+from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds, load_thresholds
+from swarmrl.toploc.verify import Verifier
 
 
 @pytest.mark.slow

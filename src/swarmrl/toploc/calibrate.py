@@ -37,9 +37,8 @@ from swarmrl.inference.types import Generation
 from swarmrl.protocol import SamplingParams
 from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks
 from swarmrl.toploc.hidden import compare_chunks
-from swarmrl.toploc.prefill import prefill_many
+from swarmrl.toploc.prefill import Replayer, prefill_many
 from swarmrl.toploc.replay import replay_sampling
-from swarmrl.toploc.verify import Replayer
 
 
 @torch.no_grad()

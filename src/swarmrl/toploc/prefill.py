@@ -14,13 +14,23 @@ Per row the result equals ``engine.prefill`` up to float rounding of batched ker
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from swarmrl.inference.types import Prefill, check_token_ids
 
 Pair = tuple[Sequence[int], Sequence[int]]
+
+
+class Replayer(Protocol):
+    """What the verifier needs from an engine: one prefill of a fixed prompt + completion.
+
+    Engines that also expose ``backbone``, ``fast_path``, ``pad_id`` and ``device`` (as
+    ``TorchEngine`` does) are replayed in batches (:func:`prefill_many`).
+    """
+
+    def prefill(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> Prefill: ...
 
 
 def _batches(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:

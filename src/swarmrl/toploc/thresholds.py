@@ -16,7 +16,8 @@ Document (also what ``swarmrl toploc calibrate`` writes)::
      "margin": {"rel": 1.0, "abs_ulps": 1.0},
      "thresholds": {"min_exponent_matches": 126, "max_mantissa_mean": 1.0, ...}}
 
-Knows nothing about pools, roles or the command line.
+``load_thresholds`` reads such a document back into a ``ToplocConfig`` (the keys in
+``THRESHOLD_KEYS``). Knows nothing about pools, roles or the command line.
 """
 
 from __future__ import annotations
@@ -35,13 +36,37 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from swarmrl.config.toploc import ToplocConfig
-from swarmrl.errors import UserError
+from swarmrl.errors import MissingPathError, UserError
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model.io import DType, load_policy
 from swarmrl.protocol import SamplingParams
 from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
 
 FORMAT = 1  # bump when the calibration recipe changes, so cached documents are not reused
+
+THRESHOLD_KEYS = (
+    "min_exponent_matches",
+    "max_mantissa_mean",
+    "max_mantissa_median",
+    "sampling_tolerance",
+    "top_p_tolerance",
+    "logprob_tolerance",
+)
+
+
+def load_thresholds(config: ToplocConfig) -> ToplocConfig:
+    """``config`` with the thresholds of ``config.thresholds_path`` (calibrate's JSON) applied."""
+    if config.thresholds_path is None:
+        return config
+    path = Path(config.thresholds_path)
+    if not path.is_file():
+        raise MissingPathError(f"toploc thresholds file not found: {path}")
+    try:
+        values = json.loads(path.read_text())["thresholds"]
+        update = {k: values[k] for k in THRESHOLD_KEYS if k in values}
+        return ToplocConfig.model_validate({**config.model_dump(), **update})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path} is not a toploc thresholds file ({exc})") from exc
 
 
 @dataclass(frozen=True)

@@ -24,20 +24,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from pydantic import ValidationError
 
 from swarmrl.config.toploc import ToplocConfig
-from swarmrl.errors import BadProof, BadSignature, MissingPathError, UserError
+from swarmrl.errors import BadProof, BadSignature
 from swarmrl.identity import canonical_json, verify_signature
 from swarmrl.inference.types import Prefill
 from swarmrl.protocol import SamplingParams
@@ -53,13 +51,14 @@ from swarmrl.protocol.proofs import (
 from swarmrl.toploc.bundle import binding_digest
 from swarmrl.toploc.encoding import chunk_count, decode_chunks
 from swarmrl.toploc.hidden import ChunkAgreement, compare_chunks
-from swarmrl.toploc.prefill import prefill_many
+from swarmrl.toploc.prefill import Replayer, prefill_many
 from swarmrl.toploc.replay import (
     SamplingReplay,
     check_logprobs,
     replay_sampling_many,
     termination_problems,
 )
+from swarmrl.toploc.thresholds import load_thresholds
 
 log = logging.getLogger(__name__)
 
@@ -69,40 +68,6 @@ Scorer = Callable[[Sequence[int], Sequence[int]], float]
 # the largest mantissa error of one entry (7 bits of a bfloat16): what one top-k index ranked
 # differently by prover and validator can add to a chunk's sum (``_chunk_passes``)
 MAX_MANTISSA_ERROR = 127
-
-THRESHOLD_KEYS = (
-    "min_exponent_matches",
-    "max_mantissa_mean",
-    "max_mantissa_median",
-    "sampling_tolerance",
-    "top_p_tolerance",
-    "logprob_tolerance",
-)
-
-
-class Replayer(Protocol):
-    """What the verifier needs from an engine: one prefill of a fixed prompt + completion.
-
-    Engines that also expose ``backbone``, ``fast_path``, ``pad_id`` and ``device`` (as
-    ``TorchEngine`` does) are replayed in batches (``swarmrl.toploc.prefill``).
-    """
-
-    def prefill(self, prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> Prefill: ...
-
-
-def load_thresholds(config: ToplocConfig) -> ToplocConfig:
-    """``config`` with the thresholds of ``config.thresholds_path`` (calibrate's JSON) applied."""
-    if config.thresholds_path is None:
-        return config
-    path = Path(config.thresholds_path)
-    if not path.is_file():
-        raise MissingPathError(f"toploc thresholds file not found: {path}")
-    try:
-        values = json.loads(path.read_text())["thresholds"]
-        update = {k: values[k] for k in THRESHOLD_KEYS if k in values}
-        return ToplocConfig.model_validate({**config.model_dump(), **update})
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path} is not a toploc thresholds file ({exc})") from exc
 
 
 @dataclass
