@@ -441,6 +441,50 @@ def test_the_trainers_progress_is_its_own_to_tell(pool, tmp_path):
         TrainerProgress(batched_through=-1)
 
 
+def test_a_node_not_at_its_turn_for_a_starving_grant_gets_what_the_ordinary_rules_allow(
+    db_url, tmp_path
+):
+    """The grant a starving trainer forces goes by turns, but it only adds to the ordinary
+    rules: a node whose turn it is not, asking while the demand leaves room, is served as it
+    would be were the trainer fed, not told to wait for the other node (which, across a slow
+    link, held each node back a retry and a round trip at every other unit)."""
+    orch, owner, a_key, b_key = (KeyPair.generate() for _ in range(4))
+    cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
+    with local_orchestrator(tmp_path / "run", orch, cfg) as server:
+        now = [time.time()]
+        server.ctx.clock = lambda: now[0]  # one instant: the trainer starves throughout
+        spec = PoolSpec(
+            pool_id=POOL,
+            owner_key=owner.public_key_hex,
+            task_count=50,
+            open=True,
+            samples_per_task=2,
+            sampling=SamplingParams(max_new_tokens=2),
+            async_level=1,
+            validated_fraction=0.0,
+            min_tasks_per_lease=1,
+            max_tasks_per_lease=1,
+            max_leases_in_flight=64,
+        )
+        PoolClient(server.url, orch).create_pool(spec)
+        trainer = PoolClient(server.url, owner)
+        a, b = PoolClient(server.url, a_key), PoolClient(server.url, b_key)
+        for node in (a, b):
+            node.join(POOL, CPU_NODE)
+        trainer.set_version(POOL, 0, steps=10, tasks_per_step=100)  # room for far more
+        assert trainer.batch(POOL, step=0).submissions == []  # the trainer starves
+        first_a = a.lease(POOL).work  # nothing leased or pending: the forced grant, a's turn
+        first_b = b.lease(POOL).work  # a's lease is on its way: b by the ordinary rules
+        assert first_a is not None and first_b is not None
+        _submit(a, [first_a])
+        _submit(b, [first_b])
+        # nothing leased or pending again: the forced grant's turn is b's (never given one),
+        # and a, asking first, still has the room the demand leaves
+        again = a.lease(POOL)
+        assert again.work is not None, again.reason
+        assert b.lease(POOL).work is not None
+
+
 def test_a_pack_of_fresh_identities_cannot_take_every_grant_a_starving_trainer_forces(
     db_url, tmp_path
 ):

@@ -73,9 +73,12 @@ or by being new (:meth:`Askers.starving_turn`): among the nodes that asked while
 and asked again within :data:`ASKING_WITHIN_RETRIES` admission retries (so still wait), first
 the best record, ``min(accepted verdicts, probation length)`` (a node past probation outranks
 every fresh identity, and nodes past it are equals), then round-robin among equals (least
-recently granted such a unit first, never granted first), then the longest waiting. A node
-whose turn it is not is told to wait; a winner that stops asking drops out after that window,
-so a gone node delays the grant by that much at most. The askers are kept per server process,
+recently granted such a unit first, never granted first), then the longest waiting. The
+override only adds to the ordinary rules: a node whose turn it is not gets what they give it
+(room the demand leaves, the lift of :func:`unblock`) as if the trainer were fed, and is told to
+wait only where they give nothing (else, across a slow link, each node would wait a retry and a
+round trip at every other unit for the other's turn). A winner that stops asking drops out
+after that window, so a gone node delays the grant by that much at most. The askers are kept per server process,
 as the starvation signal is: with several processes a node competes where its requests land.
 
 Fair grants otherwise. Room for more work opens when the trainer takes a step, and whoever asks

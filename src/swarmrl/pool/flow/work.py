@@ -152,22 +152,26 @@ def lease(ctx: Context, pool_id: str, node_id: str) -> LeaseReply:
             record = min(row.accepted, max(1, ctx.config.probation_submissions))
             asks.ask(node_id, record, now, within)
         admitted = _admission(ctx, conn, spec, run, version, row.measured_tps, now, waiting_for)
+        not_its_turn = False
         if admitted.starving:
             asks = ctx.starving_asks[pool_id]
-            turn = asks.starving_turn()
-            if turn != node_id:
-                return _wait(
-                    ctx.config.admission_retry_s,
-                    "admission: the starving trainer's next unit goes to another waiting node "
-                    "first (accepted work first, then the least recently served)",
-                )
-            asks.granted(node_id, now)
+            if asks.starving_turn() == node_id:
+                asks.granted(node_id, now)
+            else:  # the forced grant is another node's; the ordinary rules still hold for it
+                not_its_turn = True
+                admitted = _admission(ctx, conn, spec, run, version, row.measured_tps, now, None)
         if admitted.covered:  # its own unchecked work may need this node's next submission
             own = progress.node_supply(conn, spec, version, node_id)
             rate = spotcheck.node_rate(conn, spec, node_id)
             admitted = admission.unblock(admitted, own, spec.min_tasks_per_lease, rate)
         ahead = queue.ahead_of(node_id)
         admitted = admission.fair_share(admitted, ahead, spec.min_tasks_per_lease)
+        if not admitted.tasks and not_its_turn:
+            return _wait(
+                ctx.config.admission_retry_s,
+                "admission: the starving trainer's next unit goes to another waiting node "
+                "first (accepted work first, then the least recently served)",
+            )
         if not admitted.tasks:
             return _wait(ctx.config.admission_retry_s, f"admission: {admitted.reason}")
         queue.granted(node_id, now)
