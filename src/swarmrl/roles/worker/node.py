@@ -27,6 +27,7 @@ Knows nothing about training or validation; it only produces rollouts and proofs
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 import threading
 import time
@@ -67,6 +68,12 @@ WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per 
 REJOIN_MAX_PAUSE_S = 30.0  # longest pause between attempts to rejoin after an ejection
 STALE_RETRY_MARGIN_S = 1.0  # a stale unit is generated again only with this much lease left
 DOWNLOAD_NOTE_S = 0.5  # longest block while waiting for a version, between checks for a stop
+
+
+def wait_kind(reason: str) -> str:
+    """What a wait is logged once a minute per: its reason with the figures left out, so each
+    admission rule gets its own line and one rule's changing counts share one."""
+    return re.sub(r"\d+(?:\.\d+)?", "#", reason)
 
 
 @dataclass
@@ -430,9 +437,9 @@ class WorkerNode:
         )
 
     def _wait(self, reason: str, retry_after_s: float) -> None:
-        """Told to wait: one log line per kind of reason and minute (not per retry), then the
-        bounded pause."""
-        kind, now = reason.split(":", 1)[0], time.monotonic()
+        """Told to wait: one log line per kind of reason (:func:`wait_kind`) and minute (not
+        per retry), then the bounded pause."""
+        kind, now = wait_kind(reason), time.monotonic()
         if now - self._wait_logged.get(kind, -WAIT_LOG_EVERY_S) >= WAIT_LOG_EVERY_S:
             self.log.info("no work for now (%s); asking again every %.1f s", reason, retry_after_s)
             self._wait_logged[kind] = now
