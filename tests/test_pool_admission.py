@@ -24,25 +24,29 @@ def pool(db_url, tmp_path):
     yield from _pool(db_url, tmp_path)
 
 
+def _spec(owner: KeyPair, **settings) -> PoolSpec:
+    """An open pool of one-task units, unchecked work accepted as it arrives (``settings``
+    override; ``async_level`` 1 unless given)."""
+    return PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=50,
+        open=True,
+        samples_per_task=2,
+        sampling=SamplingParams(max_new_tokens=2),
+        validated_fraction=0.0,
+        min_tasks_per_lease=1,
+        max_tasks_per_lease=1,
+        max_leases_in_flight=64,
+        **({"async_level": 1} | settings),
+    )
+
+
 def _pool(db_url, tmp_path, **spec_settings):
     orch, owner, node = (KeyPair.generate() for _ in range(3))
     cfg = PoolConfig(db_url=db_url, admission_retry_s=0.25)
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
-        settings = {"async_level": 1} | spec_settings
-        spec = PoolSpec(
-            pool_id=POOL,
-            owner_key=owner.public_key_hex,
-            task_count=50,
-            open=True,
-            samples_per_task=2,
-            sampling=SamplingParams(max_new_tokens=2),
-            validated_fraction=0.0,
-            min_tasks_per_lease=1,
-            max_tasks_per_lease=1,
-            max_leases_in_flight=64,
-            **settings,
-        )
-        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, orch).create_pool(_spec(owner, **spec_settings))
         worker = PoolClient(server.url, node)
         worker.join(POOL, CPU_NODE)
         yield PoolClient(server.url, owner), worker
@@ -453,20 +457,7 @@ def test_a_node_not_at_its_turn_for_a_starving_grant_gets_what_the_ordinary_rule
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
         now = [time.time()]
         server.ctx.clock = lambda: now[0]  # one instant: the trainer starves throughout
-        spec = PoolSpec(
-            pool_id=POOL,
-            owner_key=owner.public_key_hex,
-            task_count=50,
-            open=True,
-            samples_per_task=2,
-            sampling=SamplingParams(max_new_tokens=2),
-            async_level=1,
-            validated_fraction=0.0,
-            min_tasks_per_lease=1,
-            max_tasks_per_lease=1,
-            max_leases_in_flight=64,
-        )
-        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, orch).create_pool(_spec(owner))
         trainer = PoolClient(server.url, owner)
         a, b = PoolClient(server.url, a_key), PoolClient(server.url, b_key)
         for node in (a, b):
