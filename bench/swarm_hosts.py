@@ -8,6 +8,8 @@ with the page's command; needs root) of a small arith config; the scenarios are 
 - ``wan``: both workers behind 20 Mbit/s each way, 150 ms RTT (75 ms each way, ±5 ms jitter)
   and 2 % of connections reset (``swarmrl.testing.linkproxy``), 1 % of their packets dropped
   each way in the kernel (``Host.lose``: TCP retransmits them);
+- ``clean-serial``, ``wan-serial``: the same with ``swarm.lease_ahead = false`` (a worker asks
+  for its next unit only after its submission's receipt: two round trips a unit, not one);
 - ``relay-tier``: the trainer's host (its origin) behind a 20 Mbit/s link with 150 ms RTT to
   every other host, the relay on the workers' side (their first weight source);
 - ``relay-tier-lag1``: the same with ``swarm.lease_version_lag = 1`` (a lease may be generated
@@ -82,6 +84,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "wan": {
         "links": {"gpu1.lan": LOSSY_LINK, "gpu2.lan": LOSSY_LINK},
         "impair": {"gpu1.lan": WAN, "gpu2.lan": WAN},
+    },
+    # the same two, a worker asking for its next unit only after its submission's receipt
+    "clean-serial": {"config": {"swarm": {"lease_ahead": False}}},
+    "wan-serial": {
+        "links": {"gpu1.lan": LOSSY_LINK, "gpu2.lan": LOSSY_LINK},
+        "impair": {"gpu1.lan": WAN, "gpu2.lan": WAN},
+        "config": {"swarm": {"lease_ahead": False}},
     },
     "relay-tier": {
         "links": {"trainer.lan": SLOW_LINK},
@@ -168,16 +177,24 @@ def main() -> None:
                 )
                 results[name].append(figures(outcome))
                 print(f"{name} run {round_}: {results[name][-1]}", flush=True)
-    clean = results.get("clean")
-    base = statistics.median(r["s_per_step"] for r in clean) if clean else None
-    later_base = statistics.median(r["later_s_per_step"] for r in clean) if clean else None
+
+    def baseline(name: str) -> str:
+        """The clean scenario ``name`` is compared with: clean-serial for the -serial ones."""
+        return "clean-serial" if name.endswith("-serial") and "clean-serial" in results else "clean"
+
+    def median(name: str, key: str) -> float | None:
+        runs = results.get(name)
+        return statistics.median(r[key] for r in runs) if runs else None
+
     steps = CONFIG["rl"]["steps"]
     rows = CONFIG["rl"]["prompts_per_step"] * CONFIG["rl"]["group_size"]
     print(f"\n{steps} RL steps of {rows} rollouts, 2 workers, {args.runs} runs each")
     for name, runs in results.items():
+        compared = baseline(name)
+        base, later_base = median(compared, "s_per_step"), median(compared, "later_s_per_step")
         sps = [r["s_per_step"] for r in runs]
         later = [r["later_s_per_step"] for r in runs]
-        ratio = f", {statistics.median(sps) / base:.2f}× clean" if base else ""
+        ratio = f", {statistics.median(sps) / base:.2f}× {compared}" if base else ""
         later_ratio = f", {statistics.median(later) / later_base:.2f}×" if later_base else ""
         print(
             f"{name:10s} s/step {statistics.median(sps):.2f} ({min(sps):.2f}–{max(sps):.2f})"

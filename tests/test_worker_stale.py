@@ -27,18 +27,20 @@ from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_s
 POOL = "st"
 
 
-def spec(owner: KeyPair) -> PoolSpec:
-    return PoolSpec(
-        pool_id=POOL,
-        owner_key=owner.public_key_hex,
-        task_count=40,
-        open=True,
-        sampling=SamplingParams(max_new_tokens=2),
-        validated_fraction=0.0,
-        async_level=0,
-        max_leases_in_flight=1,
-        lease_timeout_s=120.0,
-    )
+def spec(owner: KeyPair, **settings: object) -> PoolSpec:
+    """The pool of these tests (``settings``: keys to change)."""
+    defaults: dict[str, object] = {
+        "pool_id": POOL,
+        "owner_key": owner.public_key_hex,
+        "task_count": 40,
+        "open": True,
+        "sampling": SamplingParams(max_new_tokens=2),
+        "validated_fraction": 0.0,
+        "async_level": 0,
+        "max_leases_in_flight": 1,
+        "lease_timeout_s": 120.0,
+    }
+    return PoolSpec(**(defaults | settings))
 
 
 def test_a_stale_submission_is_refused_as_stale_work_and_the_lease_stays_open(tmp_path):

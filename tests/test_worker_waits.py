@@ -3,7 +3,7 @@ kind (before, every admission refusal was one kind, so the rule that held a run 
 unseen), the same rule with other counts one kind. The reasons are the pool's own."""
 
 from swarmrl.pool.flow.admission import Supply, admit
-from swarmrl.roles.worker.node import wait_kind
+from swarmrl.roles.worker.leases import wait_kind
 
 
 def _reason(supply: Supply) -> str:

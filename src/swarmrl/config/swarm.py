@@ -116,6 +116,15 @@ class SwarmSection(Section):
             "newest version still crosses the link"
         ),
     )
+    lease_ahead: bool = Field(
+        True,
+        description=(
+            "a worker asks for its next unit while its submission is on the way (one round "
+            "trip a unit instead of two; it then holds two leases for that moment, within the "
+            "pool's `max_leases_in_flight`); a `wait` answered to that request is asked again "
+            "after the submission, so a pool allowing one lease loses nothing but a request"
+        ),
+    )
     quorum: int = Field(
         1,
         ge=1,

@@ -54,7 +54,7 @@ OPERATOR_DEFAULTS: dict[str, Any] = {
     "open": False,
     "min_tasks_per_lease": 1,
     "lease_target_s": 5.0,
-    "max_leases_in_flight": 1,
+    "max_leases_in_flight": 2,  # the unit a worker answers and the next, asked for ahead
     "credit_lock_s": 3600.0,
 }
 

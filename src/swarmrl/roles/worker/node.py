@@ -8,7 +8,8 @@ Three loops run side by side:
   learns from a ``NodeBanned`` refusal (or the reply) when the node has been banned, and from a
   ``NotMember`` one that it was ejected for silence (it then rejoins);
 - work (main thread): leases a work unit, switches to the newest downloaded version between
-  units, generates all samples with proofs, and submits them signed.
+  units, generates all samples with proofs, and submits them signed, asking for the next unit
+  while the submission is on its way (``swarm.lease_ahead``, ``swarmrl.roles.worker.leases``).
 
 Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.toolkit``). A
 refusal from the orchestrator (stale version, expired lease) drops that unit and goes on; a
@@ -27,7 +28,6 @@ Knows nothing about training or validation; it only produces rollouts and proofs
 from __future__ import annotations
 
 import logging
-import re
 import tempfile
 import threading
 import time
@@ -59,6 +59,7 @@ from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 from swarmrl.roles.worker.forged import forger_for
+from swarmrl.roles.worker.leases import LeaseAhead, wait_kind
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_samples
 from swarmrl.roles.worker.versions import VersionFollower
 from swarmrl.shardcast import WeightClient
@@ -68,12 +69,6 @@ WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per 
 REJOIN_MAX_PAUSE_S = 30.0  # longest pause between attempts to rejoin after an ejection
 STALE_RETRY_MARGIN_S = 1.0  # a stale unit is generated again only with this much lease left
 DOWNLOAD_NOTE_S = 0.5  # longest block while waiting for a version, between checks for a stop
-
-
-def wait_kind(reason: str) -> str:
-    """What a wait is logged once a minute per: its reason with the figures left out, so each
-    admission rule gets its own line and one rule's changing counts share one."""
-    return re.sub(r"\d+(?:\.\d+)?", "#", reason)
 
 
 @dataclass
@@ -124,6 +119,7 @@ class WorkerNode:
         self.tokens_per_s: float | None = None
         self.submitted = 0
         self.units_by_version: dict[int, int] = {}
+        self.ahead = LeaseAhead(lambda: self.pool.lease(self.settings.pool_id), log)
         self.cheat_after = cheat_after(config.swarm.cheat)
         forges = cheat_kind(config.swarm.cheat) == "forge_env_after"  # TEST-ONLY
         self._forger = forger_for(config.env, self.env, config.swarm.cheat) if forges else None
@@ -296,7 +292,7 @@ class WorkerNode:
         swarm = self.config.swarm
         self._take_newest()
         self._pace()
-        reply = retry(
+        reply = self.ahead.take() or retry(
             lambda: self.pool.lease(self.settings.pool_id),
             "lease work",
             self.log,
@@ -376,6 +372,8 @@ class WorkerNode:
         used = min(s.policy_version for s in samples)
         self.tokens_per_s = tokens / max(seconds, 1e-6)
         self.status.set(state="submitting", tokens_per_s=self.tokens_per_s)
+        if self._asks_ahead():
+            self.ahead.start()
         try:
             receipt = retry(
                 lambda: self.pool.submit(
@@ -408,6 +406,17 @@ class WorkerNode:
             receipt.status,
         )
         return None
+
+    def _asks_ahead(self) -> bool:
+        """Whether to ask for the next unit beside this submission: where asking ahead is on
+        and the next unit would not wait for a newer version first (:meth:`_pace`: the unit
+        would hold its lease idle)."""
+        swarm = self.config.swarm
+        assert self.policy is not None
+        if not swarm.lease_ahead or self.stop.is_set():
+            return False
+        done = self.units_by_version.get(self.policy.version, 0) + 1  # this one included
+        return not swarm.units_per_version or done < swarm.units_per_version
 
     def _cheat_when_due(self) -> None:
         """TEST-ONLY: start the configured misbehaviour once ``cheat_after`` units were
