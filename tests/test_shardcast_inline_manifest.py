@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from swarmrl.config.shardcast import ShardcastConfig
-from swarmrl.errors import BadSignature, PeerError
+from swarmrl.errors import BadSignature, ObjectMissing, PeerError, VersionGone
 from swarmrl.identity import KeyPair
 from swarmrl.roles.worker.versions import store_version
 from swarmrl.shardcast import Publisher, WeightClient
@@ -196,3 +196,48 @@ def test_a_nasty_inline_manifest_is_a_peer_error_and_nothing_is_installed(tmp_pa
         assert [(r.source, r.what) for r in pool.reports] == [(liar, "manifest")]
     finally:
         good.stop()
+
+
+def test_a_manifest_that_came_with_a_notice_stands_in_once_and_a_pruned_version_is_gone(
+    tmp_path, monkeypatch
+):
+    """A manifest a source sent with its notice is taken once: kept, it stood in for the
+    source after the source pruned that version, and a validator asking for it again to replay
+    a late unit met the missing shards (a transient error) on every retry, for its whole
+    ``give_up_s``, while the swarm waited for its verdicts. Now the second request asks the
+    source, which says the version is gone; a stale offer is not taken at all."""
+    pub = _published(tmp_path)
+    origin = serve_store(tmp_path / "origin", CFG)
+    try:
+        client = WeightClient([origin.url], KEY.public_key_hex, tmp_path / "out", CFG)
+        client.fetch("latest")
+        got: list[int] = []
+        waiter = threading.Thread(target=lambda: got.append(client.wait_for_newer(timeout_s=10)))
+        waiter.start()
+        time.sleep(0.3)  # parked at the origin
+        pub.publish(write_checkpoint(tmp_path / "ck2", random_weights(64 * 1024, seed=2)), 2)
+        waiter.join(10)
+        assert got == [2]  # v2's manifest came with the notice; v2 is not fetched
+        for v in range(3, CFG.keep_versions + 3):  # the origin prunes v2
+            pub.publish(write_checkpoint(tmp_path / f"ck{v}", random_weights(64 * 1024, seed=v)), v)
+        deadline = time.monotonic() + 10  # the origin rescans its store
+        while httpx.get(f"{origin.url}/v/2/manifest").status_code != 410:
+            assert time.monotonic() < deadline, "the origin still serves v2"
+            time.sleep(0.1)
+        with pytest.raises((ObjectMissing, VersionGone)):  # the offer, taken while fresh
+            client.fetch(2, allow_rollback=True)
+        with pytest.raises(VersionGone):  # asked of the source: gone, not retried
+            client.fetch(2, allow_rollback=True)
+        # a stale offer stands in for nothing: the source is asked at once
+        monkeypatch.setattr(client_module, "NOTICE_FRESH_S", 0.0)
+        got.clear()
+        waiter = threading.Thread(target=lambda: got.append(client.wait_for_newer(0, 10)))
+        waiter.start()
+        waiter.join(10)
+        latest = CFG.keep_versions + 2
+        assert got == [latest]
+        with pytest.raises(VersionGone):
+            client.fetch(2, allow_rollback=True)
+        assert store_version(client.fetch(latest)) == latest
+    finally:
+        origin.stop()

@@ -171,7 +171,8 @@ class WeightClient:
         # what the last long-poll announced: (version, monotonic time), taken by the next
         # fetch("latest") while fresh, and the manifests sources sent with their notices
         self._notice: tuple[int, float] | None = None
-        self._offers: dict[str, tuple[int, dict[str, Any]]] = {}
+        # source → (version, manifest, monotonic time): taken once, while fresh
+        self._offers: dict[str, tuple[int, dict[str, Any], float]] = {}
         self._strikes: dict[str, int] = {}  # unbacked announcements in a row, per source
         self._lock = threading.Lock()
         if self.config.recheck_on_start:  # a damaged held version is fetched again, not loaded
@@ -316,9 +317,22 @@ class WeightClient:
         return notice[0]
 
     def _offers_for(self, version: int) -> dict[str, dict[str, Any]]:
-        """The manifests of ``version`` sources sent with their notices, by source."""
+        """The manifests of ``version`` sources sent with their notices within
+        ``NOTICE_FRESH_S``, by source; each is taken once. A later request for that version
+        asks the source: a manifest kept from an old notice would stand in for a source that
+        has pruned the version since, and a download that failed on it would be tried on it
+        again, never learning the version is gone (``VersionGone``)."""
+        now = time.monotonic()
         with self._lock:
-            return {url: m for url, (v, m) in self._offers.items() if v == version}
+            taken = {
+                url: manifest
+                for url, (v, manifest, at) in self._offers.items()
+                if v == version and now - at <= NOTICE_FRESH_S
+            }
+            for url in list(self._offers):
+                if url in taken or now - self._offers[url][2] > NOTICE_FRESH_S:
+                    del self._offers[url]
+        return taken
 
     def wait_for_newer(self, than: int | None = None, timeout_s: float = 60.0) -> int:
         """Block until some source announces a version newer than ``than`` (default: held).
@@ -357,7 +371,8 @@ class WeightClient:
                     with self._lock:
                         self._advertised[url] = listing.latest
                         if listing.manifest is not None:
-                            self._offers[url] = (listing.latest, listing.manifest)
+                            offer = (listing.latest, listing.manifest, time.monotonic())
+                            self._offers[url] = offer
                     found.put(listing.latest)
                     return
             conns.close_all()
