@@ -138,7 +138,7 @@ def test_a_banned_workers_heartbeat_stops_it(banned_node, tmp_path):
     with pytest.raises(NodeBanned):
         PoolClient(server.url, key).heartbeat("arith", Heartbeat(status="ok"))
     worker = _worker(tmp_path, server.url, key, invite)
-    beats = threading.Thread(target=worker._heartbeat_loop, daemon=True)
+    beats = threading.Thread(target=worker.membership.heartbeats, daemon=True)
     beats.start()
     beats.join(timeout=10)
     assert not beats.is_alive() and worker.banned.is_set() and worker.stop.is_set()

@@ -244,10 +244,10 @@ def test_a_worker_the_pool_does_not_know_joins_it_anew(tmp_path):
         PoolClient(server.url, orch).create_pool(closed_spec(owner, validator))
         worker = make_worker(server.url, key, make_invite(owner, POOL, 600), tmp_path)
         try:
-            worker.rejoin(NotMember("gone"))
+            worker.membership.rejoin(NotMember("gone"))
             [view] = PoolClient(server.url, owner).nodes(POOL)
             assert view.node_id == key.node_id and view.state == "healthy"
-            assert rejoined(server) == [] and worker.rejoins == 0
+            assert rejoined(server) == [] and worker.membership.rejoins == 0
         finally:
             worker.pool.close()
             worker.weights.close()
@@ -261,9 +261,9 @@ def test_an_ejected_worker_rejoins_by_itself_once(tmp_path):
         PoolClient(server.url, orch).create_pool(closed_spec(owner, validator))
         admin = PoolClient(server.url, owner)
         worker = make_worker(server.url, key, make_invite(owner, POOL, 600), tmp_path)
-        worker.join()
+        worker.membership.join()
         eject(server, admin, key.node_id)  # before its heartbeats start
-        beats = threading.Thread(target=worker._heartbeat_loop, daemon=True)
+        beats = threading.Thread(target=worker.membership.heartbeats, daemon=True)
         beats.start()
         try:
             wait_state(admin, key.node_id, "healthy")
@@ -271,7 +271,7 @@ def test_an_ejected_worker_rejoins_by_itself_once(tmp_path):
             while time.monotonic() < end:
                 assert beats.is_alive() and not worker.stop.is_set()
                 time.sleep(0.1)
-            assert worker.rejoins == 1 and len(rejoined(server)) == 1
+            assert worker.membership.rejoins == 1 and len(rejoined(server)) == 1
             assert {v.state for v in admin.nodes(POOL)} == {"healthy"}
         finally:
             worker.stop.set()
@@ -288,7 +288,7 @@ def test_a_beat_cut_short_by_the_workers_own_stop_is_not_logged_as_failed(tmp_pa
     with local_orchestrator(tmp_path / "run", orch) as server:
         PoolClient(server.url, orch).create_pool(closed_spec(owner, validator))
         worker = make_worker(server.url, key, make_invite(owner, POOL, 600), tmp_path)
-        worker.join()
+        worker.membership.join()
         beats = []
 
         def closed_under_the_beat(pool_id, beat):
@@ -299,7 +299,7 @@ def test_a_beat_cut_short_by_the_workers_own_stop_is_not_logged_as_failed(tmp_pa
         worker.pool.heartbeat = closed_under_the_beat
         try:
             with caplog.at_level(logging.WARNING, logger="test.worker"):
-                beating = threading.Thread(target=worker._heartbeat_loop, daemon=True)
+                beating = threading.Thread(target=worker.membership.heartbeats, daemon=True)
                 beating.start()
                 beating.join(timeout=WAIT_S)
             assert not beating.is_alive() and len(beats) == 1

@@ -63,7 +63,7 @@ def _run(tmp_path, monkeypatch, cap: int, units: int, *settings: str) -> SimpleN
         monkeypatch.setattr(worker_node, "generate_samples", generate)
         worker.policy = SimpleNamespace(version=0, engine=None, tokenizer=None)
         try:
-            worker.join()
+            worker.membership.join()
             for _ in range(units):
                 worker._work_once()
         finally:

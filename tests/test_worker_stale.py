@@ -91,7 +91,7 @@ def test_the_worker_generates_a_stale_unit_again_on_the_newer_policy(tmp_path, m
         monkeypatch.setattr(worker_node, "swap_version", swap)
         worker.policy = SimpleNamespace(version=0, engine=None, tokenizer=None)
         try:
-            worker.join()
+            worker.membership.join()
             started = time.monotonic()
             worker._work_once()
             took = time.monotonic() - started

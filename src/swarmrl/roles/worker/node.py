@@ -6,7 +6,8 @@ Three loops run side by side:
   generation goes on with the version already loaded (``swarmrl.roles.worker.versions``);
 - heartbeat (thread): tells the orchestrator the node is alive and which version it holds;
   learns from a ``NodeBanned`` refusal (or the reply) when the node has been banned, and from a
-  ``NotMember`` one that it was ejected for silence (it then rejoins);
+  ``NotMember`` one that it was ejected for silence (it then rejoins;
+  ``swarmrl.roles.worker.membership``);
 - work (main thread): leases a work unit, switches to the newest downloaded version between
   units, generates all samples with proofs, and submits them signed, asking for the next unit
   while the submission is on its way (``swarm.lease_ahead``, ``swarmrl.roles.worker.leases``).
@@ -15,7 +16,7 @@ Every call to a peer is retried with a bounded, logged wait (``swarmrl.rolekit.t
 refusal from the orchestrator (stale version, expired lease) drops that unit and goes on; a
 ``NotMember`` refusal (the node went silent long enough to be declared dead or ejected) rejoins
 with the node's own key, no invite (``swarmrl.pool.trust.joins``), pausing longer after each failed
-attempt up to ``REJOIN_MAX_PAUSE_S``, and logs the ejection once; ``NodeBanned`` stops the node
+attempt, and logs the ejection once; ``NodeBanned`` stops the node
 with exit status 3. A lease
 answered ``wait`` (admission control: the trainer has enough) pauses for the reply's
 ``retry_after_s``, logging each kind of reason at most once a minute; ``finished`` (the trainer finished the run)
@@ -40,9 +41,7 @@ from swarmrl.envs import build_env
 from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.errors import (
     HarnessFailed,
-    InfraError,
     NodeBanned,
-    NotFound,
     NotMember,
     PeerError,
     StaleWork,
@@ -53,20 +52,19 @@ from swarmrl.inference.types import Generation
 from swarmrl.model.io import load_policy
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import Heartbeat, Invite, NodeMetadata, Sample, Submission, WorkUnit
+from swarmrl.protocol.pool import Heartbeat, Invite, Sample, Submission, WorkUnit
 from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
-from swarmrl.rolekit.ticks import FixedRate
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 from swarmrl.roles.worker.forged import forger_for
 from swarmrl.roles.worker.leases import LeaseAhead, wait_kind
+from swarmrl.roles.worker.membership import Membership
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_samples
 from swarmrl.roles.worker.versions import VersionFollower
 from swarmrl.shardcast import WeightClient
 from swarmrl.toploc.bundle import build_bundles
 
 WAIT_LOG_EVERY_S = 60.0  # a worker told to wait logs it at most this often per kind of reason
-REJOIN_MAX_PAUSE_S = 30.0  # longest pause between attempts to rejoin after an ejection
 STALE_RETRY_MARGIN_S = 1.0  # a stale unit is generated again only with this much lease left
 DOWNLOAD_NOTE_S = 0.5  # longest block while waiting for a version, between checks for a stop
 
@@ -112,13 +110,22 @@ class WorkerNode:
         self.banned = threading.Event()
         self.finished = threading.Event()  # the orchestrator said the run is over
         self._wait_logged: dict[str, float] = {}  # kind of wait → when last logged
-        self._rejoin_lock = threading.Lock()  # the heartbeat and work threads may both notice
-        self.rejoins = 0  # times the node came back after an ejection
         self.versions = VersionFollower(self.weights, config.swarm, status, log, self.stop)
         self.policy: LoadedVersion | None = None
         self.tokens_per_s: float | None = None
         self.submitted = 0
         self.units_by_version: dict[int, int] = {}
+        self.membership = Membership(
+            self.pool,
+            settings.pool_id,
+            settings.invite,
+            config,
+            status,
+            log,
+            self.stop,
+            banned=self._banned_by_pool,
+            beat=self._beat,
+        )
         self.ahead = LeaseAhead(lambda: self.pool.lease(self.settings.pool_id), log)
         self.cheat_after = cheat_after(config.swarm.cheat)
         forges = cheat_kind(config.swarm.cheat) == "forge_env_after"  # TEST-ONLY
@@ -153,108 +160,14 @@ class WorkerNode:
         state = corrupt_weights(model.state_dict(), seed=self.policy.version)
         self.policy.engine.load_state_dict(state)
 
-    # -- heartbeat ------------------------------------------------------------------------
-    def _heartbeat_loop(self) -> None:
-        # on a fixed grid at this node's own phase, not "a period after the last answer": a
-        # slow moment of the orchestrator must not bunch the beats of the nodes it delayed
-        ticks = FixedRate.random_phase(self.config.pool.heartbeat_interval_s / 2, time.monotonic())
-        while not self.stop.wait(ticks.wait_s(time.monotonic())):
-            beat = Heartbeat(
-                status="ok",
-                model_version=self.policy.version if self.policy else None,
-                tokens_per_s=self.tokens_per_s,
-            )
-            try:
-                reply = self.pool.heartbeat(self.settings.pool_id, beat)
-            except NodeBanned as exc:
-                self._banned_by_pool(exc)
-                return
-            except NotMember as exc:
-                if not self._rejoin_after(exc):
-                    return
-                continue
-            except (InfraError, PeerError) as exc:  # PeerError: the pool refused the beat
-                if self.stop.is_set():  # stopping: the client may be closed under the beat
-                    return
-                self.log.warning("heartbeat failed: %s", exc)
-                continue
-            finally:
-                ticks.advance(time.monotonic())
-            if reply.state == "banned":
-                self._banned_by_pool("heartbeat reply")
-                return
-
-    def _rejoin_after(self, refusal: NotMember) -> bool:
-        """The heartbeat thread learned the node is not a member: rejoin. False when the node
-        must stop (banned, or stopped while trying)."""
-        try:
-            self.rejoin(refusal)
-        except NodeBanned as exc:
-            self._banned_by_pool(exc)
-            return False
-        except WaitTimeout:
-            return not self.stop.is_set()  # the work thread meets the same refusal and decides
-        except PeerError as exc:  # refused for good (e.g. requirements): beating again is noise
-            self.log.error("cannot rejoin the pool (%s); heartbeats stop", exc)
-            return False
-        return True
-
-    def rejoin(self, refusal: NotMember) -> None:
-        """Come back after an ejection for silence, with this node's key and no invite.
-
-        Transient failures (the pool unreachable, its join rate spent) back off, doubling the
-        pause up to :data:`REJOIN_MAX_PAUSE_S`. A pool that does not know the node at all (its
-        database was replaced) gets a plain join with the node's invite; any other refusal
-        (banned, requirements) is raised. The heartbeat and work threads may both call it: the second finds the node a
-        member again and gets its view back at the cost of one request.
-        """
-        swarm = self.config.swarm
-        with self._rejoin_lock:
-            self.log.warning("the orchestrator let this node go (%s); rejoining", refusal)
-            self.status.set(state="rejoining")
-            try:
-                view = retry(
-                    lambda: self.pool.rejoin(self.settings.pool_id, self._metadata()),
-                    f"rejoin pool {self.settings.pool_id}",
-                    self.log,
-                    give_up_s=swarm.give_up_s,
-                    pause_s=swarm.retry_s,
-                    max_pause_s=max(swarm.retry_s, REJOIN_MAX_PAUSE_S),
-                    stop=self.stop,
-                )
-            except NotFound:
-                self.log.warning("the pool does not know this node; joining it anew")
-                self.join()
-                return
-            self.rejoins += 1
-            self.status.event(f"rejoined the pool ({view.state})")
-            self.log.info("rejoined pool %s as node %s", self.settings.pool_id, view.node_id)
-
-    # -- work -----------------------------------------------------------------------------
-    def _metadata(self) -> NodeMetadata:
-        return NodeMetadata(engine=self.config.inference.backend, memory_gb=0.0, accelerator="cpu")
-
-    def join(self) -> None:
-        meta = self._metadata()
-        swarm = self.config.swarm
-
-        def call() -> None:
-            # joining again is harmless: a member gets its current view back, and a node let go
-            # for silence is taken back without spending the invite again
-            view = self.pool.join(self.settings.pool_id, meta, self.settings.invite)
-            self.log.info(
-                "joined pool %s as node %s (%s)", self.settings.pool_id, view.node_id, view.state
-            )
-
-        retry(
-            call,
-            f"join pool {self.settings.pool_id}",
-            self.log,
-            give_up_s=swarm.give_up_s,
-            pause_s=swarm.retry_s,
-            stop=self.stop,
+    def _beat(self) -> Heartbeat:
+        return Heartbeat(
+            status="ok",
+            model_version=self.policy.version if self.policy else None,
+            tokens_per_s=self.tokens_per_s,
         )
 
+    # -- work -----------------------------------------------------------------------------
     def _prove(self, generations: list[Generation], params: SamplingParams) -> list[dict]:
         assert self.policy is not None
         bundles = build_bundles(
@@ -484,10 +397,10 @@ class WorkerNode:
     def _start(self) -> None:
         """Join, start the weights and heartbeat threads, wait for the first version."""
         self.status.set(state="joining")
-        self.join()
+        self.membership.join()
         threads = [
             threading.Thread(target=self.versions.run, name="weights", daemon=True),
-            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self.membership.heartbeats, name="heartbeat", daemon=True),
         ]
         for thread in threads:
             thread.start()
@@ -509,7 +422,7 @@ class WorkerNode:
             except NodeBanned:
                 raise
             except NotMember as exc:  # declared dead or ejected for silence
-                self.rejoin(exc)
+                self.membership.rejoin(exc)
             except PeerError as exc:  # only the pool client raises it here
                 self.log.warning("orchestrator refused: %s", exc)
                 self.stop.wait(self.config.swarm.retry_s)
