@@ -8,7 +8,7 @@ with the page's command; needs root) of a small arith config; the scenarios are 
 - ``wan``: both workers behind 20 Mbit/s each way, 150 ms RTT (75 ms each way, ±5 ms jitter)
   and 2 % of connections reset (``swarmrl.testing.linkproxy``), 1 % of their packets dropped
   each way in the kernel (``Host.lose``: TCP retransmits them);
-- ``clean-serial``, ``wan-serial``: the same with ``swarm.lease_ahead = false`` (a worker asks
+- ``clean-serial``, ``wan-serial``, ``relay-tier-serial``: the same with ``swarm.lease_ahead = false`` (a worker asks
   for its next unit only after its submission's receipt: two round trips a unit, not one);
 - ``relay-tier``: the trainer's host (its origin) behind a 20 Mbit/s link with 150 ms RTT to
   every other host, the relay on the workers' side (their first weight source);
@@ -96,6 +96,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "links": {"trainer.lan": SLOW_LINK},
         "impair": {"trainer.lan": FAR}
         | {host: {"trainer.lan": FAR} for host in ("relay.lan", "gpu1.lan", "gpu2.lan")},
+    },
+    "relay-tier-serial": {
+        "links": {"trainer.lan": SLOW_LINK},
+        "impair": {"trainer.lan": FAR}
+        | {host: {"trainer.lan": FAR} for host in ("relay.lan", "gpu1.lan", "gpu2.lan")},
+        "config": {"swarm": {"lease_ahead": False}},
     },
     # the same, its operator letting leases lag one version (swarm.lease_version_lag)
     "relay-tier-lag1": {

@@ -57,20 +57,28 @@ def test_orchestrator_metrics_count_nodes_by_state_and_time_requests(tmp_path: P
         admin.invalidate(
             "arith", nodes[0].node_id, InvalidateRequest(severity="hard", reason="forged proof")
         )
-        PoolClient(server.url, nodes[1], timeout_s=10).lease("arith")
+        leasing = PoolClient(server.url, nodes[1], timeout_s=10)
+        replies = [leasing.lease("arith") for _ in range(3)]  # the third: the node's cap
         got = _scrape(f"{server.url}/metrics")
     by_state = {s[1]["state"]: s[2] for s in got["swarmrl_pool_nodes"]}
     assert by_state["banned"] == 1 and by_state["healthy"] == 2
+    assert [r.outcome for r in replies] == ["work", "work", "wait"]
     assert got["swarmrl_pool_leases_active"] == [
-        ("swarmrl_pool_leases_active", {"pool": "arith"}, 1)
+        ("swarmrl_pool_leases_active", {"pool": "arith"}, 2)
     ]
+    answers = {
+        (s[1]["outcome"], s[1]["rule"]): s[2]
+        for s in got["swarmrl_pool_lease_answers"]
+        if s[0].endswith("_total")
+    }
+    assert answers == {("work", ""): 2, ("wait", "# leases in flight (cap #)"): 1}
     counts = {
         (s[1]["method"], s[1]["route"], s[1]["status"]): s[2]
         for s in got["swarmrl_orchestrator_request_seconds"]
         if s[0].endswith("_count")
     }
     assert counts[("POST", "/pools/{pool_id}/join", "200")] == 3
-    assert counts[("POST", "/pools/{pool_id}/lease", "200")] == 1
+    assert counts[("POST", "/pools/{pool_id}/lease", "200")] == 3
     assert got["type:swarmrl_orchestrator_request_seconds"] == "histogram"
 
 
@@ -104,6 +112,7 @@ def test_every_role_takes_metrics_port_and_the_docs_name_every_metric():
     doc = (REPO / "docs" / "observability.md").read_text()
     for name in (
         "swarmrl_pool_nodes",
+        "swarmrl_pool_lease_answers_total",
         "swarmrl_orchestrator_request_seconds",
         "swarmrl_trainer_loss",
         "swarmrl_trainer_mismatch_kl",

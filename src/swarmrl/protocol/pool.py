@@ -10,6 +10,7 @@ from the pool owner to a node. The proof bundle of a sample is opaque here (its 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -306,6 +307,13 @@ class LeaseReply(Message):
         if (self.work is not None) != (self.outcome == "work"):
             raise ValueError("work must be set exactly when outcome is 'work'")
         return self
+
+
+def reason_kind(reason: str) -> str:
+    """The rule a wait's ``reason`` names: the reason with its figures left out, so each
+    admission rule is one kind and one rule's changing counts share it (``"# leases in flight
+    (cap #)"``): what a worker logs once a minute per, and the orchestrator counts by."""
+    return re.sub(r"\d+(?:\.\d+)?", "#", reason)
 
 
 MAX_TURN_PROOFS = 256

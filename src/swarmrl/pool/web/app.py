@@ -207,6 +207,8 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
             ctx.beats.add_nonce(nonces.HotNonces.row(who))
         return True
 
+    prometheus = OrchestratorMetrics(ctx)
+
     def beat_op(pool_id: str, who: SignedRequest, beat: Heartbeat) -> HeartbeatReply:
         # in memory, or else in the beat's own transaction (one, not two)
         claim = None
@@ -216,7 +218,9 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
 
     def lease_op(pool_id: str, who: SignedRequest, _: None) -> LeaseReply:
         claimed_in_memory(who)  # where nonces are not kept in memory, the verifier claimed it
-        return run_transaction(work.lease, ctx, pool_id, who.node_id)
+        reply = run_transaction(work.lease, ctx, pool_id, who.node_id)
+        prometheus.lease_answered(pool_id, reply)
+        return reply
 
     def submit_op(pool_id: str, who: SignedRequest, sub: Submission) -> SubmissionReceipt:
         # as a beat's: the hot lane claims a submission's nonce in the submission's transaction
@@ -225,7 +229,6 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
         changes.notify(pool_id)  # a validator or the trainer may be waiting for it
         return receipt
 
-    prometheus = OrchestratorMetrics(ctx)
     hot = {
         "heartbeat": HotRoute("/pools/{pool_id}/heartbeat", Heartbeat, beat_op, claims_nonce=True),
         "lease": HotRoute(

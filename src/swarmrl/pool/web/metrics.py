@@ -5,7 +5,10 @@ Per pool (label ``pool``): ``swarmrl_pool_nodes{state}``, ``swarmrl_pool_leases_
 ``swarmrl_pool_submissions{status}`` (submissions now in each status: pending, accepted,
 rejected …), ``swarmrl_pool_submission_counts{count}`` (taken_in, checked, accepted, rejected,
 expired, invalidated, trained so far: the words of ``swarmrl.ledger.counts``), ``swarmrl_pool_policy_version``, ``swarmrl_pool_credited_tokens`` and
-``swarmrl_pool_locked_tokens``; per route: the histogram
+``swarmrl_pool_locked_tokens``; ``swarmrl_pool_lease_answers_total{pool, outcome, rule}`` (the
+lease requests this process answered: work, wait or finished, and for a wait the rule that held
+the node back, its reason with the figures left out: ``swarmrl.protocol.pool.reason_kind``); per
+route: the histogram
 ``swarmrl_orchestrator_request_seconds{method, route, status}`` (``route`` is the path template,
 ``/pools/{pool_id}/lease``, so node ids never become labels). Each app has its own registry.
 
@@ -18,12 +21,19 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from swarmrl.ledger.export import LedgerTally
 from swarmrl.pool.trust import service
 from swarmrl.pool.trust.service import Context
+from swarmrl.protocol.pool import LeaseReply, reason_kind
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
@@ -94,6 +104,17 @@ class OrchestratorMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.lease_answers = Counter(
+            "swarmrl_pool_lease_answers",
+            "lease requests answered, by outcome and, for a wait, the rule that held the node "
+            "back (its reason with the figures left out)",
+            ["pool", "outcome", "rule"],
+            registry=self.registry,
+        )
+
+    def lease_answered(self, pool_id: str, reply: LeaseReply) -> None:
+        rule = reason_kind(reply.reason) if reply.outcome == "wait" else ""
+        self.lease_answers.labels(pool_id, reply.outcome, rule).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

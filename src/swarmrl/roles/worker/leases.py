@@ -1,5 +1,4 @@
-"""A worker's lease answers: the next unit asked for while a submission is on its way, and the
-kinds of wait it logs.
+"""A worker's next unit, asked for while its submission is on the way.
 
 Across a link with a round trip of 150 ms, a unit costs two trips besides its generation: the
 lease and the submission. :class:`LeaseAhead` sends the next lease request beside the
@@ -14,18 +13,11 @@ asking ahead.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable
 
 from swarmrl.errors import SwarmError
 from swarmrl.protocol.pool import LeaseReply
-
-
-def wait_kind(reason: str) -> str:
-    """What a wait is logged once a minute per: its reason with the figures left out, so each
-    admission rule gets its own line and one rule's changing counts share one."""
-    return re.sub(r"\d+(?:\.\d+)?", "#", reason)
 
 
 class LeaseAhead:

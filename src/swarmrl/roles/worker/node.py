@@ -52,12 +52,12 @@ from swarmrl.inference.types import Generation
 from swarmrl.model.io import load_policy
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import SamplingParams
-from swarmrl.protocol.pool import Heartbeat, Invite, Sample, Submission, WorkUnit
+from swarmrl.protocol.pool import Heartbeat, Invite, Sample, Submission, WorkUnit, reason_kind
 from swarmrl.rolekit.policy import LoadedVersion, load_version, swap_version
 from swarmrl.rolekit.supervisor import EXIT_BANNED
 from swarmrl.rolekit.toolkit import StatusReporter, retry, wait_for
 from swarmrl.roles.worker.forged import forger_for
-from swarmrl.roles.worker.leases import LeaseAhead, wait_kind
+from swarmrl.roles.worker.leases import LeaseAhead
 from swarmrl.roles.worker.membership import Membership
 from swarmrl.roles.worker.rollouts import corrupt_weights, generate_samples
 from swarmrl.roles.worker.versions import VersionFollower
@@ -359,9 +359,9 @@ class WorkerNode:
         )
 
     def _wait(self, reason: str, retry_after_s: float) -> None:
-        """Told to wait: one log line per kind of reason (:func:`wait_kind`) and minute (not
+        """Told to wait: one log line per kind of reason (``reason_kind``) and minute (not
         per retry), then the bounded pause."""
-        kind, now = wait_kind(reason), time.monotonic()
+        kind, now = reason_kind(reason), time.monotonic()
         if now - self._wait_logged.get(kind, -WAIT_LOG_EVERY_S) >= WAIT_LOG_EVERY_S:
             self.log.info("no work for now (%s); asking again every %.1f s", reason, retry_after_s)
             self._wait_logged[kind] = now
