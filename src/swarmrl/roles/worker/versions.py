@@ -21,6 +21,7 @@ from swarmrl.shardcast import WeightClient
 from swarmrl.shardcast.client import SOURCES_AWAY_QUIET_S
 
 Ready = tuple[int, Path]  # a downloaded version and its directory
+FIRST_VERSION_POLL_S = 30.0  # one long-poll for the first version, at most (sources down: less)
 
 
 class VersionFollower:
@@ -89,9 +90,12 @@ class VersionFollower:
         """Wait for the first version: sources that list none yet, or are not up yet, are how a
         run begins (the trainer is still warming up), so this is told once as a wait, not as a
         failure; still none after ``give_up_s`` warns once with the sources' answer (a wrong
-        address looks the same at first). Returns once a version is held (or on ``stop``);
-        :meth:`run` follows on."""
-        started, told, warned = time.monotonic(), False, False
+        address looks the same at first). The wait is the sources' long-poll, answered the
+        moment a version is announced (with its manifest: the fetch then neither lists the
+        sources nor asks for it), not a poll every ``retry_s``: across a far link that is the
+        first step's time. A version announced but not fetched is asked for every ``retry_s``.
+        Returns once a version is held (or on ``stop``); :meth:`run` follows on."""
+        started, told, warned, announced = time.monotonic(), False, False, False
         while not self.stop.is_set() and self.weights.held_version() is None:
             try:
                 self._fetch_latest()
@@ -105,7 +109,13 @@ class VersionFollower:
                     self.log.warning("no policy version after %.0f s: %s", waited, exc)
                     warned = True
                 self.log.debug("no first version yet: %s", exc)
-                self.stop.wait(self.swarm.retry_s)
+            if announced and self.stop.wait(self.swarm.retry_s):  # out there, but not fetched
+                return
+            try:
+                self.weights.wait_for_newer(timeout_s=FIRST_VERSION_POLL_S)
+                announced = True
+            except WaitTimeout:
+                announced = False
 
     def _fetch_latest(self) -> None:
         held = self.weights.held_version()
