@@ -28,7 +28,7 @@ from swarmrl.pool.flow import twins
 from swarmrl.pool.state import db
 from swarmrl.pool.trust.audit import audit
 from swarmrl.pool.trust.service import sweep
-from swarmrl.protocol.pool import Heartbeat, Submission
+from swarmrl.protocol.pool import Heartbeat, InvalidateRequest, Submission
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 from test_pool_release import _judge, _reverifies, _serve, _until
 from test_pool_spotcheck import POOL, entries, make_spec, statuses, submit
@@ -346,6 +346,56 @@ def test_a_ledger_whose_match_joins_different_digests_does_not_reverify(tmp_path
     spot = SpotCheckReplay()
     assert not [r for e in cut if (r := spot.feed(e))]
     assert "never compared" in spot.finish()
+
+
+def _credits_kept(server, sid: str) -> bool:
+    with server.ctx.engine.connect() as conn:
+        return not conn.execute(
+            sa.select(db.credits.c.dropped).where(db.credits.c.submission_id == sid)
+        ).scalar_one()
+
+
+@pytest.mark.parametrize("pair", [True, False], ids=["accomplice", "honest"])
+def test_a_ban_sends_the_matched_answers_of_its_units_twins_to_validators(tmp_path, pair, db_url):
+    """A party holding two identities answers its own falsified unit's twin alike: the match
+    credits the copy unchecked. Once the unit's node is banned, the copy goes to validators
+    (``recheck`` in the ban's entry): the accomplice's fails and bans it, its credit taken
+    back; an honest node's copy of an honest unit passes and keeps its credit."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        a, b, checker = _pool(server, orch, owner, validator)
+        _, receipt = _answer(a, falsified=pair)
+        _, answer = _answer(b, falsified=pair)  # the copy: equal to a's unit
+        copy_id = answer.submission_id
+        assert statuses(server)[copy_id] == "matched" and _credits_kept(server, copy_id)
+        admin = PoolClient(server.url, owner)
+        admin.invalidate(POOL, a.keypair.node_id, InvalidateRequest(severity="hard", reason="x"))
+        [ban] = [e["body"] for e in entries(server, "invalidation")]
+        assert ban["recheck"] == [copy_id] and statuses(server)[copy_id] == "pending"
+        _judge(checker)
+        states = {v.node_id: v.state for v in admin.nodes(POOL)}
+        if pair:
+            assert statuses(server)[copy_id] == "rejected"
+            assert states[b.keypair.node_id] == "banned" and not _credits_kept(server, copy_id)
+            # b's ban rechecks nothing: the copies of its units' twins were by a, banned
+            assert [e["body"]["recheck"] for e in entries(server, "invalidation")] == [
+                [copy_id],
+                [],
+            ]
+        else:
+            assert statuses(server)[copy_id] == "accepted"
+            assert states[b.keypair.node_id] == "healthy" and _credits_kept(server, copy_id)
+        _reverifies(server, orch, owner)
+        log = read_entries(server.ctx.engine)
+    # an orchestrator that leaves a copy out of the recheck, or adds one, is caught
+    for forged_recheck in ([], [copy_id, receipt.submission_id]):
+        forged = copy.deepcopy(log)
+        for e in forged:
+            if e["kind"] == "invalidation" and e["node_id"] == a.keypair.node_id:
+                e["body"]["recheck"] = forged_recheck
+        spot = SpotCheckReplay()
+        reasons = [r for e in forged if (r := spot.feed(e))]
+        assert reasons and "matched answers of its twins" in reasons[0], reasons
 
 
 def test_compare_needs_equal_tokens_and_log_probs_within_the_tolerance():

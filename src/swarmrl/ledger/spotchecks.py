@@ -27,8 +27,9 @@ module ``swarmrl.pool.flow.twins``) it also re-derives which unchecked submissio
 for a twin (``HMAC-SHA256(secret, "twin/<pool>/<submission id>")``; a drawn one the pool
 leased to nobody, no other node being healthy, is recorded ``alone``), that a twin's submission
 repeats one so drawn, from another node, that a twin entry joining the two as a match names
-submissions whose ``digest`` is equal and releases nothing, and that every twin's answer taken
-at rate 0 was compared. Knows nothing about databases or HTTP; the rates
+submissions whose ``digest`` is equal and releases nothing, that every twin's answer taken
+at rate 0 was compared, and that a hard invalidation sends to a check (``recheck``) exactly the
+matched answers, by nodes not banned, of twins of the banned node's submissions. Knows nothing about databases or HTTP; the rates
 come from the pool's ``pool_created`` entry (``swarmrl.ledger.replay``).
 """
 
@@ -91,6 +92,8 @@ class _Pool:
     twin_of: dict[str, str] = field(default_factory=dict)  # twin's submission → the original
     digests: dict[str, str] = field(default_factory=dict)  # submission → its samples' digest
     awaiting_match: set[str] = field(default_factory=set)  # twins' answers at rate 0
+    matched: set[str] = field(default_factory=set)  # twins' answers equal to their unit's
+    banned: set[str] = field(default_factory=set)  # nodes with a hard invalidation
 
 
 @dataclass
@@ -138,6 +141,32 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
             if entry["body"].get("twin"):
                 return self._twin(pool, entry)
             return self._release(pool, entry)
+        if kind == "invalidation" and body.get("severity") == "hard":
+            return self._recheck(pool, entry)
+        return ""
+
+    def _recheck(self, pool: _Pool, entry: dict[str, Any]) -> str:
+        """A node banned: the matched answers of its submissions' twins, by nodes not banned,
+        go to a check (``swarmrl.pool.trust.penalties``), and nothing else does."""
+        node = str(entry["node_id"])
+        pool.banned.add(node)
+        if "recheck" not in entry["body"]:  # written before matched copies were rechecked
+            return ""
+        due = {
+            sid
+            for sid in pool.matched
+            if pool.checked.get(pool.twin_of[sid], ("", True))[0] == node
+            and pool.checked.get(sid, ("", True))[0] not in pool.banned
+        }
+        listed = {str(s) for s in entry["body"].get("recheck", [])}
+        if listed != due:
+            return (
+                f"invalidation of node {node} sends {sorted(listed)} to a check; the matched "
+                f"answers of its twins are {sorted(due)}"
+            )
+        for sid in listed:
+            pool.checked[sid] = (pool.checked[sid][0], True)
+            pool.matched.discard(sid)
         return ""
 
     def _submission(self, pool: _Pool, pool_id: str | None, entry: dict[str, Any]) -> str:
@@ -292,6 +321,8 @@ class SpotCheckReplay(LedgerReplay[_Pool]):
         for sid in replayed:
             pool.checked[sid] = (pool.checked[sid][0], True)
         pool.awaiting_match.discard(by)
+        if body.get("matched"):
+            pool.matched.add(by)
         return ""
 
     def finish(self) -> str:

@@ -38,8 +38,10 @@ verify`` re-derives that a match released only equal digests. A compared twin's 
 is drawn for no spot check (its rate is 0): its match judges it.
 
 What a twin does not catch: a party holding both identities of a pair (it can answer its twin
-with the same falsified output; the original then still waits for the usual release, but the
-copied answer earns its credit unchecked), and the declared log-probs within the tolerance. A
+with the same falsified output; the original then still waits for the usual release, and the
+copied answer keeps its credit unchecked until the original's node is banned, which sends the
+copy to validators: ``swarmrl.pool.trust.penalties``), and the declared log-probs within the
+tolerance. A
 node cannot tell that its own unit was twinned; the twin's holder can tell it holds someone's unit again
 (``origin_node_id``), not whose output it will be compared with. Runs inside the caller's
 transaction; knows nothing about HTTP.

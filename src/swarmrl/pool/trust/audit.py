@@ -88,6 +88,8 @@ class LedgerFacts:
             self.slashed.update(body["submission_ids"])
         elif kind == "invalidation":
             self.counts[(*who, "hard" if body["severity"] == "hard" else "soft")] += 1
+            for sid in body.get("recheck", []):  # matched copies of its units, sent to a check
+                self.checked[sid] = True
 
 
 def ledger_facts(engine: sa.Engine, orchestrator_key: str) -> LedgerFacts:

@@ -2,7 +2,11 @@
 
 Hard: the node is banned, its leases are released, its untrained work (checked or not) is
 dropped and listed in the ``invalidation`` entry, and every credit still inside its lock window
-is taken back (one ``slash`` entry). Soft: one unit is dropped (and its credit, if still
+is taken back (one ``slash`` entry). Another node's answer that matched the twin of one of its
+units (``swarmrl.pool.flow.twins``: credited unchecked, its samples equal to the banned node's)
+goes to validators, listed as ``recheck`` in the entry: a copy of a falsified unit (a second
+identity of the same party) fails its replay and bans its node in turn; an honest one passes
+and keeps its credit. Soft: one unit is dropped (and its credit, if still
 locked). Each writes an ``invalidation`` ledger entry in the
 caller's transaction. Knows nothing about HTTP.
 """
@@ -45,6 +49,28 @@ def _drop_credits(
     ctx.ledger.append(conn, "slash", body, pool_id=pool_id, node_id=node_id, ts=now)
 
 
+def matched_copies(conn: sa.Connection, pool_id: str, node_id: str) -> list[str]:
+    """The ``matched`` twins' answers, by nodes not banned, that repeat a submission of
+    ``node_id``: what a hard invalidation of ``node_id`` sends to validators (module
+    docstring), sorted."""
+    subs, leases, nodes = db.submissions, db.leases, db.nodes
+    originals = sa.select(subs.c.submission_id).where(
+        subs.c.pool_id == pool_id, subs.c.node_id == node_id
+    )
+    query = (
+        sa.select(subs.c.submission_id)
+        .join(leases, leases.c.lease_id == subs.c.lease_id)
+        .join(nodes, sa.and_(nodes.c.pool_id == subs.c.pool_id, nodes.c.node_id == subs.c.node_id))
+        .where(
+            subs.c.pool_id == pool_id,
+            subs.c.status == "matched",
+            leases.c.twin_of.in_(originals),
+            nodes.c.state != "banned",
+        )
+    )
+    return sorted(conn.execute(query).scalars())
+
+
 def invalidate_in(
     ctx: Context,
     conn: sa.Connection,
@@ -69,12 +95,19 @@ def invalidate_in(
             conn.execute(sa.select(db.submissions.c.submission_id).where(untrained)).scalars()
         )
         body["dropped_submissions"] = dropped
+        copies = matched_copies(conn, pool_id, node_id)
+        body["recheck"] = copies
         ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
         conn.execute(
             db.nodes.update().where(node_where).values(state="banned", hard=db.nodes.c.hard + 1)
         )
         release_leases(conn, pool_id, node_id)
         conn.execute(db.submissions.update().where(untrained).values(status="dropped"))
+        if copies:  # to validators: a copy is exactly as trustworthy as the original was
+            subs = db.submissions
+            conn.execute(
+                subs.update().where(subs.c.submission_id.in_(copies)).values(status="pending")
+            )
         _drop_credits(ctx, conn, pool_id, node_id, sa.true(), f"hard invalidation: {reason}")
         return
     ctx.ledger.append(conn, "invalidation", body, pool_id=pool_id, node_id=node_id, ts=now)
