@@ -17,7 +17,9 @@ A cheater falsifies only its own units: a twin of another node's unit (the lease
 
 In the twin arms a peer beside the identities answers every twin (it is the only other node
 asking); with ``--sybil`` it is the cheaters' accomplice, answering the twin of a falsified unit
-with the same falsified output, the worst case of a party holding two identities. With
+with the same falsified output, the worst case of a party holding two identities; banned (a
+ban of its partner sends its copies to validators), it joins again as a new identity, and the
+arm reports its copies, those whose credit it kept, and its identities banned. With
 ``--more-peers K``, K honest peers ask for work after it each round: a twin goes to a node drawn
 among the healthy others first (``swarmrl.pool.flow.twins``), so the accomplice wins only its
 share.
@@ -52,14 +54,13 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from swarmrl.config.pool import PoolConfig
-from swarmrl.errors import Conflict
+from swarmrl.errors import Conflict, NodeBanned
 from swarmrl.identity import KeyPair
 from swarmrl.ledger.export import read_entries
 from swarmrl.pool.client import PoolClient
@@ -109,6 +110,15 @@ class Identity:
 
 
 @dataclass
+class Party:
+    """The accomplice under ``--sybil``: the copies it submitted (its answers to twins of its
+    partners' falsified units) and its identities banned (each replaced by a new one)."""
+
+    copies: list[str] = field(default_factory=list)
+    banned: int = 0
+
+
+@dataclass
 class Strategy:
     name: str
     f: float
@@ -134,21 +144,25 @@ def _falsify(samples: list) -> list:
     return samples
 
 
-def _peer_answers(peer: PoolClient, copies: set[tuple] | None = None) -> None:
+def _peer_answers(peer: PoolClient, copies: set[tuple] | None = None) -> str | None:
     """The peer of a twin arm takes one unit (a twin first, when one waits) and answers it:
     honestly, or (``--sybil``) a twin of one of ``copies`` (the units its partner falsified,
-    by tasks and seed) with the same falsified output."""
+    by tasks and seed) with the same falsified output. Returns the submission id of such a
+    copy, else None; raises ``NodeBanned`` once the peer is banned."""
     peer.heartbeat(POOL, Heartbeat(status="ok"))
     work = peer.lease(POOL).work
-    if work is not None:
-        samples = synthetic_samples(work, 0)
-        if copies is not None and (tuple(work.task_indices), work.seed) in copies:
-            samples = _falsify(samples)
-        peer.submit(POOL, Submission(lease_id=work.lease_id, samples=samples))
+    if work is None:
+        return None
+    samples = synthetic_samples(work, 0)
+    copied = copies is not None and (tuple(work.task_indices), work.seed) in copies
+    if copied:
+        samples = _falsify(samples)
+    receipt = peer.submit(POOL, Submission(lease_id=work.lease_id, samples=samples))
+    return receipt.submission_id if copied else None
 
 
 def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strategy, args,
-                 rng: random.Random, peers: Sequence[PoolClient] = ()) -> Identity:  # fmt: skip
+                 rng: random.Random, peers: list[PoolClient], party: Party) -> Identity:  # fmt: skip
     node = PoolClient(url, KeyPair.generate())
     node.join(POOL, CPU_NODE)
     checker, trainer = PoolClient(url, validator), PoolClient(url, owner)
@@ -179,7 +193,13 @@ def run_identity(url: str, owner: KeyPair, validator: KeyPair, strategy: Strateg
             me.falsified += 1
             falsified.add(sid)
         for i, peer in enumerate(peers):  # the first is the accomplice under --sybil
-            _peer_answers(peer, copies if i == 0 else None)
+            try:
+                if copy_id := _peer_answers(peer, copies if i == 0 else None):
+                    party.copies.append(copy_id)
+            except NodeBanned:  # the accomplice's copies were rechecked: the party makes
+                party.banned += 1  # another identity (an honest peer is never banned)
+                peers[i] = PoolClient(url, KeyPair.generate())
+                peers[i].join(POOL, CPU_NODE)
         while pending := checker.claim(POOL, limit=256):  # releases may send units to a check
             for unit in pending:
                 me.replays += unit.submission_id in submitted_at
@@ -238,6 +258,7 @@ def run_arm(arm: str, seed: int, args) -> tuple[dict[str, list[Identity]], dict[
             for _ in range(1 + args.more_peers):
                 peers.append(PoolClient(server.url, KeyPair.generate()))
                 peers[-1].join(POOL, CPU_NODE)
+        party = Party()
         for i, strategy in enumerate(strategies):
             count = args.honest if strategy.units else args.identities
             out[strategy.name] = [
@@ -250,6 +271,7 @@ def run_arm(arm: str, seed: int, args) -> tuple[dict[str, list[Identity]], dict[
                     args,
                     random.Random(f"{seed}/{i}/{j}"),
                     peers,
+                    party,
                 )  # fmt: skip
                 for j in range(count)
             ]
@@ -261,12 +283,21 @@ def run_arm(arm: str, seed: int, args) -> tuple[dict[str, list[Identity]], dict[
                     )
                 ).all()
             )
+            kept = conn.execute(
+                sa.select(sa.func.count()).where(
+                    db.credits.c.submission_id.in_(party.copies), db.credits.c.dropped.is_(False)
+                )
+            ).scalar_one()
         kinds = Counter(e["kind"] for e in read_entries(server.ctx.engine))
     totals = {
         "units": sum(status.values()),
         "replays": kinds["verdict"],
         "trained": status.get("trained", 0),
         "matched": status.get("matched", 0),
+        # --sybil: the accomplice's copies, those whose credit it kept, its identities banned
+        "copies": len(party.copies),
+        "copies_credited": kept,
+        "accomplices_banned": party.banned,
     }
     return out, totals
 
@@ -337,6 +368,10 @@ def combine(paths: list[str]) -> None:
         per = max(1, t["trained"])
         print(f"{arm} | {t['units']} / {t['replays']} / {t['trained']} / {t['matched']} | "
               f"{t['replays'] / per:.3f} | {t['units'] / per:.3f}")  # fmt: skip
+    for arm, t in totals.items():
+        if t["copies"]:  # --sybil: the accomplice's copies, their credit kept, its bans
+            print(f"{arm} | the accomplice's copies {t['copies']}, their credit kept "
+                  f"{t['copies_credited']}, its identities banned {t['accomplices_banned']}")  # fmt: skip
     print("arm | strategy | caught | falsified trained per caught identity | max | replays "
           "per trained unit | honest delay mean / max (never) | held at end per identity")  # fmt: skip
     for (arm, name), c in pooled.items():
@@ -390,8 +425,9 @@ def main() -> None:
             runs[(arm, seed)], totals[(arm, seed)] = run_arm(arm, seed, args)
             t = totals[(arm, seed)]
             print(f"arm {arm} seed {seed} done: {t['units']} units, {t['replays']} replays, "
-                  f"{t['trained']} trained, {t['matched']} twins matched",
-                  file=sys.stderr, flush=True)  # fmt: skip
+                  f"{t['trained']} trained, {t['matched']} twins matched; accomplice copies "
+                  f"{t['copies']}, credit kept {t['copies_credited']}, its identities banned "
+                  f"{t['accomplices_banned']}", file=sys.stderr, flush=True)  # fmt: skip
     print(f"decay {args.decay}; {args.identities} identities per cheating strategy and "
           f"{args.honest} honest ones of {args.honest_units} units per arm; seeds {args.seeds}")  # fmt: skip
     print(
@@ -403,6 +439,14 @@ def main() -> None:
         print(f"{arm} | " + " / ".join(f"{t['units']} {t['replays']} {t['trained']} "
                                        f"{t['matched']}" for t in ts)
               + f" | {_ratio(ts, 'replays'):.3f} | {_ratio(ts, 'units'):.3f}")  # fmt: skip
+    if args.sybil:
+        print(
+            "arm | the accomplice's copies / their credit kept / its identities banned (per seed)"
+        )
+        for arm in arms:
+            ts = [totals[(arm, seed)] for seed in args.seeds]
+            print(f"{arm} | " + " / ".join(f"{t['copies']} {t['copies_credited']} "
+                                           f"{t['accomplices_banned']}" for t in ts))  # fmt: skip
     header = ("arm (p, k, q, n, t)", "strategy", "caught", "falsified trained / caught (per seed)",
               "max", "replays / unit (per seed)", "honest delay mean / p90 / max",
               "held at end")  # fmt: skip
