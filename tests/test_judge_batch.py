@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swarmrl.envs import build_env
+from swarmrl.errors import WaitTimeout
 from swarmrl.roles.validator.judge import judge, judge_many
 from swarmrl.roles.worker.rollouts import corrupt_weights
 from swarmrl.toploc import prefill
@@ -68,3 +69,23 @@ def test_a_unit_on_the_wrong_tasks_is_rejected_without_holding_up_the_others(tin
     results = judge_many(units, build_env(config.env), versions, config.toploc)
     assert "where the lease assigned 5" in results[0].verdict.reasons[0]
     assert [j.verdict.accept for j in results] == [False, False, True]
+
+
+def test_a_unit_whose_version_cannot_be_fetched_now_is_deferred_and_the_others_judged(
+    tiny_arith,
+):
+    """The weights of one unit's version cannot be had now (the fetch's retries gave up): that
+    unit gets no verdict (it is claimed again later; before, the error ended the validator),
+    and the units of other versions get theirs."""
+    units, versions, config = _units(tiny_arith)
+    later = [s.model_copy(update={"policy_version": 1}) for s in units[2].samples]
+    units[2] = units[2].model_copy(update={"samples": later})
+
+    def version_of(version: int):
+        if version == 1:
+            raise WaitTimeout("fetch policy v1: peer unreachable for 300 s")
+        return versions(version)
+
+    results = judge_many(units, build_env(config.env), version_of, config.toploc)
+    assert [j.verdict.accept for j in results[:2]] == [True, False]
+    assert results[2].verdict is None and "policy v1" in results[2].failure

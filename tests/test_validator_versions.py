@@ -19,6 +19,7 @@ import torch
 from swarmrl.config import SwarmConfig
 from swarmrl.config.model import TinyModelConfig
 from swarmrl.config.shardcast import ShardcastConfig
+from swarmrl.errors import PeerUnavailable, WaitTimeout
 from swarmrl.identity import KeyPair
 from swarmrl.inference import interface
 from swarmrl.inference.engine import TorchEngine
@@ -135,3 +136,31 @@ def test_validator_downloads_each_announced_version_before_a_check_asks(tmp_path
         follower.join(10)
         origin.stop()
     assert not follower.is_alive()
+
+
+class AwayClient:
+    """``WeightClient.fetch`` with every source away: each attempt fails as unreachable."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def fetch(self, version, allow_rollback=False):
+        self.attempts += 1
+        raise PeerUnavailable(f"v{version}: no source answered")
+
+
+def test_a_version_whose_fetch_gave_up_is_not_fetched_again_at_once(tmp_path):
+    """The fetch retries for ``give_up_s`` and gives up (a ``WaitTimeout``, which defers the
+    units of that version: ``judge_many``); asked again at once, the version is not fetched
+    again for ``UNAVAILABLE_PAUSE_S``, so each re-claim of its units does not wait out a whole
+    retry in turn while other units wait for their verdicts."""
+    config = SwarmConfig.model_validate({"swarm": {"give_up_s": 0.3, "retry_s": 0.05}})
+    client = AwayClient()
+    versions = Versions(client, config, logging.getLogger("test.away"), threading.Event())
+    with pytest.raises(WaitTimeout):
+        versions(7)
+    tried = client.attempts
+    assert tried >= 2  # retried before giving up
+    with pytest.raises(WaitTimeout, match="gave up"):
+        versions(7)
+    assert client.attempts == tried  # not fetched again

@@ -25,9 +25,11 @@ and sampling the trusted side's harness produced, and the reward is the replayed
 A submission is accepted only if every sample is; the validator's replayed log-probs become the
 trusted behaviour log-probs the trainer's importance ratio uses. A rejection is hard (the node
 is banned) unless the validator itself failed ("replay" only), in which case no verdict is
-given and the submission is judged again later. A submission whose policy version every weight
-source has pruned cannot be replayed by anyone, ever: it is dropped with a soft rejection
-(late, not proven dishonest) instead of being claimed again and again.
+given and the submission is judged again later; so is one whose policy version cannot be
+fetched now (the sources away longer than the fetch's retries), without holding up the units
+of other versions. A submission whose policy version every weight source has pruned cannot be
+replayed by anyone, ever: it is dropped with a soft rejection (late, not proven dishonest)
+instead of being claimed again and again.
 
 Knows nothing about HTTP; the caller fetches versions and posts verdicts.
 """
@@ -44,7 +46,7 @@ from swarmrl.config.toploc import ToplocConfig
 from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.envs.vf1 import VerifiersV1Env
-from swarmrl.errors import VersionGone
+from swarmrl.errors import InfraError, VersionGone
 from swarmrl.model.prompts import decode_completion, encode_prompt
 from swarmrl.protocol import SamplingParams
 from swarmrl.protocol.episodes import Episode, ModelCall
@@ -319,6 +321,11 @@ def judge_many(
             for unit, _ in parts:
                 if unit.done is None:
                     unit.done = _reject(unit.pending, [f"cannot be replayed: {exc}"], "soft")
+            continue
+        except InfraError as exc:  # the weights cannot be had now: judged once they can
+            for unit, _ in parts:
+                if unit.done is None:
+                    unit.done = Judgement(None, [], failure=f"policy v{version}: {exc}")
             continue
         batch: list[tuple[_Unit, Item, Scorer | None]] = []
         for unit, idx in parts:

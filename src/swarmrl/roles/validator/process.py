@@ -50,6 +50,7 @@ FINISHED_CHECK_S = 2.0  # how often an idle validator asks whether the run is ov
 CLAIM_HOLD_S = 1.0
 CLAIM_PAUSE_S = 0.3
 FOLLOW_WAIT_S = 5.0  # one long-poll for a newer version; the follower checks ``stop`` between
+UNAVAILABLE_PAUSE_S = 30.0  # a version whose fetch gave up is not tried again before this
 
 
 class Versions:
@@ -59,7 +60,9 @@ class Versions:
     ``follow`` (run in a thread) downloads each version as soon as a weight source announces
     it, so the first check on a new version does not wait for its download. One fetch runs at
     a time (the client's connections and its pruning of old versions are not shared), and a
-    version is loaded under the same lock, so pruning never removes files being read.
+    version is loaded under the same lock, so pruning never removes files being read. A version
+    whose fetch gave up (its sources away for ``give_up_s``) is not fetched again for
+    ``UNAVAILABLE_PAUSE_S``: its units are deferred at once meanwhile (``judge_many``).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Versions:
         self.stop = stop
         self.loaded: OrderedDict[int, LoadedVersion] = OrderedDict()
         self._fetching = threading.Lock()
+        self._gave_up: dict[int, float] = {}  # version → when its fetch last gave up
 
     def close(self) -> None:
         """Release every loaded engine (vLLM engines run their own processes)."""
@@ -81,8 +85,16 @@ class Versions:
         if version in self.loaded:
             self.loaded.move_to_end(version)
             return self.loaded[version]
+        since = time.monotonic() - self._gave_up.get(version, -UNAVAILABLE_PAUSE_S)
+        if since < UNAVAILABLE_PAUSE_S:  # its units are deferred, not each held a whole retry
+            raise WaitTimeout(f"policy v{version}: its fetch gave up {since:.0f} s ago")
         with self._fetching:
-            loaded = self._load(version)
+            try:
+                loaded = self._load(version)
+            except WaitTimeout:
+                self._gave_up[version] = time.monotonic()
+                raise
+        self._gave_up.pop(version, None)
         self.loaded[version] = loaded
         return loaded
 
@@ -218,6 +230,8 @@ def run(
                 status.add(replay_seconds=time.perf_counter() - started, replays=len(pending))
                 verdicts = [r.verdict for r in results if r.verdict is not None]
                 receipts = iter(post_verdicts(pool, args.pool, verdicts, poster, swarm, log))
+                if not verdicts:  # every unit deferred: claimed again after a pause, not at once
+                    stop.wait(swarm.retry_s)
                 for sub, result in zip(pending, results, strict=True):
                     if result.verdict is None:
                         log.warning("could not judge %s now: %s", sub.submission_id, result.failure)
