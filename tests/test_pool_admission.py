@@ -12,7 +12,8 @@ from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import Conflict, PeerError
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import LeaseReply, PoolSpec, SamplingParams, Submission, TrainerProgress
+from swarmrl.protocol.batches import TrainerProgress
+from swarmrl.protocol.pool import LeaseReply, PoolSpec, SamplingParams, Submission
 from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -325,21 +326,7 @@ def test_a_lease_nobody_submits_holds_a_starving_trainer_only_until_it_is_overdu
     with local_orchestrator(tmp_path / "run", orch, cfg) as server:
         now = [time.time()]
         server.ctx.clock = lambda: now[0]  # signatures keep the real clock
-        spec = PoolSpec(
-            pool_id=POOL,
-            owner_key=owner.public_key_hex,
-            task_count=50,
-            open=True,
-            samples_per_task=2,
-            sampling=SamplingParams(max_new_tokens=2),
-            async_level=1,
-            validated_fraction=0.0,
-            min_tasks_per_lease=1,
-            max_tasks_per_lease=1,
-            max_leases_in_flight=64,
-            lease_target_s=0.5,  # a lease is overdue after 2 × 0.5 s
-            lease_timeout_s=600,
-        )
+        spec = _spec(owner, lease_target_s=0.5, lease_timeout_s=600)  # overdue after 2 × 0.5 s
         PoolClient(server.url, orch).create_pool(spec)
         trainer, worker = PoolClient(server.url, owner), PoolClient(server.url, node)
         worker.join(POOL, CPU_NODE)

@@ -25,8 +25,9 @@ from swarmrl.errors import ConfigError, ForgedEpisode  # noqa: E402
 from swarmrl.identity import KeyPair  # noqa: E402
 from swarmrl.inference.engine import TorchEngine  # noqa: E402
 from swarmrl.protocol import SamplingParams  # noqa: E402
+from swarmrl.protocol.batches import TrainableSubmission  # noqa: E402
 from swarmrl.protocol.episodes import Episode  # noqa: E402
-from swarmrl.protocol.pool import Sample, TrainableSubmission, WorkUnit  # noqa: E402
+from swarmrl.protocol.pool import Sample, WorkUnit  # noqa: E402
 from swarmrl.protocol.verdicts import PendingSubmission  # noqa: E402
 from swarmrl.rolekit.policy import LoadedVersion  # noqa: E402
 from swarmrl.roles.validator.judge import judge  # noqa: E402

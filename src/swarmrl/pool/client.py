@@ -35,12 +35,16 @@ from swarmrl.errors import PeerUnavailable, ProtocolMismatch, Rejected, Replayed
 from swarmrl.identity.keys import KeyPair
 from swarmrl.identity.requests import sign_request
 from swarmrl.pool.rejections import refusal
-from swarmrl.protocol.pool import (
-    PROTOCOL_VERSION,
+from swarmrl.protocol.batches import (
     BatchAck,
     BatchAckReceipt,
     BatchReply,
     BatchRequest,
+    TrainerProgress,
+    VersionUpdate,
+)
+from swarmrl.protocol.pool import (
+    PROTOCOL_VERSION,
     ErrorReply,
     Heartbeat,
     HeartbeatReply,
@@ -57,8 +61,6 @@ from swarmrl.protocol.pool import (
     RejoinRequest,
     Submission,
     SubmissionReceipt,
-    TrainerProgress,
-    VersionUpdate,
 )
 from swarmrl.protocol.verdicts import (
     ClaimReply,

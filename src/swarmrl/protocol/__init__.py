@@ -1,14 +1,13 @@
 """swarmrl.protocol: typed messages that cross a process boundary (see docs/architecture.md).
 
 One module per conversation: ``pool`` (orchestrator API), ``verdicts`` (a validator's claims and
-verdicts), ``proofs``, ``shardcast``, ``swarm``, ``episodes`` (multi-turn rollouts as token
+verdicts), ``batches`` (the trainer's progress and batches), ``proofs``, ``shardcast``, ``swarm``, ``episodes`` (multi-turn rollouts as token
 segments);
 ``sampling`` holds the sampling parameters and finish reason all of them share.
 """
 
+from swarmrl.protocol.batches import BatchReply, BatchRequest, TrainableSubmission
 from swarmrl.protocol.pool import (
-    BatchReply,
-    BatchRequest,
     Heartbeat,
     HeartbeatReply,
     Invite,
@@ -21,7 +20,6 @@ from swarmrl.protocol.pool import (
     Sample,
     Submission,
     SubmissionReceipt,
-    TrainableSubmission,
     WorkUnit,
 )
 from swarmrl.protocol.sampling import FinishReason, SamplingParams

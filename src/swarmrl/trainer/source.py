@@ -33,8 +33,9 @@ from swarmrl.envs.vf1 import VerifiersV1Env
 from swarmrl.errors import ForgedEpisode, HarnessTimedOut
 from swarmrl.model.prompts import decode_completion
 from swarmrl.protocol import SamplingParams
+from swarmrl.protocol.batches import TrainableSubmission
 from swarmrl.protocol.episodes import ModelCall, episode_from_calls
-from swarmrl.protocol.pool import Sample, TrainableSubmission
+from swarmrl.protocol.pool import Sample
 from swarmrl.trainer.batch import Completion, Group
 from swarmrl.trainer.episode_check import replay_episode
 from swarmrl.trainer.episodes import episode_completions

@@ -26,7 +26,8 @@ from swarmrl.pool.state import db
 from swarmrl.pool.state.replies import json_object, serialise_rows
 from swarmrl.pool.trust import assignments
 from swarmrl.pool.trust.service import Context, current_version
-from swarmrl.protocol.pool import BatchAckReceipt, TrainableSubmission, VersionUpdate, WorkUnit
+from swarmrl.protocol.batches import BatchAckReceipt, TrainableSubmission, VersionUpdate
+from swarmrl.protocol.pool import WorkUnit
 
 
 def set_version(

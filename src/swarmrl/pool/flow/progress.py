@@ -17,7 +17,8 @@ import sqlalchemy as sa
 from swarmrl.fastsql import Fast
 from swarmrl.pool.flow.admission import Supply
 from swarmrl.pool.state import db
-from swarmrl.protocol.pool import PoolSpec, VersionUpdate
+from swarmrl.protocol.batches import VersionUpdate
+from swarmrl.protocol.pool import PoolSpec
 
 MEASURED_STEPS = 3  # trainer steps the consumption rate is averaged over
 

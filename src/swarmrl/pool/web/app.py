@@ -56,14 +56,18 @@ from swarmrl.pool.web.bridge import Bridge
 from swarmrl.pool.web.hotroutes import HotLane, HotRoute, HotRoutes, error_summary
 from swarmrl.pool.web.metrics import OrchestratorMetrics, RequestTimer
 from swarmrl.pool.web.waits import PoolChanges, held
-from swarmrl.protocol.pool import (
-    NODE_ID,
-    POOL_ID_PATTERN,
-    PROTOCOL_VERSION,
+from swarmrl.protocol.batches import (
     BatchAck,
     BatchAckReceipt,
     BatchReply,
     BatchRequest,
+    TrainerProgress,
+    VersionUpdate,
+)
+from swarmrl.protocol.pool import (
+    NODE_ID,
+    POOL_ID_PATTERN,
+    PROTOCOL_VERSION,
     ErrorReply,
     Heartbeat,
     HeartbeatReply,
@@ -78,8 +82,6 @@ from swarmrl.protocol.pool import (
     RejoinRequest,
     Submission,
     SubmissionReceipt,
-    TrainerProgress,
-    VersionUpdate,
 )
 from swarmrl.protocol.verdicts import ClaimReply, ClaimRequest, Verdict, VerdictReceipt
 

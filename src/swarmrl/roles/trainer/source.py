@@ -47,7 +47,7 @@ from swarmrl.config import SwarmConfig
 from swarmrl.envs import Environment
 from swarmrl.errors import ForgedEpisode, HarnessTimedOut, InfraError, PeerError, WaitTimeout
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol.pool import TrainableSubmission
+from swarmrl.protocol.batches import TrainableSubmission
 from swarmrl.rl import is_informative
 from swarmrl.rolekit.toolkit import StatusReporter, retry
 from swarmrl.roles.trainer.acks import Acknowledger
