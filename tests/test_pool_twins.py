@@ -398,6 +398,34 @@ def test_a_ban_sends_the_matched_answers_of_its_units_twins_to_validators(tmp_pa
         assert reasons and "matched answers of its twins" in reasons[0], reasons
 
 
+def test_a_rechecked_copy_whose_original_trained_is_credited_and_never_trained(tmp_path, db_url):
+    """The banned node's unit trained before its ban (an honest unit; the ban was for
+    something else): the honest copy of it passes its recheck and keeps its credit, but stays
+    a twin's answer (``matched``): its samples are the ones that trained already, so no trainer
+    is served them a second time."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(db_url=db_url)) as server:
+        a, b, checker = _pool(server, orch, owner, validator, validated_fraction=0.5)
+        unit = _until(server, a, "unchecked")[-1]
+        _judge(checker)
+        _, answer = _answer(b)
+        copy_id = answer.submission_id
+        assert statuses(server)[copy_id] == "matched"
+        trainer, served = PoolClient(server.url, owner), set()
+        _until(server, a, "pending")
+        _judge(checker)
+        _serve(trainer, served)
+        assert unit in served and statuses(server)[unit] == "trained"
+        trainer.invalidate(POOL, a.keypair.node_id, InvalidateRequest(severity="hard", reason="x"))
+        [ban] = [e["body"] for e in entries(server, "invalidation")]
+        assert ban["recheck"] == [copy_id] and unit not in ban["dropped_submissions"]
+        _judge(checker)
+        assert statuses(server)[copy_id] == "matched" and _credits_kept(server, copy_id)
+        _serve(trainer, served)
+        assert copy_id not in served
+        _reverifies(server, orch, owner)
+
+
 def test_compare_needs_equal_tokens_and_log_probs_within_the_tolerance():
     from swarmrl.protocol.pool import WorkUnit  # noqa: PLC0415
 

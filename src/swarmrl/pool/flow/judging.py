@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from swarmrl.fastsql import Fast
-from swarmrl.pool.flow import spotcheck
+from swarmrl.pool.flow import spotcheck, twins
 from swarmrl.pool.flow.work import HELD_UNTIL, credit, on_probation
 from swarmrl.pool.rejections import Conflict, Invalid, NotFound, Unauthorized
 from swarmrl.pool.state import db
@@ -156,11 +156,14 @@ def record_verdict(
                     update=dict(accept=False, severity="hard", reasons=[flagged], measured_tokens=0)
                 )
         record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"}, exclude_none=True)
+        status = "accepted" if verdict.accept else "rejected"
+        if verdict.accept and twins.repeats_served(conn, row.lease_id):
+            status = "matched"  # a rechecked copy of samples that trained already
         conn.execute(
             db.submissions.update()
             .where(db.submissions.c.submission_id == row.submission_id)
             .values(
-                status="accepted" if verdict.accept else "rejected",
+                status=status,
                 validated=True,
                 verdict=json.dumps({**record, "validator": validator_key}),
             )

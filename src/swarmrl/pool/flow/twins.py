@@ -199,6 +199,28 @@ def settle(ctx: Context, conn: sa.Connection, spec: PoolSpec, sid: str, c: Compa
     return Entry("release", body, spec.pool_id, c.node_id, ctx.clock())
 
 
+# built once (an accepting verdict runs it): whether the submission of lease "l" answered the
+# twin of a unit a trainer was served already
+_REPEATS_SERVED = Fast(
+    sa.select(db.submissions.c.submission_id)
+    .join(db.leases, db.leases.c.twin_of == db.submissions.c.submission_id)
+    .where(
+        db.leases.c.lease_id == sa.bindparam("l"),
+        sa.or_(
+            db.submissions.c.status.in_(("leased", "trained")),
+            db.submissions.c.consumed_step.is_not(None),
+        ),
+    )
+)
+
+
+def repeats_served(conn: sa.Connection, lease_id: str) -> bool:
+    """Whether the submission of ``lease_id`` is a twin's answer whose original a trainer was
+    served already: accepted (a ban's recheck), it stays ``matched``, credited and never
+    trained, since its samples trained once (``swarmrl.pool.trust.penalties``)."""
+    return _REPEATS_SERVED.run(conn, {"l": lease_id}).first() is not None
+
+
 def _set(conn: sa.Connection, ids: list[str], status: str) -> None:
     if ids:
         subs = db.submissions

@@ -105,7 +105,8 @@ submissions = sa.Table(
     # submissions of its node passed, or pending when drawn for a check then
     # (swarmrl.pool.flow.spotcheck), or once its twin's equal output arrived, or pending when
     # that output differs; a twin's own submission → matched (credited, never trained: its
-    # samples are the other's) (swarmrl.pool.flow.twins); accepted → leased (in a batch) → trained
+    # samples are the other's) (swarmrl.pool.flow.twins), pending again when a ban rechecks it
+    # and back to matched if its original trained already; accepted → leased (in a batch) → trained
     # (acknowledged) or back to accepted (lease expired); any untrained one → dropped
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("validated", sa.Boolean, nullable=False),

@@ -6,7 +6,8 @@ is taken back (one ``slash`` entry). Another node's answer that matched the twin
 units (``swarmrl.pool.flow.twins``: credited unchecked, its samples equal to the banned node's)
 goes to validators, listed as ``recheck`` in the entry: a copy of a falsified unit (a second
 identity of the same party) fails its replay and bans its node in turn; an honest one passes
-and keeps its credit. Soft: one unit is dropped (and its credit, if still
+and keeps its credit (it trains in place of the dropped original, or, where the original
+trained already, stays ``matched``: ``swarmrl.pool.flow.twins.repeats_served``). Soft: one unit is dropped (and its credit, if still
 locked). Each writes an ``invalidation`` ledger entry in the
 caller's transaction. Knows nothing about HTTP.
 """
