@@ -2,7 +2,8 @@
 must never be flagged, and cheaper engines that must be, within 20 checked units.
 
     python bench/evidence.py [--dtype bfloat16] [--units 2000] [--unit-samples 1]
-        [--cheat-units 40] [--drift K --limit H]
+        [--cheat-units 40] [--drift K --limit H] [--calibration 256]
+        [--scale S [--reference 64]] [--model-shape JSON]
         [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--out FILE]
 
 On the declared model of ``bench/toploc.py`` (``toploc_cases``: a tiny model trained on the
@@ -10,6 +11,9 @@ reverse task), in ``--dtype``:
 
 1. **Thresholds** calibrated the way a pool does it across engines (``recommend`` over the
    honest measurements of every pairing together: the "cross" set of ``bench/cross_engine.py``).
+   ``--scale S`` measures the evidence in reference units instead (``toploc.evidence_scale``):
+   S times the honest means a run-start calibration of ``--reference`` samples records
+   (``calibrate_policy`` on the torch engine).
 2. **Honest nodes**: per pairing (worker engine -> validator engine), ``--units`` units of
    ``--unit-samples`` fresh honest samples each (batch 8), each unit judged and its
    measurements (``swarmrl.toploc.evidence.unit_measures``) added to one node's record at the
@@ -38,6 +42,7 @@ from typing import Any
 import torch
 
 from cross_engine import generate
+from swarmrl.config.model import TinyModelConfig
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
@@ -46,6 +51,7 @@ from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
 from swarmrl.toploc.calibrate import Measurements, measure, recommend
 from swarmrl.toploc.evidence import unit_measures
+from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
 from swarmrl.toploc.verify import Verifier
 from toploc_cases import DIGEST, build_models
 
@@ -125,6 +131,15 @@ def judge_units(
     }
 
 
+def run_start_reference(model, tokenizer, dtype: str, samples: int) -> dict[str, float]:
+    """The honest means the run-start calibration records (``calibrate_policy``: the torch
+    engine replaying itself across batch sizes, thread counts, with and without the KV cache),
+    what a validator measures evidence against at ``toploc.evidence_scale`` > 0."""
+    plan = CalibrationPlan(samples=samples, temperature=1.0, max_new_tokens=48)
+    document = calibrate_policy(model, tokenizer, plan, dtype=dtype)
+    return document["evidence_reference"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -136,11 +151,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="offsets the honest and cheat sets")
     parser.add_argument("--drift", type=float, help="the CUSUM's k (default: toploc's)")
     parser.add_argument("--limit", type=float, help="the CUSUM's h (default: toploc's)")
+    parser.add_argument(
+        "--scale", type=float, default=0.0, help="toploc.evidence_scale (0: threshold units)"
+    )
+    parser.add_argument(
+        "--reference", type=int, default=64, help="samples of the run-start calibration"
+    )
+    parser.add_argument(
+        "--model-shape",
+        help='the declared model\'s TinyModelConfig as JSON (e.g. \'{"arch": "qwen2", '
+        '"hidden_size": 256, "num_layers": 6, "num_heads": 8, "intermediate_size": 1024}\'); '
+        "default: toploc_cases' model",
+    )
     parser.add_argument("--out", default="bench/evidence.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
-    models = build_models(started)
+    shape = TinyModelConfig(**json.loads(args.model_shape)) if args.model_shape else None
+    models = build_models(started, shape)
     dtype = getattr(torch, args.dtype)
     model, older = models.model.to(dtype), models.older.to(dtype)
     params = SamplingParams(temperature=1.0, max_new_tokens=48)
@@ -167,7 +195,16 @@ def main() -> None:
                         measured.extend(measure(engines.get(v), gens, params, cfg))
             thresholds = recommend(measured, cfg.topk)
             chosen = {"evidence_drift": args.drift, "evidence_limit": args.limit}
-            cfg = ToplocConfig(**thresholds, **{k: v for k, v in chosen.items() if v is not None})
+            reference = run_start_reference(model, models.tokenizer, args.dtype, args.reference)
+            torch.set_num_threads(1)
+            results["reference"] = reference
+            print(f"run-start honest reference: {reference}", flush=True)
+            cfg = ToplocConfig(
+                **thresholds,
+                **{k: v for k, v in chosen.items() if v is not None},
+                evidence_scale=args.scale,
+                evidence_reference=reference,
+            )
             results["thresholds"] = thresholds
             results["drift_limit"] = [cfg.evidence_drift, cfg.evidence_limit]
             print(f"cross thresholds {thresholds} ({time.perf_counter() - started:.0f}s)")

@@ -120,10 +120,11 @@ def detection(verifier, worker, subs, honest_subs):
     }
 
 
-def build_models(started: float) -> SimpleNamespace:
-    """The declared model (trained), its older version, the random-init model, a cheap model."""
+def build_models(started: float, tiny: TinyModelConfig | None = None) -> SimpleNamespace:
+    """The declared model (trained; ``tiny``'s shape, the default one if None), its older
+    version, the random-init model, a cheap model."""
     tokenizer = build_char_tokenizer(ENV.alphabet)
-    tiny = TinyModelConfig()
+    tiny = tiny or TinyModelConfig()
     torch.manual_seed(0)
     model = create_tiny_model(tiny, tokenizer)
     untrained = copy.deepcopy(model)

@@ -9,7 +9,7 @@ import torch
 
 from swarmrl.cli import main as swarmrl_main
 from swarmrl.config.model import TinyModelConfig
-from swarmrl.config.toploc import ToplocConfig
+from swarmrl.config.toploc import LOWER_DTYPE_SETTINGS, ToplocConfig, lower_dtype_advice
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
@@ -46,6 +46,13 @@ def test_calibrate_writes_thresholds_the_verifier_loads(tmp_path):
     loaded = load_thresholds(ToplocConfig(thresholds_path=str(out)))
     assert loaded.max_mantissa_mean == thresholds["max_mantissa_mean"]
     assert loaded.logprob_tolerance == thresholds["logprob_tolerance"]
+    # the honest means the evidence can be measured against (toploc.evidence_scale > 0)
+    reference = document["evidence_reference"]
+    assert reference["mantissa"] == pytest.approx(measured["mant_err_mean"]["mean"])
+    assert reference["logprobs"] == pytest.approx(measured["logprob_mean_error"]["mean"])
+    assert reference["logprobs"] <= measured["logprob_error"]["mean"]  # a mean, not the worst
+    assert 0 <= reference["exponents"] <= measured["exp_mismatches"]["max"] / 4
+    assert loaded.evidence_reference == reference
 
 
 def test_threshold_file_errors_are_one_line_user_errors(tmp_path):
@@ -172,3 +179,19 @@ def test_a_chunk_of_fewer_entries_than_top_k_allows_one_index_ranked_differently
     assert passes(ChunkAgreement(0, 1.0, 0.0, 128))
     assert not passes(ChunkAgreement(0, 4.1, 0.0, 32))  # more than one index's worth
     assert not passes(ChunkAgreement(0, 1.25, 2.0, 32))  # the median is not relaxed
+
+
+def test_a_run_below_float32_with_float32_toploc_settings_is_told_what_to_set():
+    assert lower_dtype_advice(ToplocConfig(), "float32") is None
+    advice = lower_dtype_advice(ToplocConfig(), "bfloat16")
+    assert advice is not None and "\n" not in advice
+    for key, value in LOWER_DTYPE_SETTINGS.items():
+        assert f"toploc.{key} = {value:g}" in advice
+    some = ToplocConfig(calibration_samples=4096, evidence_scale=4.5)
+    advice = lower_dtype_advice(some, "float16")
+    assert (
+        advice is not None
+        and "evidence_limit = 2" in advice
+        and "calibration_samples" not in advice
+    )
+    assert lower_dtype_advice(ToplocConfig(**LOWER_DTYPE_SETTINGS), "bfloat16") is None

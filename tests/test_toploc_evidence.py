@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmrl.errors import UserError
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.pool.client import PoolClient
@@ -20,7 +21,9 @@ from swarmrl.roles.validator.judge import judge
 from swarmrl.roles.worker.rollouts import generate_unit
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator
 from swarmrl.toploc.bundle import build_bundles
-from swarmrl.toploc.evidence import NodeEvidence, unit_measures
+from swarmrl.toploc.evidence import REFERENCE_FLOOR, NodeEvidence, unit_measures
+from swarmrl.toploc.evidence import units as evidence_units
+from swarmrl.toploc.verify import Verifier
 
 DIGEST = "ab" * 32
 
@@ -110,6 +113,42 @@ def test_unit_measures_are_each_sample_normalised_by_its_threshold(tiny_arith):
     flagged = evidence.add("n", {"logprobs": 1.25})  # S = 1.2 > 1
     assert flagged is not None and "over 3 accepted units" in flagged
     assert evidence.add("m", {"logprobs": 1.25}) is None  # another node starts at 0
+
+
+def test_in_reference_units_a_measure_counts_in_honest_means_never_finer_than_the_floor(
+    tiny_arith,
+):
+    """``evidence_scale`` s > 0: one unit of a measure is s times the calibration's honest
+    mean, but at least ``REFERENCE_FLOOR`` of its threshold (an exact engine's mean of 0 would
+    make every rounding of another engine a shift); no reference is a one-line error, at the
+    verifier's start."""
+    thresholds = {"logprob_tolerance": 0.01, "max_mantissa_mean": 10.0,
+                  "min_exponent_matches": 88, "topk": 128}  # fmt: skip
+    reference = {"logprobs": 0.001, "mantissa": 1.0, "exponents": 0.0}
+    toploc = tiny_arith[0].toploc.model_copy(
+        update={**thresholds, "evidence_scale": 4.0, "evidence_reference": reference}
+    )
+    units = evidence_units(toploc)
+    assert units == pytest.approx(
+        {"logprobs": 0.004, "mantissa": 4.0, "exponents": REFERENCE_FLOOR * 40 / 128}
+    )
+    chunk = ChunkReport(index=0, compared=128, exp_mismatches=1, mant_err_mean=5.0,
+                        mant_err_median=4.0, passed=True)  # fmt: skip
+    verdict = ProofVerdict(accepted=True, behaviour_logprobs=[-1.0, -2.0], chunks=[chunk])
+    # log-probs: 0.005 / 0.004 = 1.25 and 0.5 / 0.004 capped at 2; mantissa 5 / 4;
+    # exponents (1 / 128) / 0.015625 = 0.5
+    measures = unit_measures([verdict], [[-1.005, -2.5]], toploc)
+    assert measures == pytest.approx({"logprobs": 1.625, "mantissa": 1.25, "exponents": 0.5})
+    # the same unit in threshold units (scale 0), as before
+    plain = unit_measures(
+        [verdict], [[-1.005, -2.5]], toploc.model_copy(update={"evidence_scale": 0})
+    )
+    assert plain == pytest.approx({"logprobs": 1.25, "mantissa": 0.5, "exponents": 0.025})
+    missing = toploc.model_copy(update={"evidence_reference": {"logprobs": 0.001}})
+    with pytest.raises(UserError, match="mantissa"):
+        unit_measures([verdict], [[-1.005, -2.5]], missing)
+    with pytest.raises(UserError, match="evidence_reference"):
+        Verifier(TorchEngine(tiny_arith[3], tiny_arith[2]), missing)
 
 
 def test_two_validators_and_a_restarted_orchestrator_keep_one_record(tmp_path, tiny_arith):

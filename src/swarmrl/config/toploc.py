@@ -91,9 +91,10 @@ class ToplocConfig(Section):
         ge=0,
         le=2,
         description="k of the per-node CUSUM the pool keeps (swarmrl.ledger.evidence; the pool "
-        "spec's evidence_drift): the share of a threshold an accepted unit's mean measurement "
-        "may sit at without adding to the node's evidence; calibrated thresholds are twice the "
-        "worst honest value, so honest units average below 0.5",
+        "spec's evidence_drift): what an accepted unit's mean measurement may sit at without "
+        "adding to the node's evidence, in shares of a threshold (calibrated thresholds are "
+        "twice the worst honest value, so honest units average below 0.5) or, with "
+        "evidence_scale s, in units of s honest means",
     )
     evidence_limit: float = Field(
         5.0,
@@ -102,6 +103,22 @@ class ToplocConfig(Section):
         description="h of the per-node CUSUM (the pool spec's evidence_limit): the unit that "
         "takes a node's evidence past it is rejected (about h / (mean - k) units consistently "
         "off); 0 = keep no verdict on it",
+    )
+    evidence_scale: float = Field(
+        0.0,
+        ge=0,
+        le=1e3,
+        description="0: an accepted unit's evidence is measured in shares of the thresholds "
+        "it is judged against; s > 0: in units of s times the honest mean of each measure "
+        "that the calibration recorded (evidence_reference), which hardly moves with the "
+        'number of calibration samples while the thresholds do (docs/toploc.md, "Evidence '
+        'in reference units"); the drift then sits at evidence_drift x s honest means',
+    )
+    evidence_reference: dict[str, float] | None = Field(
+        None,
+        description="honest mean per evidence measure (logprobs: nats per token, mantissa: "
+        "ulps per chunk, exponents: share of a chunk's exponents that differ), as the "
+        "calibration records it; thresholds_path's file sets it",
     )
     max_prompt_tokens: int = Field(4096, gt=0, description="longest accepted prompt, tokens")
     max_bundle_bytes: int = Field(
@@ -123,4 +140,31 @@ class ToplocConfig(Section):
     )
     calibration_samples: int = Field(
         64, ge=1, description="honest samples generated for the run-start calibration"
+    )
+
+
+# what a pool generating in a dtype below float32 needs, measured by bench/evidence.py
+# (docs/toploc.md, "Evidence in reference units"): thresholds from enough samples to hold the
+# honest tail, and the evidence measured against honest means instead of those thresholds
+LOWER_DTYPE_SETTINGS = {"calibration_samples": 2048, "evidence_scale": 4.5, "evidence_limit": 2.0}
+
+
+def lower_dtype_advice(toploc: ToplocConfig, dtype: str) -> str | None:
+    """One line for a run generating in ``dtype`` with toploc settings made for float32 (None
+    in float32, or once the settings differ from float32's defaults)."""
+    if dtype == "float32":
+        return None
+    default = ToplocConfig()
+    left = [
+        f"toploc.{key} = {value:g}"
+        for key, value in LOWER_DTYPE_SETTINGS.items()
+        if getattr(toploc, key) == getattr(default, key)
+    ]
+    if not left:
+        return None
+    return (
+        f"the policy runs in {dtype} with toploc's float32 settings: honest units may be "
+        "rejected beyond thresholds from few samples, and a float8 or int8 worker may pass "
+        f'unit after unit; set {", ".join(left)} (docs/toploc.md, "Evidence in reference '
+        'units")'
     )

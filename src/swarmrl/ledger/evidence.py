@@ -59,7 +59,7 @@ def add_unit(
         if limit > 0 and value > limit and flagged is None:
             flagged = (
                 f"{EVIDENCE_PREFIX}{name} consistently off over {cusum.units} accepted units "
-                f"(mean {cusum.total / cusum.units:.2f} of the threshold; CUSUM "
+                f"(mean x {cusum.total / cusum.units:.2f}; CUSUM "
                 f"{value:.2f} > {limit:g} at drift {drift:g})"
             )
     return flagged

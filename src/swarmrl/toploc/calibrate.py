@@ -116,13 +116,16 @@ def generate_without_cache(
 
 @dataclass
 class Measurements:
-    """Honest replay statistics: per chunk (first three) and per sample (last two)."""
+    """Honest replay statistics, per chunk (the exponent and mantissa ones) and per sample (the
+    sampling and log-prob ones)."""
 
     exp_mismatches: list[int] = field(default_factory=list)
     mant_err_mean: list[float] = field(default_factory=list)
     mant_err_median: list[float] = field(default_factory=list)
     sampling_margin: list[float] = field(default_factory=list)
     logprob_error: list[float] = field(default_factory=list)
+    logprob_mean_error: list[float] = field(default_factory=list)  # per sample, over tokens
+    exp_mismatch_share: list[float] = field(default_factory=list)  # per chunk, of k compared
 
     def extend(self, other: Measurements) -> None:
         for name in self.__dataclass_fields__:
@@ -176,12 +179,32 @@ def measure(
             out.exp_mismatches.append(chunk.exp_mismatches)
             out.mant_err_mean.append(chunk.mant_err_mean)
             out.mant_err_median.append(chunk.mant_err_median)
+            out.exp_mismatch_share.append(chunk.exp_mismatches / max(1, chunk.k))
         sampled = replay_sampling(
             replay.logits, generation.output_tokens, params, generation.seed, math.inf, 0.0
         )
         out.sampling_margin.append(max(sampled.worst_margin, 0.0))
         reported = torch.tensor(generation.logprobs, dtype=torch.float64)
-        out.logprob_error.append(float((reported - sampled.logprobs).abs().max()))
+        errors = (reported - sampled.logprobs).abs()
+        out.logprob_error.append(float(errors.max()))
+        out.logprob_mean_error.append(float(errors.mean()))
+    return out
+
+
+def reference(measured: Measurements) -> dict[str, float]:
+    """The honest mean of each evidence measure, in its own units (``swarmrl.toploc.evidence``,
+    reference units): a token's |reported - replayed| log-prob (nats), a chunk's mantissa error
+    mean (ulps) and a chunk's share of top-k exponents that differ. Means are what a node's
+    record is compared with: unlike the worst value the thresholds come from, they hardly move
+    with the number of samples measured."""
+    out = {}
+    for name, values in (
+        ("logprobs", measured.logprob_mean_error),
+        ("mantissa", measured.mant_err_mean),
+        ("exponents", measured.exp_mismatch_share),
+    ):
+        if values:
+            out[name] = float(np.mean(np.asarray(values, dtype=np.float64)))
     return out
 
 

@@ -17,6 +17,11 @@ each averaged over the unit's samples, and per measure::
 (k = ``evidence_drift``, h = ``evidence_limit``; the arithmetic is ``swarmrl.ledger.evidence``).
 A node whose units average x̄ > k is flagged after about h / (x̄ − k) units.
 
+With ``evidence_scale`` s > 0 the divisor of each measure is s times the honest mean the
+calibration recorded (``evidence_reference``), never below :data:`REFERENCE_FLOOR` of the
+threshold (:func:`units`): thresholds grow with the number of calibration samples (they bound
+the worst honest value), means hardly move (docs/toploc.md, "Evidence in reference units").
+
 A validator sends each accepted unit's measurements with its verdict (``Verdict.evidence``) and
 the pool keeps one record per node in its database, across validators and restarts
 (``swarmrl.pool.trust.evidence``); :class:`NodeEvidence` keeps records in this process's memory
@@ -31,12 +36,43 @@ from dataclasses import dataclass, field
 from typing import get_args
 
 from swarmrl.config.toploc import ToplocConfig
+from swarmrl.errors import UserError
 from swarmrl.ledger.evidence import Cusum, add_unit
 from swarmrl.protocol.pool import EVIDENCE_CAP, EvidenceMeasure
 from swarmrl.protocol.proofs import ProofVerdict
 
-TOKEN_CAP = EVIDENCE_CAP  # a token's or chunk's term counts at most this many thresholds
+TOKEN_CAP = EVIDENCE_CAP  # a token's or chunk's term counts at most this many units
+REFERENCE_FLOOR = (
+    0.05  # in reference units, a measure's unit is at least this share of its threshold
+)
 MEASURES: tuple[EvidenceMeasure, ...] = get_args(EvidenceMeasure)
+
+
+def units(config: ToplocConfig) -> dict[EvidenceMeasure, float]:
+    """What one unit of each measure is, in the measure's own units (nats per token, ulps per
+    chunk, share of a chunk's exponents that differ): its threshold (``evidence_scale`` 0), or
+    ``evidence_scale`` times the calibration's honest mean, never below
+    :data:`REFERENCE_FLOOR` of the threshold (a mean near 0, an engine replaying itself bit
+    for bit, would otherwise count every honest rounding of another engine as a shift)."""
+    thresholds: dict[EvidenceMeasure, float] = {
+        "logprobs": config.logprob_tolerance,
+        "mantissa": config.max_mantissa_mean,
+        "exponents": 1.0 - config.min_exponent_matches / config.topk,
+    }
+    if config.evidence_scale <= 0:
+        return thresholds
+    reference = config.evidence_reference or {}
+    missing = [m for m in MEASURES if m not in reference]
+    if missing:
+        raise UserError(
+            f"toploc.evidence_scale > 0 needs the calibration's honest mean of {missing} "
+            "(evidence_reference: a thresholds file written by `swarmrl toploc calibrate` "
+            "or the run-start calibration of this version)"
+        )
+    return {
+        m: max(config.evidence_scale * reference[m], REFERENCE_FLOOR * t)
+        for m, t in thresholds.items()
+    }
 
 
 def unit_measures(
@@ -45,24 +81,26 @@ def unit_measures(
     """The normalised measurements of one accepted unit (module docstring); ``reported``: each
     sample's log-probs as the worker reported them ([n] per sample). A measure no sample of the
     unit has (no chunk compared, no token) is left out."""
+    if not verdicts:
+        return {}
     per_sample: dict[EvidenceMeasure, list[float]] = {m: [] for m in MEASURES}
-    allowed_share = 1.0 - config.min_exponent_matches / config.topk
+    unit = units(config)
     for verdict, claimed in zip(verdicts, reported, strict=True):
         replayed = verdict.behaviour_logprobs or []
-        if replayed and config.logprob_tolerance > 0:
+        if replayed and unit["logprobs"] > 0:
             terms = [
-                min(TOKEN_CAP, abs(c - r) / config.logprob_tolerance)
+                min(TOKEN_CAP, abs(c - r) / unit["logprobs"])
                 for c, r in zip(claimed, replayed, strict=True)
             ]
             per_sample["logprobs"].append(sum(terms) / len(terms))
         chunks = [c for c in verdict.chunks if c.compared > 0]
-        if chunks and config.max_mantissa_mean > 0:
+        if chunks and unit["mantissa"] > 0:
             errors = [c.mant_err_mean if c.mant_err_mean is not None else math.inf for c in chunks]
-            mean = sum(min(TOKEN_CAP, e / config.max_mantissa_mean) for e in errors)
+            mean = sum(min(TOKEN_CAP, e / unit["mantissa"]) for e in errors)
             per_sample["mantissa"].append(mean / len(chunks))
-        if chunks and allowed_share > 0:
+        if chunks and unit["exponents"] > 0:
             shares = [
-                min(TOKEN_CAP, c.exp_mismatches / (c.compared * allowed_share)) for c in chunks
+                min(TOKEN_CAP, c.exp_mismatches / (c.compared * unit["exponents"])) for c in chunks
             ]
             per_sample["exponents"].append(sum(shares) / len(shares))
     return {m: sum(xs) / len(xs) for m, xs in per_sample.items() if xs}

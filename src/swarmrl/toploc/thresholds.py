@@ -14,10 +14,12 @@ Document (also what ``swarmrl toploc calibrate`` writes)::
      "runs": [{"batch": 8, "threads": 1, "cache": true, "samples": 32, "seconds": 0.4}, ...],
      "measured": {"mant_err_mean": {"max": ..., "p99": ..., "mean": ..., "count": ...}, ...},
      "margin": {"rel": 1.0, "abs_ulps": 1.0},
-     "thresholds": {"min_exponent_matches": 126, "max_mantissa_mean": 1.0, ...}}
+     "thresholds": {"min_exponent_matches": 126, "max_mantissa_mean": 1.0, ...},
+     "evidence_reference": {"logprobs": ..., "mantissa": ..., "exponents": ...}}
 
 ``load_thresholds`` reads such a document back into a ``ToplocConfig`` (the keys in
-``THRESHOLD_KEYS``). Knows nothing about pools, roles or the command line.
+``THRESHOLD_KEYS``, and the honest means the per-node evidence can be measured against,
+``evidence_reference``: ``calibrate.reference``). Knows nothing about pools, roles or the command line.
 """
 
 from __future__ import annotations
@@ -40,9 +42,15 @@ from swarmrl.errors import MissingPathError, UserError
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.model.io import DType, load_policy
 from swarmrl.protocol import SamplingParams
-from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
+from swarmrl.toploc.calibrate import (
+    Measurements,
+    generate_without_cache,
+    measure,
+    recommend,
+    reference,
+)
 
-FORMAT = 1  # bump when the calibration recipe changes, so cached documents are not reused
+FORMAT = 2  # bump when the calibration recipe changes, so cached documents are not reused
 
 THRESHOLD_KEYS = (
     "min_exponent_matches",
@@ -62,8 +70,11 @@ def load_thresholds(config: ToplocConfig) -> ToplocConfig:
     if not path.is_file():
         raise MissingPathError(f"toploc thresholds file not found: {path}")
     try:
-        values = json.loads(path.read_text())["thresholds"]
+        document = json.loads(path.read_text())
+        values = document["thresholds"]
         update = {k: values[k] for k in THRESHOLD_KEYS if k in values}
+        if "evidence_reference" in document:
+            update["evidence_reference"] = document["evidence_reference"]
         return ToplocConfig.model_validate({**config.model_dump(), **update})
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path} is not a toploc thresholds file ({exc})") from exc
@@ -159,6 +170,7 @@ def calibrate_policy(
         "measured": measured.summary(),
         "margin": {"rel": plan.margin_rel, "abs_ulps": plan.margin_ulps},
         "thresholds": recommend(measured, topk, plan.margin_rel, plan.margin_ulps),
+        "evidence_reference": reference(measured),
         **plan.extra,
     }
 

@@ -50,6 +50,7 @@ from swarmrl.protocol.proofs import (
 )
 from swarmrl.toploc.bundle import binding_digest
 from swarmrl.toploc.encoding import chunk_count, decode_chunks
+from swarmrl.toploc.evidence import units as evidence_units
 from swarmrl.toploc.hidden import ChunkAgreement, compare_chunks
 from swarmrl.toploc.prefill import Replayer, prefill_many
 from swarmrl.toploc.replay import (
@@ -107,6 +108,7 @@ class Verifier:
     ) -> None:
         self.engine = engine
         self.config = load_thresholds(config or ToplocConfig())
+        evidence_units(self.config)  # a scale without the calibration's reference is refused here
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.vocab_size = vocab_size
         self.scorer = scorer

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from swarmrl.config import SwarmConfig
-from swarmrl.config.toploc import THRESHOLDS_FILE
+from swarmrl.config.toploc import THRESHOLDS_FILE, lower_dtype_advice
 from swarmrl.envs import build_env
 from swarmrl.errors import MissingPathError
 from swarmrl.identity import KeyPair, load_keypair
@@ -162,6 +162,9 @@ def calibrate_verifier(
     at ``toploc.thresholds_path`` (where the validators read them), else at
     ``RUN_DIR/toploc-thresholds.json`` for the operator to hand to validators; kept if there."""
     toploc = config.toploc
+    advice = lower_dtype_advice(toploc, config.engine_dtype)
+    if advice is not None:
+        log.warning(advice)
     if not toploc.calibrate_at_start:
         return
     out = Path(toploc.thresholds_path or run_dir / THRESHOLDS_FILE)
