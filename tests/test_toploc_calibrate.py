@@ -65,6 +65,9 @@ def test_threshold_file_errors_are_one_line_user_errors(tmp_path):
     bad.write_text('{"thresholds": {"max_mantissa_mean": -1}}')
     with pytest.raises(UserError):
         load_thresholds(ToplocConfig(thresholds_path=str(bad)))
+    bad.write_text('{"thresholds": {}, "evidence_reference": {"mantissa": NaN}}')
+    with pytest.raises(UserError, match="finite"):
+        load_thresholds(ToplocConfig(thresholds_path=str(bad)))
 
 
 def test_run_start_thresholds_catch_int8_weights_the_defaults_pass(tmp_path, monkeypatch):

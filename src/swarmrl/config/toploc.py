@@ -10,7 +10,9 @@ override the ones here).
 
 from __future__ import annotations
 
-from pydantic import Field
+import math
+
+from pydantic import Field, field_validator
 
 from swarmrl.config.base import Section, path_key
 
@@ -120,6 +122,15 @@ class ToplocConfig(Section):
         "ulps per chunk, exponents: share of a chunk's exponents that differ), as the "
         "calibration records it; thresholds_path's file sets it",
     )
+
+    @field_validator("evidence_reference")
+    @classmethod
+    def _finite_means(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        bad = {k: v for k, v in (value or {}).items() if not (math.isfinite(v) and v >= 0)}
+        if bad:
+            raise ValueError(f"honest means must be finite and >= 0, not {bad}")
+        return value
+
     max_prompt_tokens: int = Field(4096, gt=0, description="longest accepted prompt, tokens")
     max_bundle_bytes: int = Field(
         8 * 2**20, gt=0, description="largest accepted serialised proof bundle, bytes"

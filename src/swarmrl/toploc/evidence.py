@@ -42,9 +42,7 @@ from swarmrl.protocol.pool import EVIDENCE_CAP, EvidenceMeasure
 from swarmrl.protocol.proofs import ProofVerdict
 
 TOKEN_CAP = EVIDENCE_CAP  # a token's or chunk's term counts at most this many units
-REFERENCE_FLOOR = (
-    0.05  # in reference units, a measure's unit is at least this share of its threshold
-)
+REFERENCE_FLOOR = 0.05  # in reference units, a unit is at least this share of the threshold
 MEASURES: tuple[EvidenceMeasure, ...] = get_args(EvidenceMeasure)
 
 
