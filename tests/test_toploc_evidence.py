@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import UserError
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
@@ -42,14 +43,18 @@ class ShiftedEngine:
         ]
 
 
-def _units_until_rejected(tiny_arith, shift: float, units: int) -> tuple[int | None, list[str]]:
-    """Judge up to ``units`` units of one node with a validator keeping evidence; the number
-    of the first rejected unit (1-based; None if none) and its reasons."""
+def _units_until_rejected(
+    tiny_arith, shift: float, units: int, toploc: ToplocConfig | None = None
+) -> tuple[int | None, list[str]]:
+    """Judge up to ``units`` units of one node with a validator keeping evidence (``toploc``,
+    else the config's); the number of the first rejected unit (1-based; None if none) and
+    its reasons."""
     config, env, tokenizer, model = tiny_arith
+    toploc = toploc or config.toploc
     worker = KeyPair.generate()
     engine = TorchEngine(model, tokenizer)
     versions = {0: LoadedVersion(0, DIGEST, engine, tokenizer, Path("."))}
-    evidence = NodeEvidence.from_config(config.toploc)
+    evidence = NodeEvidence.from_config(toploc)
 
     def prove(generations, params):
         bundles = build_bundles(
@@ -70,9 +75,9 @@ def _units_until_rejected(tiny_arith, shift: float, units: int) -> tuple[int | N
             request_signature="0" * 128, body_digest="0" * 64, request_timestamp_ms=0,
             request_nonce="0" * 32, work=work, samples=samples,
         )  # fmt: skip
-        alone = judge(pending, env, versions.__getitem__, config.toploc).verdict
+        alone = judge(pending, env, versions.__getitem__, toploc).verdict
         assert alone is not None and alone.accept, alone  # each unit passes on its own
-        verdict = judge(pending, env, versions.__getitem__, config.toploc, evidence).verdict
+        verdict = judge(pending, env, versions.__getitem__, toploc, evidence).verdict
         if not verdict.accept:
             return n + 1, verdict.reasons
     return None, []
@@ -90,6 +95,21 @@ def test_a_node_whose_every_unit_is_slightly_off_is_rejected_within_20_units(tin
 def test_an_honest_node_gathers_no_evidence(tiny_arith):
     rejected_at, reasons = _units_until_rejected(tiny_arith, 0.0, units=30)
     assert rejected_at is None, reasons
+
+
+def test_a_shift_small_against_the_thresholds_is_flagged_against_the_honest_means(tiny_arith):
+    """Log-probs 0.2 tolerances off on every token: a fifth of the threshold, under the drift,
+    so never flagged in threshold units; with the calibration's honest mean at 0.25 tolerances
+    and ``evidence_scale`` 1, the same units sit at 0.8 honest means and the node is rejected
+    once its record passes the limit (S = n x 0.3 > 5 at unit 17)."""
+    base = tiny_arith[0].toploc
+    shift = 0.2 * base.logprob_tolerance
+    assert _units_until_rejected(tiny_arith, shift, units=20) == (None, [])
+    means = {"logprobs": 0.25 * base.logprob_tolerance, "mantissa": 1.0, "exponents": 0.01}
+    toploc = base.model_copy(update={"evidence_scale": 1.0, "evidence_reference": means})
+    rejected_at, reasons = _units_until_rejected(tiny_arith, shift, units=20, toploc=toploc)
+    assert rejected_at == 17, (rejected_at, reasons)
+    assert reasons[0].startswith("evidence: logprobs consistently off over 17 accepted units")
 
 
 def test_unit_measures_are_each_sample_normalised_by_its_threshold(tiny_arith):
