@@ -43,22 +43,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shardcast_procs as P  # noqa: E402
+from hostile_requests import (  # noqa: E402
+    Sender,
+    chunked,
+    declared,
+    huge_head,
+    nested,
+    never_reads,
+    request_head,
+    sends,
+    slow_head,
+    smuggle_cl_te,
+    smuggle_te_obfuscated,
+    smuggle_te_unknown,
+    smuggle_two_lengths,
+    trickle,
+    unfinished,
+)
 
 BENCH = Path(__file__).resolve().parent
 HEARTBEAT = "/pools/p1/heartbeat"  # uvicorn: the direct lane answers it
@@ -142,173 +156,22 @@ def peak_growth_mib(before: dict[int, int]) -> float:
 # --- the probes ------------------------------------------------------------------------------
 
 
-def _head(method: str, path: str, extra: str = "") -> bytes:
-    return f"{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
-
-
-def trickle(path: str, wire_bytes: int) -> bytes:
-    """A chunked POST in 2-byte chunks, never ended."""
-    head = _head("POST", path, "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
-    return head + b"2\r\nab\r\n" * (wire_bytes // 7)
-
-
-def unfinished(path: str, method: str = "POST") -> bytes:
-    """A complete head promising 1,000 bytes of body, and 10 of them."""
-    return _head(method, path, "Content-Length: 1000\r\n") + b"{" * 10
-
-
-def huge_head(path: str, method: str = "POST") -> bytes:
-    """A 120 KB head in one write (the limit is 64 KiB)."""
-    return _head(method, path, f"X-Big: {'a' * 120_000}\r\nContent-Length: 2\r\n") + b"{}"
-
-
-def declared(path: str, body_bytes: int) -> bytes:
-    extra = f"Content-Type: application/json\r\nContent-Length: {body_bytes}\r\n"
-    return _head("POST", path, extra) + b"1" * body_bytes
-
-
-def chunked(path: str, body_bytes: int, chunk_bytes: int = 64 << 10) -> bytes:
-    head = _head("POST", path, "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
-    chunk = b"%x\r\n" % chunk_bytes + b"1" * chunk_bytes + b"\r\n"
-    return head + chunk * (body_bytes // chunk_bytes) + b"0\r\n\r\n"
-
-
-def nested(path: str) -> bytes:
-    body = b"[" * 5000
-    extra = (
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
-    )
-    return _head("POST", path, extra) + body
-
-
-def smuggle_cl_te(path: str) -> bytes:
-    """Content-Length and Transfer-Encoding both; a second request hidden behind the chunked end."""
-    extra = "Content-Length: 6\r\nTransfer-Encoding: chunked\r\n"
-    return _head("POST", path, extra) + b"0\r\n\r\n" + _head("GET", "/smuggled")
-
-
-def smuggle_two_lengths(path: str) -> bytes:
-    """Two different Content-Lengths; the longer one swallows a second request."""
-    second = _head("GET", "/smuggled")
-    extra = f"Content-Length: 2\r\nContent-Length: {2 + len(second)}\r\n"
-    return _head("POST", path, extra) + b"{}" + second
-
-
-def smuggle_te_obfuscated(path: str) -> bytes:
-    """``Transfer-Encoding : chunked`` (a space before the colon) beside a Content-Length."""
-    extra = "Content-Length: 4\r\nTransfer-Encoding : chunked\r\n"
-    return _head("POST", path, extra) + b"0\r\n\r\n" + _head("GET", "/smuggled")
-
-
-def smuggle_te_unknown(path: str) -> bytes:
-    """``Transfer-Encoding: chunked, identity`` (chunked not last) and a Content-Length."""
-    extra = "Content-Length: 4\r\nTransfer-Encoding: chunked, identity\r\n"
-    return _head("POST", path, extra) + b"0\r\n\r\n" + _head("GET", "/smuggled")
-
-
-STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
-
-
-def _statuses(answer: bytes) -> str:
-    found = [s.decode() for s in STATUS.findall(answer)]
-    return ",".join(found) if found else "-"
-
-
-def send_and_read(address, data: bytes, start: float, window_s: float) -> tuple[str, float | None]:
-    """Send ``data`` and read until the server closes: statuses, seconds to the close."""
-    answer, closed_at = b"", None
-    with socket.create_connection(address) as sock:
-        try:
-            sock.sendall(data)
-        except OSError:
-            pass  # closed by the server while we sent: it may still have answered
-        try:
-            while (left := start + window_s - time.monotonic()) > 0:
-                sock.settimeout(left)
-                chunk = sock.recv(1 << 16)
-                if not chunk:
-                    closed_at = time.monotonic() - start
-                    break
-                answer += chunk
-        except TimeoutError:
-            pass
-        except OSError:
-            closed_at = time.monotonic() - start
-    return _statuses(answer), closed_at
-
-
-def slow_head(address, path: str, start: float, window_s: float) -> tuple[str, float | None]:
-    """A head sent one 8-byte header line every 0.5 s, never completed (slow-loris)."""
-    answer, closed_at = b"", None
-    with socket.create_connection(address) as sock:
-        try:
-            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode())
-            sock.settimeout(0.5)
-            while time.monotonic() < start + window_s:
-                try:
-                    chunk = sock.recv(1 << 16)
-                    if not chunk:
-                        closed_at = time.monotonic() - start
-                        break
-                    answer += chunk
-                except TimeoutError:
-                    sock.sendall(b"X-a: b\r\n")
-        except OSError:
-            closed_at = time.monotonic() - start
-    return _statuses(answer), closed_at
-
-
-def never_reads(address, data: bytes, start: float, window_s: float) -> tuple[str, float | None]:
-    """Send ``data`` with a 4 KiB receive buffer and read nothing for the window; then read for
-    up to 3 s: the statuses, the MiB read then, and when the server's close was seen (``None``:
-    not within those 3 s)."""
-    answer, closed_at = b"", None
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(address)
-        sock.settimeout(window_s)
-        try:
-            sock.sendall(data)
-        except OSError:
-            pass  # the server stopped reading: our send buffer filled for the window
-        time.sleep(max(0.0, start + window_s - time.monotonic()))
-        deadline = time.monotonic() + 3.0
-        try:
-            while (left := deadline - time.monotonic()) > 0:
-                sock.settimeout(left)
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    closed_at = time.monotonic() - start
-                    break
-                answer += chunk
-        except TimeoutError:
-            pass
-        except OSError:
-            closed_at = time.monotonic() - start
-    return f"{_statuses(answer[:4096])} ({len(answer) / (1 << 20):.1f} MiB read after)", closed_at
-
-
-Sender = Callable[[tuple[str, int], float, float], tuple[str, float | None]]
-
-
-def sends(data: bytes, copies: int = 1) -> list[Sender]:
-    return [lambda a, s, w, d=data: send_and_read(a, d, s, w)] * copies
-
-
 def orchestrator_probes() -> dict[str, list[Sender]]:
     probes: dict[str, list[Sender]] = {
         "3 idle connections": sends(b"", 3),
         "slow head (a line per 0.5 s)": [lambda a, s, w: slow_head(a, JOIN, s, w)],
         "garbage request line": sends(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n"),
-        "unknown route": sends(_head("GET", "/no/such/route", "Connection: close\r\n")),
+        "unknown route": sends(request_head("GET", "/no/such/route", "Connection: close\r\n")),
         "3 pipelined GETs (/pools, unknown, /pools)": sends(
-            _head("GET", "/pools") + _head("GET", "/no/such") + _head("GET", "/pools")
+            request_head("GET", "/pools")
+            + request_head("GET", "/no/such")
+            + request_head("GET", "/pools")
         ),
         "20,000 pipelined GETs, never read": [
-            lambda a, s, w: never_reads(a, _head("GET", "/pools") * 20_000, s, w)
+            lambda a, s, w: never_reads(a, request_head("GET", "/pools") * 20_000, s, w)
         ],
         "80,000 pipelined GETs, never read": [
-            lambda a, s, w: never_reads(a, _head("GET", "/pools") * 80_000, s, w)
+            lambda a, s, w: never_reads(a, request_head("GET", "/pools") * 80_000, s, w)
         ],
     }
     for path, name in ((HEARTBEAT, "heartbeat"), (JOIN, "join")):
@@ -337,13 +200,15 @@ def relay_probes() -> dict[str, list[Sender]]:
         "28 MiB body (Content-Length)": sends(declared("/versions", 28 << 20)),
         "garbage request line": sends(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n"),
         "3 pipelined GETs (/versions, unknown, /versions)": sends(
-            _head("GET", "/versions") + _head("GET", "/no/such") + _head("GET", "/versions")
+            request_head("GET", "/versions")
+            + request_head("GET", "/no/such")
+            + request_head("GET", "/versions")
         ),
         "smuggling CL + TE": sends(smuggle_cl_te("/versions")),
         "smuggling two Content-Lengths": sends(smuggle_two_lengths("/versions")),
         "smuggling 'Transfer-Encoding :'": sends(smuggle_te_obfuscated("/versions")),
         "3 readers of a 32 MiB shard, never read": [
-            lambda a, s, w: never_reads(a, _head("GET", "/v/1/shard/0"), s, w)
+            lambda a, s, w: never_reads(a, request_head("GET", "/v/1/shard/0"), s, w)
         ]
         * 3,
     }
