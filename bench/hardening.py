@@ -55,6 +55,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hostile_requests import read_until  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -282,25 +285,12 @@ def _hold(
     """Send ``data`` (the server may cut it short) and read until the server closes: the status
     it answered ("none" when it closed without one), and seconds from ``start`` to the close
     (None when it stayed open for ``within_s``)."""
-    answer, closed_at = b"", None
     with socket.create_connection(address) as sock:
         try:
             sock.sendall(data)
         except OSError:
             pass  # closed by the server while we sent: it may still have answered
-        sock.settimeout(within_s)
-        deadline = start + within_s
-        try:
-            while time.monotonic() < deadline:
-                chunk = sock.recv(1 << 16)
-                if not chunk:
-                    closed_at = time.monotonic() - start
-                    break
-                answer += chunk
-        except TimeoutError:
-            pass
-        except ConnectionResetError:
-            closed_at = time.monotonic() - start
+        answer, closed_at = read_until(sock, start, start + within_s)
     status = answer.split(b" ", 2)[1].decode() if answer.startswith(b"HTTP/1.1 ") else "none"
     return status, closed_at
 

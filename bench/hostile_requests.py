@@ -95,25 +95,34 @@ def _statuses(answer: bytes) -> str:
 
 def send_and_read(address, data: bytes, start: float, window_s: float) -> tuple[str, float | None]:
     """Send ``data`` and read until the server closes: statuses, seconds to the close."""
-    answer, closed_at = b"", None
     with socket.create_connection(address) as sock:
         try:
             sock.sendall(data)
         except OSError:
             pass  # closed by the server while we sent: it may still have answered
-        try:
-            while (left := start + window_s - time.monotonic()) > 0:
-                sock.settimeout(left)
-                chunk = sock.recv(1 << 16)
-                if not chunk:
-                    closed_at = time.monotonic() - start
-                    break
-                answer += chunk
-        except TimeoutError:
-            pass
-        except OSError:
-            closed_at = time.monotonic() - start
+        answer, closed_at = read_until(sock, start, start + window_s)
     return _statuses(answer), closed_at
+
+
+def read_until(
+    sock: socket.socket, start: float, deadline: float, size: int = 1 << 16
+) -> tuple[bytes, float | None]:
+    """Read until the server closes or ``deadline`` (monotonic) passes: what came, and seconds
+    from ``start`` to the close (None: still open)."""
+    answer, closed_at = b"", None
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(size)
+            if not chunk:
+                closed_at = time.monotonic() - start
+                break
+            answer += chunk
+    except TimeoutError:
+        pass
+    except OSError:
+        closed_at = time.monotonic() - start
+    return answer, closed_at
 
 
 def slow_head(address, path: str, start: float, window_s: float) -> tuple[str, float | None]:
@@ -141,7 +150,6 @@ def never_reads(address, data: bytes, start: float, window_s: float) -> tuple[st
     """Send ``data`` with a 4 KiB receive buffer and read nothing for the window; then read for
     up to 3 s: the statuses, the MiB read then, and when the server's close was seen (``None``:
     not within those 3 s)."""
-    answer, closed_at = b"", None
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(address)
@@ -151,19 +159,7 @@ def never_reads(address, data: bytes, start: float, window_s: float) -> tuple[st
         except OSError:
             pass  # the server stopped reading: our send buffer filled for the window
         time.sleep(max(0.0, start + window_s - time.monotonic()))
-        deadline = time.monotonic() + 3.0
-        try:
-            while (left := deadline - time.monotonic()) > 0:
-                sock.settimeout(left)
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    closed_at = time.monotonic() - start
-                    break
-                answer += chunk
-        except TimeoutError:
-            pass
-        except OSError:
-            closed_at = time.monotonic() - start
+        answer, closed_at = read_until(sock, start, time.monotonic() + 3.0, 1 << 20)
     return f"{_statuses(answer[:4096])} ({len(answer) / (1 << 20):.1f} MiB read after)", closed_at
 
 
