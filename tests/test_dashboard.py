@@ -201,6 +201,9 @@ def test_a_banned_node_shows_as_banned_with_its_reason(live, browser):
 def test_versions_and_ledger_pages_load_and_the_chain_verifies(live, browser):
     from selenium.webdriver.common.by import By
 
+    # signed in here: with pytest -n 2 this module's tests may share a browser in any order,
+    # or not share it
+    _sign_in(browser, live, "versions")
     _open(browser, live["url"] + "versions", "versions")
     assert "who holds which version" in browser.page_source
 
@@ -214,7 +217,6 @@ def test_versions_and_ledger_pages_load_and_the_chain_verifies(live, browser):
     _open(browser, live["url"] + f"ledger?node={node[:8]}&kind=invalidation", "ledger-filtered")
     cells = browser.find_elements(By.CSS_SELECTOR, "table.ledger tbody tr")
     assert len(cells) == 1 and BAN_REASON in cells[0].text
-    browser.delete_all_cookies()  # signed out again for the sign-in test
 
 
 def test_node_logs_need_the_admin_token(live, browser):
@@ -227,6 +229,8 @@ def test_node_logs_need_the_admin_token(live, browser):
     assert f"hello from {node[:6]}" in _get(logs, headers=bearer).text
     wrong = {"authorization": "Bearer " + "x" * len(live["token"])}
     assert _get(logs, headers=wrong, follow_redirects=False).status_code == 303
+    browser.get(live["url"])  # on the dashboard's origin, signed out whatever ran before
+    browser.delete_all_cookies()
     _open(browser, logs, "login")
     assert "admin sign-in" in browser.title
     browser.find_element(By.NAME, "token").send_keys(live["token"])
