@@ -29,9 +29,10 @@ from swarmrl.pool.state import db
 from swarmrl.pool.trust.audit import audit
 from swarmrl.pool.trust.service import sweep
 from swarmrl.protocol.pool import Heartbeat, InvalidateRequest, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 from test_pool_release import _judge, _reverifies, _serve, _until
-from test_pool_spotcheck import POOL, entries, make_spec, statuses, submit
+from test_pool_spotcheck import POOL, entries, make_spec, replay, statuses, submit
 
 
 def _answer(node: PoolClient, falsified: bool = False):
@@ -160,6 +161,48 @@ def test_a_twin_on_another_version_is_not_compared_and_its_unit_goes_to_validato
         assert report.ok, report.reason
         assert report.spot_checks_unrevealed == 0
         audit(server.ctx.engine, orch.public_key_hex)
+
+
+def test_a_twins_answer_on_another_version_trains_even_after_its_original_did(tmp_path):
+    """An answer that differs from its original (here: generated on another version) is a
+    sample of its own: accepted after the original trained, it trains too; only an equal
+    copy (a ban's recheck) stays ``matched``."""
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        a, b, checker = _pool(server, orch, owner, validator)
+        admin = PoolClient(server.url, owner)
+        admin.invalidate(POOL, b.keypair.node_id, InvalidateRequest(severity="hard", reason="x"))
+        c = PoolClient(server.url, KeyPair.generate())  # young: its submissions are checked
+        c.join(POOL, CPU_NODE)
+        c.heartbeat(POOL, Heartbeat(status="ok"))
+        _, receipt = _answer(a)  # unchecked, its twin drawn for c (the only other healthy)
+        unit = receipt.submission_id
+        admin.set_version(POOL, 1)
+        c.heartbeat(POOL, Heartbeat(status="ok"))
+        twin = c.lease(POOL).work
+        answer = c.submit(
+            POOL, Submission(lease_id=twin.lease_id, samples=synthetic_samples(twin, 1))
+        )
+        assert statuses(server)[unit] == "pending"
+        assert statuses(server)[answer.submission_id] == "pending"  # c's rate is 1
+        pending = {p.submission_id: p for p in checker.claim(POOL, limit=16)}
+        checker.verdict(POOL, replay(pending[unit]))
+        served: set[str] = set()
+        _serve(admin, served)
+        assert unit in served and statuses(server)[unit] == "trained"
+        want = synthetic_samples(twin, 1)
+        checker.verdict(
+            POOL,
+            Verdict(
+                submission_id=answer.submission_id,
+                accept=True,
+                measured_tokens=sum(len(w.output_tokens) for w in want),
+                behaviour_logprobs=[w.logprobs for w in want],
+            ),
+        )
+        assert statuses(server)[answer.submission_id] == "accepted"
+        _serve(admin, served)
+        assert answer.submission_id in served
 
 
 def _taker_of(server, sid: str) -> str | None:

@@ -157,7 +157,7 @@ def record_verdict(
                 )
         record = verdict.model_dump(mode="json", exclude={"behaviour_logprobs"}, exclude_none=True)
         status = "accepted" if verdict.accept else "rejected"
-        if verdict.accept and twins.repeats_served(conn, row.lease_id):
+        if verdict.accept and twins.repeats_served(ctx, conn, row.lease_id, samples):
             status = "matched"  # a rechecked copy of samples that trained already
         conn.execute(
             db.submissions.update()

@@ -199,10 +199,10 @@ def settle(ctx: Context, conn: sa.Connection, spec: PoolSpec, sid: str, c: Compa
     return Entry("release", body, spec.pool_id, c.node_id, ctx.clock())
 
 
-# built once (an accepting verdict runs it): whether the submission of lease "l" answered the
-# twin of a unit a trainer was served already
-_REPEATS_SERVED = Fast(
-    sa.select(db.submissions.c.submission_id)
+# built once (an accepting verdict runs it): the original a trainer was served already whose
+# twin lease "l" answered
+_SERVED_ORIGINAL = Fast(
+    sa.select(db.submissions.c.rollout_key)
     .join(db.leases, db.leases.c.twin_of == db.submissions.c.submission_id)
     .where(
         db.leases.c.lease_id == sa.bindparam("l"),
@@ -214,11 +214,14 @@ _REPEATS_SERVED = Fast(
 )
 
 
-def repeats_served(conn: sa.Connection, lease_id: str) -> bool:
-    """Whether the submission of ``lease_id`` is a twin's answer whose original a trainer was
-    served already: accepted (a ban's recheck), it stays ``matched``, credited and never
-    trained, since its samples trained once (``swarmrl.pool.trust.penalties``)."""
-    return _REPEATS_SERVED.run(conn, {"l": lease_id}).first() is not None
+def repeats_served(ctx: Context, conn: sa.Connection, lease_id: str, samples: list[Sample]) -> bool:
+    """Whether ``samples``, the answer of twin lease ``lease_id``, equal its original's and a
+    trainer was served the original already: such an answer (a copy a ban sent to a check)
+    stays ``matched`` when accepted, credited and never trained, since its samples trained
+    once (``swarmrl.pool.trust.penalties``). An answer that differs (on another version, or a
+    near-tie resolved otherwise) is a sample of its own and trains when accepted."""
+    row = _SERVED_ORIGINAL.run(conn, {"l": lease_id}).first()
+    return row is not None and compare(samples, ctx.store.get_samples(row.rollout_key)) == "equal"
 
 
 def _set(conn: sa.Connection, ids: list[str], status: str) -> None:
