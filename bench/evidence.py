@@ -196,7 +196,6 @@ def main() -> None:
             thresholds = recommend(measured, cfg.topk)
             chosen = {"evidence_drift": args.drift, "evidence_limit": args.limit}
             reference = run_start_reference(model, models.tokenizer, args.dtype, args.reference)
-            torch.set_num_threads(1)
             results["reference"] = reference
             print(f"run-start honest reference: {reference}", flush=True)
             cfg = ToplocConfig(

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_requests import read_until  # noqa: E402
+from hostile_requests import exchange  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -285,12 +284,7 @@ def _hold(
     """Send ``data`` (the server may cut it short) and read until the server closes: the status
     it answered ("none" when it closed without one), and seconds from ``start`` to the close
     (None when it stayed open for ``within_s``)."""
-    with socket.create_connection(address) as sock:
-        try:
-            sock.sendall(data)
-        except OSError:
-            pass  # closed by the server while we sent: it may still have answered
-        answer, closed_at = read_until(sock, start, start + within_s)
+    answer, closed_at = exchange(address, data, start, start + within_s)
     status = answer.split(b" ", 2)[1].decode() if answer.startswith(b"HTTP/1.1 ") else "none"
     return status, closed_at
 

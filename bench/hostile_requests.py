@@ -95,13 +95,21 @@ def _statuses(answer: bytes) -> str:
 
 def send_and_read(address, data: bytes, start: float, window_s: float) -> tuple[str, float | None]:
     """Send ``data`` and read until the server closes: statuses, seconds to the close."""
+    answer, closed_at = exchange(address, data, start, start + window_s)
+    return _statuses(answer), closed_at
+
+
+def exchange(
+    address: tuple[str, int], data: bytes, start: float, deadline: float
+) -> tuple[bytes, float | None]:
+    """Send ``data`` on a new connection (the server may cut it short) and read until the
+    server closes or ``deadline`` passes (:func:`read_until`)."""
     with socket.create_connection(address) as sock:
         try:
             sock.sendall(data)
         except OSError:
             pass  # closed by the server while we sent: it may still have answered
-        answer, closed_at = read_until(sock, start, start + window_s)
-    return _statuses(answer), closed_at
+        return read_until(sock, start, deadline)
 
 
 def read_until(
