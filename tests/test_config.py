@@ -163,3 +163,32 @@ def test_a_three_line_config_gets_the_tested_values(tmp_path):
     }
     assert differing == {}, f"defaults differ from configs/arith.toml: {differing}"
     assert config == tested
+
+
+def test_below_float32_the_toploc_defaults_follow_the_dtype(tmp_path):
+    """A pool generating in bfloat16 or float16 needs other toploc settings than float32's
+    (docs/toploc.md, "Evidence in reference units"): they are the defaults there, and whatever
+    a file or an override sets wins, also when it is float32's value, and reads back the same."""
+    from swarmrl.config.toploc import LOWER_DTYPE_SETTINGS, ToplocConfig
+
+    float32 = ToplocConfig()
+    plain = load_config([], [])
+    assert plain.engine_dtype == "float32" and plain.toploc == float32
+    follows = load_config([], ["model.dtype=bfloat16", "inference.dtype=float32"]).toploc
+    assert follows == float32  # the workers' dtype decides, not the trainer's
+    for dtype in ("inference.dtype=bfloat16", "model.dtype=float16"):
+        toploc = load_config([], [dtype]).toploc
+        assert {k: getattr(toploc, k) for k in LOWER_DTYPE_SETTINGS} == LOWER_DTYPE_SETTINGS
+        assert toploc.evidence_drift == float32.evidence_drift  # the rest as in float32
+    toml = tmp_path / "bf16.toml"
+    toml.write_text('[inference]\ndtype = "bfloat16"\n[toploc]\ncalibration_samples = 64\n')
+    config = load_config([toml], ["toploc.evidence_scale=0"])
+    assert config.toploc.calibration_samples == 64  # float32's value, set by the file
+    assert config.toploc.evidence_scale == 0.0  # by the override
+    assert config.toploc.evidence_limit == LOWER_DTYPE_SETTINGS["evidence_limit"]
+    written = write_config_toml(config, tmp_path / "config.toml")
+    assert load_config([written]) == config
+    # no calibration records the honest means the scale would measure in: threshold units
+    blind = load_config([], ["inference.dtype=bfloat16", "toploc.calibrate_at_start=false"])
+    assert blind.toploc.evidence_scale == 0.0
+    assert blind.toploc.calibration_samples == LOWER_DTYPE_SETTINGS["calibration_samples"]

@@ -1,6 +1,6 @@
 """Workers and validators in a lower dtype than the trainer (``inference.dtype``): the verifier
-is calibrated in the workers' dtype, honest work passes, and the trainer measures the engine
-mismatch from the first step, the one no staleness is in."""
+is calibrated in the workers' dtype with the toploc defaults below float32, honest work passes,
+and the trainer measures the engine mismatch from the first step, the one no staleness is in."""
 
 import json
 
@@ -11,6 +11,17 @@ def test_a_swarm_of_bfloat16_workers_under_a_float32_trainer(tmp_path):
     run_dir, _ = short_run(tmp_path, [*SWARM_SHORT, "inference.dtype=bfloat16"])
     thresholds = json.loads((run_dir / "toploc-thresholds.json").read_text())
     assert thresholds["dtype"] == "bfloat16"
+    # below float32 the run takes the toploc defaults such a pool needs (LOWER_DTYPE_SETTINGS):
+    # a calibration that holds bfloat16's honest tail, evidence in units of its honest means
+    toploc = json.loads((run_dir / "config.json").read_text())["toploc"]
+    assert (toploc["calibration_samples"], toploc["evidence_scale"]) == (2048, 4.5), toploc
+    assert thresholds["samples"] >= 2000 and set(thresholds["evidence_reference"]) == {
+        "logprobs",
+        "mantissa",
+        "exponents",
+    }
+    trainer = (run_dir / "logs" / "trainer.log").read_text()
+    assert "toploc's float32 settings" not in trainer  # nothing left for the operator to set
     for role in ("worker-0", "validator-0"):
         log = (run_dir / "logs" / f"{role}.log").read_text()
         assert "'dtype': 'torch.bfloat16'" in log, role

@@ -66,8 +66,8 @@ class InferenceConfig(Section):
         None,
         description="dtype workers and validators generate, replay and prove in (the verifier "
         "is calibrated in it); None = model.dtype. Lower than the trainer's (bfloat16 under a "
-        "float32 trainer) it is the engine mismatch rl.correction is for; below float32 set "
-        "toploc.calibration_samples = 2048, toploc.evidence_scale = 4.5 and "
-        'toploc.evidence_limit = 2 (docs/toploc.md, "Evidence in reference units")',
+        "float32 trainer) it is the engine mismatch rl.correction is for; below float32 "
+        "toploc.calibration_samples, evidence_scale and evidence_limit default to 2048, 4.5 "
+        'and 2 (docs/toploc.md, "Evidence in reference units")',
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)

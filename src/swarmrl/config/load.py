@@ -11,6 +11,10 @@ as they are read: a relative path in a config file is taken from the file's fold
 relative path in a ``--set`` (or a default: ``run.run_dir``) from the current directory. The
 resolved config therefore holds absolute paths and means the same when written elsewhere
 (``RUN_DIR/config.toml``) and read again.
+
+Some defaults follow the dtype the policy generates in (``SwarmConfig.engine_dtype``): below
+float32 the toploc keys no file or override sets take the values a pool in that dtype needs
+(``swarmrl.config.toploc.lower_dtype_defaults``), and the resolved config holds them too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from swarmrl.config.base import PathKind
 from swarmrl.config.root import SwarmConfig
+from swarmrl.config.toploc import lower_dtype_defaults
 from swarmrl.errors import ConfigError, MissingPathError
 
 EMBEDDED_DEFAULT = Path(__file__).resolve().parent.parent / "configs" / "arith.toml"
@@ -152,7 +157,14 @@ def load_config(files: Iterable[str | Path] = (), overrides: Iterable[str] = ())
     for item in overrides:
         data = _merge(data, anchor_paths(parse_override(item), Path.cwd()))
     defaults = anchor_paths(SwarmConfig().model_dump(mode="json"), Path.cwd())  # run.run_dir
-    return build_config(_merge(defaults, data))
+    config = build_config(_merge(defaults, data))
+    given = data.get("toploc")
+    lower = lower_dtype_defaults(
+        config.toploc, config.engine_dtype, given if isinstance(given, dict) else ()
+    )
+    if not lower:
+        return config
+    return build_config(_merge(_merge(defaults, {"toploc": lower}), data))
 
 
 def save_config(config: SwarmConfig, run_dir: str | Path) -> Path:

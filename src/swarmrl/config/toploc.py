@@ -11,6 +11,8 @@ override the ones here).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -104,7 +106,7 @@ class ToplocConfig(Section):
         le=1e6,
         description="h of the per-node CUSUM (the pool spec's evidence_limit): the unit that "
         "takes a node's evidence past it is rejected (about h / (mean - k) units consistently "
-        "off); 0 = keep no verdict on it",
+        "off); 0 = keep no verdict on it; below float32 the default is 2",
     )
     evidence_scale: float = Field(
         0.0,
@@ -114,7 +116,8 @@ class ToplocConfig(Section):
         "it is judged against; s > 0: in units of s times the honest mean of each measure "
         "that the calibration recorded (evidence_reference), which hardly moves with the "
         'number of calibration samples while the thresholds do (docs/toploc.md, "Evidence '
-        'in reference units"); the drift then sits at evidence_drift x s honest means',
+        'in reference units"); the drift then sits at evidence_drift x s honest means; below '
+        "float32 the default is 4.5 where a calibration records the means",
     )
     evidence_reference: dict[str, float] | None = Field(
         None,
@@ -150,7 +153,10 @@ class ToplocConfig(Section):
         "RUN_DIR/toploc-thresholds.json, which its validators then use",
     )
     calibration_samples: int = Field(
-        64, ge=1, description="honest samples generated for the run-start calibration"
+        64,
+        ge=1,
+        description="honest samples generated for the run-start calibration; below float32 "
+        "the default is 2048 (its honest tail is longer)",
     )
 
 
@@ -160,9 +166,23 @@ class ToplocConfig(Section):
 LOWER_DTYPE_SETTINGS = {"calibration_samples": 2048, "evidence_scale": 4.5, "evidence_limit": 2.0}
 
 
+def lower_dtype_defaults(toploc: ToplocConfig, dtype: str, given: Iterable[str]) -> dict[str, Any]:
+    """The toploc defaults a config generating in ``dtype`` takes in place of float32's, for
+    each key of :data:`LOWER_DTYPE_SETTINGS` not in ``given`` (the keys a config file or an
+    override set). ``evidence_scale`` only where a calibration will record the honest means it
+    is measured in (``thresholds_path`` or ``calibrate_at_start``); {} in float32."""
+    if dtype == "float32":
+        return {}
+    settings = dict(LOWER_DTYPE_SETTINGS)
+    if toploc.thresholds_path is None and not toploc.calibrate_at_start:
+        del settings["evidence_scale"]
+    return {key: value for key, value in settings.items() if key not in set(given)}
+
+
 def lower_dtype_advice(toploc: ToplocConfig, dtype: str) -> str | None:
     """One line for a run generating in ``dtype`` with toploc settings made for float32 (None
-    in float32, or once the settings differ from float32's defaults)."""
+    in float32, or once the settings differ from float32's defaults): a config that set them
+    so itself, or one built without ``load_config``'s dtype defaults."""
     if dtype == "float32":
         return None
     default = ToplocConfig()
@@ -176,6 +196,6 @@ def lower_dtype_advice(toploc: ToplocConfig, dtype: str) -> str | None:
     return (
         f"the policy runs in {dtype} with toploc's float32 settings: honest units may be "
         "rejected beyond thresholds from few samples, and a float8 or int8 worker may pass "
-        f'unit after unit; set {", ".join(left)} (docs/toploc.md, "Evidence in reference '
-        'units")'
+        f"unit after unit; below float32 they default to {', '.join(left)} (docs/toploc.md, "
+        '"Evidence in reference units")'
     )

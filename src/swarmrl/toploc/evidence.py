@@ -65,7 +65,8 @@ def units(config: ToplocConfig) -> dict[EvidenceMeasure, float]:
         raise UserError(
             f"toploc.evidence_scale > 0 needs the calibration's honest mean of {missing} "
             "(evidence_reference: a thresholds file written by `swarmrl toploc calibrate` "
-            "or the run-start calibration of this version)"
+            "or the run-start calibration of this version), or toploc.evidence_scale = 0 to "
+            "measure in shares of the thresholds"
         )
     return {
         m: max(config.evidence_scale * reference[m], REFERENCE_FLOOR * t)
