@@ -107,3 +107,32 @@ def test_a_verdict_whose_orchestrator_stays_away_is_raised_not_returned(tmp_path
     verdict = Verdict(submission_id="a" * 32, accept=True, measured_tokens=1)
     with ThreadPoolExecutor(2) as poster, pytest.raises(WaitTimeout):
         post_verdicts(gone, POOL, [verdict, verdict], poster, swarm, LOG)
+
+
+def test_a_validator_measuring_evidence_in_another_unit_than_the_pool_refuses_to_judge(tmp_path):
+    """The pool adds every validator's measurements into one record per node: a validator set
+    to another ``toploc.evidence_scale`` than the pool's spec says so in one line at start."""
+    from swarmrl.config import load_config
+    from swarmrl.errors import UserError
+    from swarmrl.roles.validator.process import require_same_evidence_unit
+
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    spec = PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=4,
+        sampling=SamplingParams(max_new_tokens=2),
+        validators=[validator.public_key_hex],
+        evidence_scale=4.5,
+    )
+    below = load_config([], ["inference.dtype=bfloat16"])  # 4.5 by default below float32
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        with PoolClient(server.url, validator) as pool:
+            require_same_evidence_unit(pool, POOL, below, LOG)
+            for config in (load_config([], []), load_config([], ["toploc.evidence_scale=2"])):
+                with pytest.raises(UserError) as refused:
+                    require_same_evidence_unit(pool, POOL, config, LOG)
+                message = str(refused.value)
+                assert "\n" not in message and "evidence_scale 4.5" in message, message
+                assert f"is {config.toploc.evidence_scale:g}" in message, message

@@ -30,6 +30,7 @@ How each spec key follows from the config (``config_terms``)::
     lease_timeout_s     swarm.lease_timeout_s
     evidence_drift      toploc.evidence_drift
     evidence_limit      toploc.evidence_limit
+    evidence_scale      toploc.evidence_scale
 
 The other keys (pool id, owner and validator keys, ``open``, the lease sizing and credit lock)
 are the operator's; they are written with :data:`OPERATOR_DEFAULTS` and never compared.
@@ -103,6 +104,7 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
     terms["lease_timeout_s"] = ("swarm.lease_timeout_s", swarm.lease_timeout_s)
     terms["evidence_drift"] = ("toploc.evidence_drift", config.toploc.evidence_drift)
     terms["evidence_limit"] = ("toploc.evidence_limit", config.toploc.evidence_limit)
+    terms["evidence_scale"] = ("toploc.evidence_scale", config.toploc.evidence_scale)
     return terms
 
 

@@ -161,6 +161,14 @@ class PoolSpec(Message):
         description="h of the per-node CUSUM: the unit that takes a node's evidence past it is "
         "rejected (hard); 0 = keep the records and reject nobody for them",
     )
+    evidence_scale: float = Field(
+        0.0,
+        ge=0,
+        le=1e3,
+        description="the unit validators measure evidence in (toploc.evidence_scale): 0 = "
+        "shares of the thresholds, s > 0 = s honest means; the records add up what every "
+        "validator sends, so a validator set otherwise refuses to judge for the pool",
+    )
 
 
 class PoolInfo(Message):

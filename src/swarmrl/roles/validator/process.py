@@ -21,12 +21,12 @@ from swarmrl.config import SwarmConfig
 from swarmrl.config.swarm import SwarmSection
 from swarmrl.envs import build_env
 from swarmrl.envs.multiturn import require_recomputable
-from swarmrl.errors import PeerError, PeerUnavailable, VersionGone, WaitTimeout
+from swarmrl.errors import PeerError, PeerUnavailable, UserError, VersionGone, WaitTimeout
 from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
 from swarmrl.inference.interface import require_backend
 from swarmrl.pool.client import PoolClient
-from swarmrl.protocol import Verdict, VerdictReceipt
+from swarmrl.protocol import PoolInfo, Verdict, VerdictReceipt
 from swarmrl.rolekit.metrics import serve_role_metrics
 from swarmrl.rolekit.policy import LoadedVersion, load_version, set_threads, swap_version
 from swarmrl.rolekit.supervisor import terminate_as_interrupt
@@ -140,16 +140,34 @@ class Versions:
                 self.stop.wait(swarm.retry_s)
 
 
+def pool_info(
+    pool: PoolClient, pool_id: str, swarm: SwarmSection, log: logging.Logger, what: str
+) -> PoolInfo:
+    return retry(
+        lambda: pool.pool(pool_id), what, log, give_up_s=swarm.give_up_s, pause_s=swarm.retry_s
+    )
+
+
 def run_finished(pool: PoolClient, pool_id: str, swarm: SwarmSection, log: logging.Logger) -> bool:
     """Whether the orchestrator says the trainer finished the run (nothing more to judge)."""
-    info = retry(
-        lambda: pool.pool(pool_id),
-        "ask whether the run is finished",
-        log,
-        give_up_s=swarm.give_up_s,
-        pause_s=swarm.retry_s,
-    )
-    return info.run_finished
+    return pool_info(pool, pool_id, swarm, log, "ask whether the run is finished").run_finished
+
+
+def require_same_evidence_unit(
+    pool: PoolClient, pool_id: str, config: SwarmConfig, log: logging.Logger
+) -> None:
+    """Raise a one-line :class:`UserError` where this validator would measure evidence in
+    another unit than the pool's (``PoolSpec.evidence_scale``): the pool adds up what every
+    validator sends into one record per node, so units of two scales would make it mean
+    nothing (a node flagged early, or never)."""
+    spec = pool_info(pool, pool_id, config.swarm, log, "read the pool's spec").spec
+    mine = config.toploc.evidence_scale
+    if spec.evidence_scale != mine:
+        raise UserError(
+            f"pool {pool_id!r} measures evidence at evidence_scale {spec.evidence_scale:g} "
+            f"and this validator's toploc.evidence_scale is {mine:g}: set it to the pool's "
+            "(the run's config.json; swarmrl pool spec writes it from toploc.evidence_scale)"
+        )
 
 
 def post_verdicts(
@@ -201,6 +219,7 @@ def run(
     poster = ThreadPoolExecutor(max(1, args.claim), thread_name_prefix="verdicts")
     try:
         with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
+            require_same_evidence_unit(pool, args.pool, config, log)
             status.set(state="waiting for submissions")
             next_check = 0.0
             while True:
