@@ -4,7 +4,7 @@ must never be flagged, and cheaper engines that must be, within 20 checked units
     python bench/evidence.py [--dtype bfloat16] [--units 2000] [--unit-samples 1]
         [--cheat-units 40] [--drift K --limit H] [--calibration 256]
         [--scale S [--reference 64]] [--model-shape JSON]
-        [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--out FILE]
+        [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--series] [--out FILE]
 
 On the declared model of ``bench/toploc.py`` (``toploc_cases``: a tiny model trained on the
 reverse task), in ``--dtype``:
@@ -89,11 +89,15 @@ def judge_units(
     unit_samples: int,
     cfg: ToplocConfig,
     stop_when_caught: bool,
+    series: bool = False,
 ) -> dict:
-    """Judge ``gens`` unit by unit into one node's record; what happened to the node."""
+    """Judge ``gens`` unit by unit into one node's record; what happened to the node, with
+    every accepted unit's measurements in order where ``series`` (to weigh other rules on the
+    same units afterwards; a rejected unit is null)."""
     record: dict[str, Cusum] = {}
     rejected, accepted, caught_at, how = 0, 0, None, ""
     xs: dict[str, list[float]] = {}
+    measured: list[dict[str, float] | None] = []
     units = [gens[i : i + unit_samples] for i in range(0, len(gens), unit_samples)]
     for n, unit in enumerate(units, start=1):
         subs = worker.prove(unit)
@@ -101,6 +105,7 @@ def judge_units(
         verdicts = verifier.check_many(items)
         if not all(v.accepted for v in verdicts):
             rejected += 1
+            measured.append(None)
             if caught_at is None:
                 caught_at = n
                 how = "rejected: " + next(
@@ -111,6 +116,7 @@ def judge_units(
             continue
         accepted += 1
         measures = unit_measures(verdicts, [c.logprobs for _, c in subs], cfg)
+        measured.append({k: round(v, 5) for k, v in measures.items()})
         for name, x in measures.items():
             xs.setdefault(name, []).append(x)
         flagged = add_unit(record, measures, cfg.evidence_drift, cfg.evidence_limit)
@@ -118,7 +124,7 @@ def judge_units(
             caught_at, how = n, flagged
             if stop_when_caught:
                 break
-    return {
+    row = {
         "units": len(units),
         "judged": accepted + rejected,
         "rejected": rejected,
@@ -129,6 +135,11 @@ def judge_units(
         "max_x": {k: max(v) for k, v in xs.items()},
         "final_s": {k: c.value for k, c in record.items()},
     }
+    return {**row, "series": measured} if series else row
+
+
+def _brief(row: dict) -> str:
+    return json.dumps({k: v for k, v in row.items() if k != "series"})
 
 
 def run_start_reference(model, tokenizer, dtype: str, samples: int) -> dict[str, float]:
@@ -162,6 +173,11 @@ def main() -> None:
         help='the declared model\'s TinyModelConfig as JSON (e.g. \'{"arch": "qwen2", '
         '"hidden_size": 256, "num_layers": 6, "num_heads": 8, "intermediate_size": 1024}\'); '
         "default: toploc_cases' model",
+    )
+    parser.add_argument(
+        "--series",
+        action="store_true",
+        help="keep every unit's measurements, and judge each cheat's units past its stop",
     )
     parser.add_argument("--out", default="bench/evidence.json")
     args = parser.parse_args()
@@ -228,9 +244,11 @@ def main() -> None:
                 for wv, v in pairs:
                     if wv != w:
                         continue
-                    row = judge_units(verifiers[v], worker, gens, args.unit_samples, cfg, False)
+                    row = judge_units(
+                        verifiers[v], worker, gens, args.unit_samples, cfg, False, args.series
+                    )
                     results["honest"][f"{w}->{v}"] = row
-                    print(f"honest {w}->{v}: {json.dumps(row)}", flush=True)
+                    print(f"honest {w}->{v}: {_brief(row)}", flush=True)
                     save()
             cheaters = {
                 "int8 weights": attacks.int8_per_channel(model),
@@ -247,9 +265,17 @@ def main() -> None:
                     TorchEngine(cheat_model, models.tokenizer), prompts, params, seeds, BATCH
                 )
                 for v in sorted(verifiers):
-                    row = judge_units(verifiers[v], worker, gens, args.unit_samples, cfg, True)
+                    row = judge_units(
+                        verifiers[v],
+                        worker,
+                        gens,
+                        args.unit_samples,
+                        cfg,
+                        not args.series,
+                        args.series,
+                    )
                     results["cheats"][f"{name} -> {v}"] = row
-                    print(f"cheat {name} -> {v}: {json.dumps(row)}", flush=True)
+                    print(f"cheat {name} -> {v}: {_brief(row)}", flush=True)
                     save()
         finally:
             engines.close()
