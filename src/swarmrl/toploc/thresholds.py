@@ -30,6 +30,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from swarmrl.config.inference import InferenceConfig
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.model.io import DType, load_policy
+from swarmrl.inference.interface import open_engine
+from swarmrl.model.io import DType, load_policy, load_tokenizer
 from swarmrl.protocol import SamplingParams
 from swarmrl.toploc.calibrate import (
     Measurements,
@@ -48,6 +51,7 @@ from swarmrl.toploc.calibrate import (
     measure,
     recommend,
     reference,
+    reference_across,
 )
 
 FORMAT = 2  # bump when the calibration recipe changes, so cached documents are not reused
@@ -101,6 +105,14 @@ class CalibrationPlan:
         """The settings that shape the result (the cache key)."""
         return {k: v for k, v in self.__dict__.items() if k != "extra"}
 
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+        )
+
 
 def random_prompts(vocab: int, special: set[int], count: int, seed: int) -> list[list[int]]:
     """``count`` prompts of 4..24 ordinary token ids, reproducible from ``seed``."""
@@ -124,12 +136,7 @@ def calibrate_policy(
         raise UserError("calibration needs at least 1 sample")
     engine = TorchEngine(model, tokenizer)
     cfg = ToplocConfig(topk=topk)
-    params = SamplingParams(
-        temperature=plan.temperature,
-        top_p=plan.top_p,
-        top_k=plan.top_k,
-        max_new_tokens=plan.max_new_tokens,
-    )
+    params = plan.sampling()
     special = set(tokenizer.all_special_ids)
     cache_modes = [True, False] if plan.nocache else [True]
     runs = list(itertools.product(plan.batch_sizes, plan.threads, cache_modes))
@@ -171,6 +178,79 @@ def calibrate_policy(
         "margin": {"rel": plan.margin_rel, "abs_ulps": plan.margin_ulps},
         "thresholds": recommend(measured, topk, plan.margin_rel, plan.margin_ulps),
         "evidence_reference": reference(measured),
+        **plan.extra,
+    }
+
+
+def calibrate_engines(
+    model_dir: str | Path,
+    plan: CalibrationPlan,
+    *,
+    dtype: str,
+    backends: Sequence[str],
+    inference: InferenceConfig | None = None,
+    topk: int = 128,
+) -> dict[str, Any]:
+    """Calibrate across engines: honest samples generated on each engine of ``backends`` (at
+    each of ``plan.batch_sizes``) are replayed on every one of them, so every pairing (worker
+    engine -> validator engine) is measured. Thresholds come from all pairings together, and
+    the evidence reference is each measure's honest mean in the pairing where it is highest
+    (``calibrate.reference_across``): a pool whose workers and validators run any of these
+    engines. Each pairing's own means are recorded under ``pairings``."""
+    if plan.samples < 1:
+        raise UserError("calibration needs at least 1 sample")
+    if len(set(backends)) != len(backends) or not backends:
+        raise UserError(f"name each engine once, not {list(backends)}")
+    base = inference or InferenceConfig()
+    tokenizer = load_tokenizer(model_dir)
+    special = set(tokenizer.all_special_ids)
+    cfg = ToplocConfig(topk=topk)
+    params = plan.sampling()
+    per_run = max(1, plan.samples // (len(backends) * len(plan.batch_sizes)))
+    engines: dict[str, Any] = {}
+    by_pairing: dict[str, Measurements] = {}
+    log = []
+    try:
+        for backend in backends:
+            config = base.model_copy(update={"backend": backend})
+            engines[backend] = open_engine(model_dir, config, dtype=dtype)
+        for w, worker in enumerate(backends):
+            for b, batch in enumerate(plan.batch_sizes):
+                run_index = w * len(plan.batch_sizes) + b
+                prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
+                started = time.perf_counter()
+                for start in range(0, per_run, batch):
+                    chunk = prompts[start : start + batch]
+                    first = plan.seed * 1_000_003 + run_index * 100_000 + start
+                    seeds = [first + i for i in range(len(chunk))]
+                    gens = engines[worker].generate(chunk, params, seeds, return_hidden=True)
+                    for validator in backends:
+                        pairing = by_pairing.setdefault(f"{worker}->{validator}", Measurements())
+                        pairing.extend(measure(engines[validator], gens, params, cfg))
+                log.append(
+                    {
+                        "engine": worker,
+                        "batch": batch,
+                        "samples": per_run,
+                        "seconds": round(time.perf_counter() - started, 2),
+                    }
+                )
+    finally:
+        for engine in engines.values():
+            engine.close()
+    everything = Measurements()
+    for measured in by_pairing.values():
+        everything.extend(measured)
+    return {
+        "dtype": dtype,
+        "engines": list(backends),
+        "samples": per_run * len(log),
+        "runs": log,
+        "measured": everything.summary(),
+        "pairings": {name: {"evidence_reference": reference(m)} for name, m in by_pairing.items()},
+        "margin": {"rel": plan.margin_rel, "abs_ulps": plan.margin_ulps},
+        "thresholds": recommend(everything, topk, plan.margin_rel, plan.margin_ulps),
+        "evidence_reference": reference_across(by_pairing),
         **plan.extra,
     }
 
