@@ -2,7 +2,8 @@
 must never be flagged, and cheaper engines that must be, within 20 checked units.
 
     python bench/evidence.py [--dtype bfloat16] [--units 2000] [--unit-samples 1]
-        [--cheat-units 40] [--drift K --limit H] [--calibration 256]
+        [--cheat-units 40] [--drift K --limit H] [--measure-limit MEASURE=H ...]
+        [--calibration 256]
         [--scale S [--reference 64 | --reference-from engines]] [--model-shape JSON]
         [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--series] [--out FILE]
 
@@ -51,6 +52,7 @@ from swarmrl.inference.engine import TorchEngine
 from swarmrl.ledger.evidence import Cusum, add_unit
 from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
+from swarmrl.toploc import evidence
 from swarmrl.toploc.calibrate import Measurements, measure, recommend, reference_across
 from swarmrl.toploc.evidence import unit_measures
 from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
@@ -121,7 +123,9 @@ def judge_units(
         measured.append({k: round(v, 5) for k, v in measures.items()})
         for name, x in measures.items():
             xs.setdefault(name, []).append(x)
-        flagged = add_unit(record, measures, cfg.evidence_drift, cfg.evidence_limit)
+        flagged = add_unit(
+            record, measures, cfg.evidence_drift, cfg.evidence_limit, cfg.evidence_measure_limits
+        )
         if flagged and caught_at is None:
             caught_at, how = n, flagged
             if stop_when_caught:
@@ -185,12 +189,26 @@ def main() -> None:
         "default: toploc_cases' model",
     )
     parser.add_argument(
+        "--measure-limit",
+        action="append",
+        default=[],
+        help="MEASURE=H: that measure's own limit (toploc.evidence_measure_limits)",
+    )
+    parser.add_argument(
+        "--token-cap",
+        type=float,
+        help="the most one token's or chunk's term counts, in units (default: "
+        "swarmrl.toploc.evidence.TOKEN_CAP)",
+    )
+    parser.add_argument(
         "--series",
         action="store_true",
         help="keep every unit's measurements, and judge each cheat's units past its stop",
     )
     parser.add_argument("--out", default="bench/evidence.json")
     args = parser.parse_args()
+    if args.token_cap is not None:
+        evidence.TOKEN_CAP = args.token_cap
     torch.set_num_threads(1)
     started = time.perf_counter()
     shape = TinyModelConfig(**json.loads(args.model_shape)) if args.model_shape else None
@@ -223,6 +241,8 @@ def main() -> None:
                         measured.extend(by_pairing[f"{w}->{v}"])
             thresholds = recommend(measured, cfg.topk)
             chosen = {"evidence_drift": args.drift, "evidence_limit": args.limit}
+            own = (item.partition("=") for item in args.measure_limit)
+            limits = {name: float(h) for name, _, h in own}
             if args.reference_from == "engines":  # the calibration's own samples
                 reference = reference_across(by_pairing)
             else:
@@ -234,9 +254,10 @@ def main() -> None:
                 **{k: v for k, v in chosen.items() if v is not None},
                 evidence_scale=args.scale,
                 evidence_reference=reference,
+                evidence_measure_limits=limits,
             )
             results["thresholds"] = thresholds
-            results["drift_limit"] = [cfg.evidence_drift, cfg.evidence_limit]
+            results["drift_limit"] = [cfg.evidence_drift, cfg.evidence_limit, limits]
             print(f"cross thresholds {thresholds} ({time.perf_counter() - started:.0f}s)")
             verifiers = {
                 v: Verifier(

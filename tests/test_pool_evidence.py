@@ -31,7 +31,7 @@ OFF = {"logprobs": 0.9, "mantissa": 0.3}  # S(logprobs) grows 0.4 a unit: past 5
 FAIR = {"logprobs": 0.3, "mantissa": 0.2, "exponents": 0.1}  # below the drift: S stays 0
 
 
-def _spec(owner: KeyPair, validators: list[KeyPair]) -> PoolSpec:
+def _spec(owner: KeyPair, validators: list[KeyPair], **extra) -> PoolSpec:
     return PoolSpec(
         pool_id=POOL,
         owner_key=owner.public_key_hex,
@@ -40,6 +40,7 @@ def _spec(owner: KeyPair, validators: list[KeyPair]) -> PoolSpec:
         sampling=SamplingParams(max_new_tokens=2),
         validators=[v.public_key_hex for v in validators],
         validated_fraction=1.0,  # every unit is checked
+        **extra,
     )
 
 
@@ -158,13 +159,16 @@ def test_measurements_out_of_bounds_are_refused_and_leave_the_record(pool, evide
     assert receipt.status == "accepted"
 
 
-def _signed_ledger(tmp_path: Path, story: list[tuple[str, dict]]) -> tuple[KeyPair, Path]:
+def _signed_ledger(
+    tmp_path: Path, story: list[tuple[str, dict]], **spec_extra
+) -> tuple[KeyPair, Path]:
     """An export of a ledger signed by a fresh orchestrator key: a pool whose evidence limit is
-    1 (drift 0.5), then ``story``'s (kind, body) entries of one node."""
+    1 (drift 0.5; ``spec_extra`` added to its spec), then ``story``'s (kind, body) entries of
+    one node."""
     key = KeyPair.generate()
     engine = make_engine(sqlite_url(tmp_path / "l.db"))
     ledger = Ledger(key)
-    spec = {"pool_id": "p", "evidence_drift": 0.5, "evidence_limit": 1.0}
+    spec = {"pool_id": "p", "evidence_drift": 0.5, "evidence_limit": 1.0, **spec_extra}
     with engine.begin() as conn:
         ledger.append(conn, "pool_created", {"spec": spec}, pool_id="p")
         for kind, body in story:
@@ -208,3 +212,38 @@ def test_ledger_verify_re_derives_each_nodes_evidence(tmp_path, story, wrong):
     else:
         assert not report.ok
         assert wrong in report.reason
+
+
+def test_ledger_verify_takes_each_measures_own_limit_from_the_spec(tmp_path):
+    """``evidence_measure_limits`` gives log-probs a limit of 3: two units at S 0.75 and 1.5
+    accepted are consistent with it (they would not be at the pool's limit of 1), and the fourth
+    (S 3.0) is not yet past it."""
+    story = [_verdict(f"s{n}", True, 1.25) for n in range(1, 5)]
+    key, out = _signed_ledger(tmp_path, story, evidence_measure_limits={"logprobs": 3.0})
+    report = verify_export(out, key.public_key_hex)
+    assert report.ok, report.reason
+    assert (report.evidence_verdicts, report.evidence_flagged) == (4, 0)
+    (tmp_path / "five").mkdir()
+    key, out = _signed_ledger(tmp_path / "five", [*story, _verdict("s5", True, 1.25)],
+                              evidence_measure_limits={"logprobs": 3.0})  # fmt: skip
+    report = verify_export(out, key.public_key_hex)
+    assert not report.ok and "verdict accepts submission s5 of node" in report.reason
+
+
+def test_a_measure_with_a_limit_of_its_own_flags_the_node_by_it(tmp_path):
+    """A pool whose spec gives the mantissa a limit of 0.5 (the others keep 5): a node whose
+    mantissa sits at 0.9 (S 0.4, then 0.8) is rejected at its second unit for it."""
+    orch, owner, validator, node = (KeyPair.generate() for _ in range(4))
+    spec = _spec(owner, [validator], evidence_measure_limits={"mantissa": 0.5})
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, node).join(POOL, CPU_NODE)
+        measures = {"logprobs": 0.9, "mantissa": 0.9}
+        receipts = [_accept(server.url, validator, _submit(server.url, node), measures)]
+        receipts.append(_accept(server.url, validator, _submit(server.url, node), measures))
+        states = {n.node_id: n.state for n in PoolClient(server.url, owner).nodes(POOL)}
+    assert [r.status for r in receipts] == ["accepted", "rejected"]
+    (reason,) = receipts[-1].reasons
+    assert reason.startswith("evidence: mantissa consistently off over 2 accepted units"), reason
+    assert "> 0.5 at drift 0.5" in reason
+    assert states[node.node_id] == "banned"

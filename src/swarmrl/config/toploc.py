@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -108,6 +108,21 @@ class ToplocConfig(Section):
         "takes a node's evidence past it is rejected (about h / (mean - k) units consistently "
         "off); 0 = keep no verdict on it; below float32 the default is 2",
     )
+    evidence_measure_limits: dict[Literal["logprobs", "mantissa", "exponents"], float] = Field(
+        default_factory=dict,
+        description="h of one measure in place of evidence_limit (the pool spec's "
+        "evidence_measure_limits), e.g. {mantissa = 1}: the honest spread of the measures "
+        'differs (docs/toploc.md, "int8 below float32")',
+    )
+
+    @field_validator("evidence_measure_limits")
+    @classmethod
+    def _limits(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if not (math.isfinite(v) and 0 <= v <= 1e6)}
+        if bad:
+            raise ValueError(f"limits must be finite, from 0 to 1e6, not {bad}")
+        return value
+
     evidence_scale: float = Field(
         0.0,
         ge=0,

@@ -8,7 +8,7 @@ its node's record, per measure::
     S_0 = 0,   S_n = max(0, S_{n-1} + x_n − k),   flagged when S_n > h
 
 with ``k = PoolSpec.evidence_drift`` and ``h = PoolSpec.evidence_limit`` (0: records kept,
-nobody flagged). The pool keeps the records in its database (``swarmrl.pool.trust.evidence``),
+nobody flagged), or the measure's own ``PoolSpec.evidence_measure_limits``. The pool keeps the records in its database (``swarmrl.pool.trust.evidence``),
 so every validator's units count toward one record per node and a restart loses none; the
 unit that flags a node is recorded as a hard rejection whose reason gives the evidence.
 
@@ -48,19 +48,25 @@ class Cusum:
 
 
 def add_unit(
-    record: dict[str, Cusum], measures: Mapping[str, float], drift: float, limit: float
+    record: dict[str, Cusum],
+    measures: Mapping[str, float],
+    drift: float,
+    limit: float,
+    limits: Mapping[str, float] | None = None,
 ) -> str | None:
     """Add one accepted unit's ``measures`` to a node's ``record`` (measure → its CUSUM, grown
-    in place); the reason the node is flagged (one line), or None."""
+    in place); the reason the node is flagged (one line), or None. ``limits``: a measure's own
+    limit in place of ``limit`` (``PoolSpec.evidence_measure_limits``)."""
     flagged = None
     for name, x in measures.items():
         cusum = record.setdefault(name, Cusum())
         value = cusum.add(min(EVIDENCE_CAP, max(0.0, x)), drift)
-        if limit > 0 and value > limit and flagged is None:
+        h = (limits or {}).get(name, limit)
+        if h > 0 and value > h and flagged is None:
             flagged = (
                 f"{EVIDENCE_PREFIX}{name} consistently off over {cusum.units} accepted units "
                 f"(mean x {cusum.total / cusum.units:.2f}; CUSUM "
-                f"{value:.2f} > {limit:g} at drift {drift:g})"
+                f"{value:.2f} > {h:g} at drift {drift:g})"
             )
     return flagged
 
@@ -69,6 +75,7 @@ def add_unit(
 class _Pool:
     drift: float
     limit: float
+    limits: dict[str, float]  # a measure's own limit
     records: dict[str, dict[str, Cusum]] = field(default_factory=dict)  # node → measure → S
     flagged: dict[str, str] = field(default_factory=dict)  # node → submission that flagged it
 
@@ -85,8 +92,11 @@ class EvidenceReplay(LedgerReplay[_Pool]):
     verdicts: int = 0  # verdicts whose measurements were added
 
     def _pool(self, spec: dict[str, Any]) -> _Pool:
+        limits = spec_value(spec, "evidence_measure_limits")
         return _Pool(
-            float(spec_value(spec, "evidence_drift")), float(spec_value(spec, "evidence_limit"))
+            float(spec_value(spec, "evidence_drift")),
+            float(spec_value(spec, "evidence_limit")),
+            {str(k): float(v) for k, v in dict(limits).items()},
         )
 
     def _entry(self, entry: dict[str, Any], kind: str, body: dict[str, Any], pool_id: Any) -> str:
@@ -96,7 +106,8 @@ class EvidenceReplay(LedgerReplay[_Pool]):
             return ""
         node, sid = str(entry["node_id"]), str(body.get("submission_id"))
         values = {str(k): float(v) for k, v in dict(measures).items()}
-        flagged = add_unit(pool.records.setdefault(node, {}), values, pool.drift, pool.limit)
+        record = pool.records.setdefault(node, {})
+        flagged = add_unit(record, values, pool.drift, pool.limit, pool.limits)
         self.verdicts += 1
         if flagged is not None:
             pool.flagged.setdefault(node, sid)

@@ -21,7 +21,7 @@ PoolRecord = TypeVar("PoolRecord")
 def spec_value(spec: dict[str, Any], name: str) -> Any:
     """The ``PoolSpec`` field ``name`` as a ``pool_created`` entry's spec records it; the field's
     default where the entry was written before the field existed."""
-    return spec.get(name, PoolSpec.model_fields[name].default)
+    return spec.get(name, PoolSpec.model_fields[name].get_default(call_default_factory=True))
 
 
 @dataclass

@@ -30,6 +30,7 @@ How each spec key follows from the config (``config_terms``)::
     lease_timeout_s     swarm.lease_timeout_s
     evidence_drift      toploc.evidence_drift
     evidence_limit      toploc.evidence_limit
+    evidence_measure_limits toploc.evidence_measure_limits
     evidence_scale      toploc.evidence_scale
 
 The other keys (pool id, owner and validator keys, ``open``, the lease sizing and credit lock)
@@ -104,6 +105,10 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
     terms["lease_timeout_s"] = ("swarm.lease_timeout_s", swarm.lease_timeout_s)
     terms["evidence_drift"] = ("toploc.evidence_drift", config.toploc.evidence_drift)
     terms["evidence_limit"] = ("toploc.evidence_limit", config.toploc.evidence_limit)
+    terms["evidence_measure_limits"] = (
+        "toploc.evidence_measure_limits",
+        dict(config.toploc.evidence_measure_limits),
+    )
     terms["evidence_scale"] = ("toploc.evidence_scale", config.toploc.evidence_scale)
     return terms
 

@@ -161,6 +161,11 @@ class PoolSpec(Message):
         description="h of the per-node CUSUM: the unit that takes a node's evidence past it is "
         "rejected (hard); 0 = keep the records and reject nobody for them",
     )
+    evidence_measure_limits: dict[EvidenceMeasure, Annotated[float, Field(ge=0, le=1e6)]] = Field(
+        default_factory=dict,
+        description='h of one measure in place of evidence_limit (e.g. {"mantissa": 1}): '
+        "measures whose honest spread differs get limits of their own",
+    )
     evidence_scale: float = Field(
         0.0,
         ge=0,

@@ -14,7 +14,8 @@ each averaged over the unit's samples, and per measure::
 
     S_0 = 0,   S_n = max(0, S_{n-1} + x_n − k),   flagged when S_n > h
 
-(k = ``evidence_drift``, h = ``evidence_limit``; the arithmetic is ``swarmrl.ledger.evidence``).
+(k = ``evidence_drift``, h = ``evidence_limit`` or the measure's own
+``evidence_measure_limits``; the arithmetic is ``swarmrl.ledger.evidence``).
 A node whose units average x̄ > k is flagged after about h / (x̄ − k) units.
 
 With ``evidence_scale`` s > 0 the divisor of each measure is s times the honest mean the
@@ -111,13 +112,17 @@ class NodeEvidence:
 
     drift: float
     limit: float
+    limits: dict[str, float] = field(default_factory=dict)  # a measure's own limit
     records: dict[str, dict[str, Cusum]] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: ToplocConfig) -> NodeEvidence:
-        return cls(config.evidence_drift, config.evidence_limit)
+        return cls(
+            config.evidence_drift, config.evidence_limit, dict(config.evidence_measure_limits)
+        )
 
     def add(self, node_id: str, measures: Mapping[str, float]) -> str | None:
         """Add one accepted unit of ``node_id``; the reason it is flagged (one line), or None.
         A limit of 0 keeps records and flags nobody."""
-        return add_unit(self.records.setdefault(node_id, {}), measures, self.drift, self.limit)
+        record = self.records.setdefault(node_id, {})
+        return add_unit(record, measures, self.drift, self.limit, self.limits)

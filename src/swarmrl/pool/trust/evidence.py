@@ -39,7 +39,9 @@ def add(
     t = db.node_evidence
     grown = record(conn, spec.pool_id, node_id)
     before = set(grown)
-    flagged = add_unit(grown, measures, spec.evidence_drift, spec.evidence_limit)
+    flagged = add_unit(
+        grown, measures, spec.evidence_drift, spec.evidence_limit, spec.evidence_measure_limits
+    )
     for measure in measures:
         cusum = grown[measure]
         values = dict(value=cusum.value, units=cusum.units, total=cusum.total)
