@@ -44,6 +44,15 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+# what a pool below float32 whose thresholds were calibrated across its engines sets, measured
+# by bench/evidence.py and bench/evidence_rules.py (docs/toploc.md, "int8 below float32")
+ENGINES_SETTINGS = (
+    "validators measure evidence against these engines' honest means with "
+    "toploc.evidence_scale = 2.5, toploc.evidence_limit = 3 and "
+    "toploc.evidence_measure_limits = {mantissa = 1}"
+)
+
+
 def _engines(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = sorted(set(names) - set(BACKENDS))
@@ -118,4 +127,6 @@ def main(verb: str, argv: Sequence[str]) -> int:
     out.write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(document["thresholds"], indent=2))
     print(f"wrote {out}")
+    if len(args.engines) > 1 and args.dtype != "float32":
+        print(ENGINES_SETTINGS)
     return 0
