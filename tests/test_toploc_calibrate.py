@@ -241,3 +241,23 @@ def test_calibrate_names_each_known_engine_once(engines, capsys):
         swarmrl_main(argv)
     assert refused.value.code == 2
     assert "want engines from torch, vllm, each once" in capsys.readouterr().err
+
+
+def test_the_settings_a_calibration_across_engines_prints_are_the_ones_a_config_loads():
+    """The line ``--engines`` prints below float32 names each setting as a ``--set`` item; given
+    back to the config loader they are the recipe (ENGINES_LOWER_DTYPE_SETTINGS)."""
+    import re
+
+    from swarmrl.config.load import load_config
+    from swarmrl.config.toploc import ENGINES_LOWER_DTYPE_SETTINGS, engines_advice
+
+    assert engines_advice(["torch", "vllm"], "float32") is None
+    assert engines_advice(["torch"], "bfloat16") is None
+    advice = engines_advice(["torch", "vllm"], "bfloat16")
+    assert advice is not None and "\n" not in advice
+    items = re.findall(r"toploc\.\w+=\S+", advice)
+    assert len(items) == len(ENGINES_LOWER_DTYPE_SETTINGS)
+    toploc = load_config([], ["inference.dtype=bfloat16", *items]).toploc
+    assert {k: getattr(toploc, k) for k in ENGINES_LOWER_DTYPE_SETTINGS} == (
+        ENGINES_LOWER_DTYPE_SETTINGS
+    )

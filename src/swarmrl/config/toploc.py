@@ -11,7 +11,7 @@ override the ones here).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -179,6 +179,36 @@ class ToplocConfig(Section):
 # (docs/toploc.md, "Evidence in reference units"): thresholds from enough samples to hold the
 # honest tail, and the evidence measured against honest means instead of those thresholds
 LOWER_DTYPE_SETTINGS = {"calibration_samples": 2048, "evidence_scale": 4.5, "evidence_limit": 2.0}
+
+
+# what validators of a pool below float32 set where its thresholds were calibrated across its
+# engines (`swarmrl toploc calibrate --engines`), measured by bench/evidence.py and
+# bench/evidence_rules.py on five models (docs/toploc.md, "int8 below float32"): evidence in
+# units of 2.5 of the loosest pairing's honest means, and the mantissa, whose honest spread is
+# narrow, at a limit of its own
+ENGINES_LOWER_DTYPE_SETTINGS: dict[str, Any] = {
+    "evidence_scale": 2.5,
+    "evidence_limit": 3.0,
+    "evidence_measure_limits": {"mantissa": 1.0},
+}
+
+
+def engines_advice(engines: Sequence[str], dtype: str) -> str | None:
+    """The line ``swarmrl toploc calibrate --engines`` prints: the settings of
+    :data:`ENGINES_LOWER_DTYPE_SETTINGS` as ``--set`` items (None in float32 or for one engine)."""
+    if dtype == "float32" or len(engines) < 2:
+        return None
+
+    def literal(value: Any) -> str:
+        if isinstance(value, dict):
+            return "{" + ",".join(f"{k}={literal(v)}" for k, v in value.items()) + "}"
+        return f"{value:g}"
+
+    items = " ".join(f"toploc.{k}={literal(v)}" for k, v in ENGINES_LOWER_DTYPE_SETTINGS.items())
+    return (
+        f"with this file ({dtype}, engines {', '.join(engines)}) validators measure evidence "
+        f'against the engines\' honest means; set {items} (docs/toploc.md, "int8 below float32")'
+    )
 
 
 def lower_dtype_defaults(toploc: ToplocConfig, dtype: str, given: Iterable[str]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import get_args
 
 from swarmrl.config.inference import InferenceConfig
+from swarmrl.config.toploc import engines_advice
 from swarmrl.errors import UserError
 
 BACKENDS: tuple[str, ...] = get_args(InferenceConfig.model_fields["backend"].annotation)
@@ -42,15 +43,6 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("want positive integers")
     return values
-
-
-# what a pool below float32 whose thresholds were calibrated across its engines sets, measured
-# by bench/evidence.py and bench/evidence_rules.py (docs/toploc.md, "int8 below float32")
-ENGINES_SETTINGS = (
-    "validators measure evidence against these engines' honest means with "
-    "toploc.evidence_scale = 2.5, toploc.evidence_limit = 3 and "
-    "toploc.evidence_measure_limits = {mantissa = 1}"
-)
 
 
 def _engines(text: str) -> list[str]:
@@ -127,6 +119,7 @@ def main(verb: str, argv: Sequence[str]) -> int:
     out.write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(document["thresholds"], indent=2))
     print(f"wrote {out}")
-    if len(args.engines) > 1 and args.dtype != "float32":
-        print(ENGINES_SETTINGS)
+    advice = engines_advice(args.engines, args.dtype)
+    if advice is not None:
+        print(advice)
     return 0
