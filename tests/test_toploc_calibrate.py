@@ -39,6 +39,10 @@ def test_calibrate_writes_thresholds_the_verifier_loads(tmp_path):
     torch.set_num_threads(previous)
     document = json.loads(out.read_text())
     assert [r["cache"] for r in document["runs"]] == [True, False, True, False]
+    # each run's worst values, which say where a threshold comes from
+    for key in ("mant_err_mean", "exp_mismatches", "logprob_error"):
+        worst = max(r["worst"][key] for r in document["runs"])
+        assert worst == document["measured"][key]["max"]
     measured = document["measured"]
     assert measured["mant_err_mean"]["count"] >= 8 and measured["sampling_margin"]["count"] == 8
     # fp32 on one machine: honest replays agree to the last bit, so the limits are tight
@@ -227,6 +231,8 @@ def test_calibrating_across_engines_measures_every_pairing(tmp_path):
     reference = document["evidence_reference"]
     for name in ("logprobs", "mantissa", "exponents"):
         assert reference[name] == max(p["evidence_reference"][name] for p in pairings.values())
+    worst = max(p["worst"]["mant_err_mean"] for p in pairings.values())
+    assert worst == document["measured"]["mant_err_mean"]["max"]
     # float32: the two engines agree to about the last bit, so the limits stay tight
     assert document["thresholds"]["max_mantissa_mean"] <= 2.0
     loaded = load_thresholds(ToplocConfig(thresholds_path=str(out)))

@@ -11,7 +11,8 @@ records it (``toploc.thresholds_path``), which is what validators load.
 Document (also what ``swarmrl toploc calibrate`` writes)::
 
     {"model": DIR, "model_digest": HEX, "dtype": "float32", "samples": N,
-     "runs": [{"batch": 8, "threads": 1, "cache": true, "samples": 32, "seconds": 0.4}, ...],
+     "runs": [{"batch": 8, "threads": 1, "cache": true, "samples": 32, "seconds": 0.4,
+               "worst": {"mant_err_mean": ..., "logprob_error": ..., ...}}, ...],
      "measured": {"mant_err_mean": {"max": ..., "p99": ..., "mean": ..., "count": ...}, ...},
      "margin": {"rel": 1.0, "abs_ulps": 1.0},
      "thresholds": {"min_exponent_matches": 126, "max_mantissa_mean": 1.0, ...},
@@ -114,6 +115,21 @@ class CalibrationPlan:
         )
 
 
+def worst(measured: Measurements) -> dict[str, float]:
+    """The worst honest value of each quantity the thresholds come from, for one run or
+    pairing: where a loose threshold comes from (e.g. the no-cache path in bfloat16)."""
+    return {k: v["max"] for k, v in measured.summary().items() if k in WORST_KEYS}
+
+
+WORST_KEYS = (
+    "exp_mismatches",
+    "mant_err_mean",
+    "mant_err_median",
+    "sampling_margin",
+    "logprob_error",
+)
+
+
 def random_prompts(vocab: int, special: set[int], count: int, seed: int) -> list[list[int]]:
     """``count`` prompts of 4..24 ordinary token ids, reproducible from ``seed``."""
     rng = random.Random(seed)
@@ -148,6 +164,7 @@ def calibrate_policy(
             torch.set_num_threads(threads)
             prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
             started = time.perf_counter()
+            this_run = Measurements()
             for start in range(0, per_run, batch):
                 chunk = prompts[start : start + batch]
                 base = plan.seed * 1_000_003 + run_index * 100_000 + start
@@ -158,7 +175,8 @@ def calibrate_policy(
                     gens = generate_without_cache(
                         model, chunk, params, seeds, sorted(engine.eos_ids), engine.pad_id
                     )
-                measured.extend(measure(engine, gens, params, cfg))
+                this_run.extend(measure(engine, gens, params, cfg))
+            measured.extend(this_run)
             log.append(
                 {
                     "batch": batch,
@@ -166,6 +184,7 @@ def calibrate_policy(
                     "cache": cache,
                     "samples": per_run,
                     "seconds": round(time.perf_counter() - started, 2),
+                    "worst": worst(this_run),
                 }
             )
     finally:
@@ -247,7 +266,10 @@ def calibrate_engines(
         "samples": per_run * len(log),
         "runs": log,
         "measured": everything.summary(),
-        "pairings": {name: {"evidence_reference": reference(m)} for name, m in by_pairing.items()},
+        "pairings": {
+            name: {"evidence_reference": reference(m), "worst": worst(m)}
+            for name, m in by_pairing.items()
+        },
         "margin": {"rel": plan.margin_rel, "abs_ulps": plan.margin_ulps},
         "thresholds": recommend(everything, topk, plan.margin_rel, plan.margin_ulps),
         "evidence_reference": reference_across(by_pairing),
