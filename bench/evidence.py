@@ -5,7 +5,8 @@ must never be flagged, and cheaper engines that must be, within 20 checked units
         [--cheat-units 40] [--drift K --limit H] [--measure-limit MEASURE=H ...]
         [--calibration 256]
         [--scale S [--reference 64 | --reference-from engines]] [--model-shape JSON]
-        [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--series] [--out FILE]
+        [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--series]
+        [--judge-batch 1] [--out FILE]
 
 On the declared model of ``bench/toploc.py`` (``toploc_cases``: a tiny model trained on the
 reverse task), in ``--dtype``:
@@ -86,6 +87,17 @@ class Engines:
             self.vllm.close()
 
 
+def judged(verifier: Verifier, worker: attacks.Worker, units: list, per_call: int):
+    """Each unit's submissions and verdicts, ``per_call`` units replayed together (as a
+    validator that claimed that many judges them: one batched prefill)."""
+    for first in range(0, len(units), per_call):
+        subs = [worker.prove(unit) for unit in units[first : first + per_call]]
+        items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for s in subs for b, c in s]
+        verdicts = iter(verifier.check_many(items))
+        for unit_subs in subs:
+            yield unit_subs, [next(verdicts) for _ in unit_subs]
+
+
 def judge_units(
     verifier: Verifier,
     worker: attacks.Worker,
@@ -94,6 +106,7 @@ def judge_units(
     cfg: ToplocConfig,
     stop_when_caught: bool,
     series: bool = False,
+    per_call: int = 1,
 ) -> dict:
     """Judge ``gens`` unit by unit into one node's record; what happened to the node, with
     every accepted unit's measurements in order where ``series`` (to weigh other rules on the
@@ -103,10 +116,7 @@ def judge_units(
     xs: dict[str, list[float]] = {}
     measured: list[dict[str, float] | None] = []
     units = [gens[i : i + unit_samples] for i in range(0, len(gens), unit_samples)]
-    for n, unit in enumerate(units, start=1):
-        subs = worker.prove(unit)
-        items = [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
-        verdicts = verifier.check_many(items)
+    for n, (subs, verdicts) in enumerate(judged(verifier, worker, units, per_call), start=1):
         if not all(v.accepted for v in verdicts):
             rejected += 1
             measured.append(None)
@@ -187,6 +197,13 @@ def main() -> None:
         help='the declared model\'s TinyModelConfig as JSON (e.g. \'{"arch": "qwen2", '
         '"hidden_size": 256, "num_layers": 6, "num_heads": 8, "intermediate_size": 1024}\'); '
         "default: toploc_cases' model",
+    )
+    parser.add_argument(
+        "--judge-batch",
+        type=int,
+        default=1,
+        help="units a validator replays together (one batched prefill), as one that claims "
+        "that many does",
     )
     parser.add_argument(
         "--measure-limit",
@@ -281,7 +298,14 @@ def main() -> None:
                     if wv != w:
                         continue
                     row = judge_units(
-                        verifiers[v], worker, gens, args.unit_samples, cfg, False, args.series
+                        verifiers[v],
+                        worker,
+                        gens,
+                        args.unit_samples,
+                        cfg,
+                        False,
+                        args.series,
+                        args.judge_batch,
                     )
                     results["honest"][f"{w}->{v}"] = row
                     print(f"honest {w}->{v}: {_brief(row)}", flush=True)
@@ -309,6 +333,7 @@ def main() -> None:
                         cfg,
                         not args.series,
                         args.series,
+                        args.judge_batch,
                     )
                     results["cheats"][f"{name} -> {v}"] = row
                     print(f"cheat {name} -> {v}: {_brief(row)}", flush=True)
