@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import tempfile
 import time
@@ -285,6 +286,13 @@ def main() -> None:
                 )
                 for v in {v for _, v in pairs}
             }
+            judge = functools.partial(
+                judge_units,
+                unit_samples=args.unit_samples,
+                cfg=cfg,
+                series=args.series,
+                per_call=args.judge_batch,
+            )
             total = args.units * args.unit_samples
             results["honest"] = {}
             for w in workers:
@@ -297,16 +305,7 @@ def main() -> None:
                 for wv, v in pairs:
                     if wv != w:
                         continue
-                    row = judge_units(
-                        verifiers[v],
-                        worker,
-                        gens,
-                        args.unit_samples,
-                        cfg,
-                        False,
-                        args.series,
-                        args.judge_batch,
-                    )
+                    row = judge(verifiers[v], worker, gens, stop_when_caught=False)
                     results["honest"][f"{w}->{v}"] = row
                     print(f"honest {w}->{v}: {_brief(row)}", flush=True)
                     save()
@@ -325,16 +324,7 @@ def main() -> None:
                     TorchEngine(cheat_model, models.tokenizer), prompts, params, seeds, BATCH
                 )
                 for v in sorted(verifiers):
-                    row = judge_units(
-                        verifiers[v],
-                        worker,
-                        gens,
-                        args.unit_samples,
-                        cfg,
-                        not args.series,
-                        args.series,
-                        args.judge_batch,
-                    )
+                    row = judge(verifiers[v], worker, gens, stop_when_caught=not args.series)
                     results["cheats"][f"{name} -> {v}"] = row
                     print(f"cheat {name} -> {v}: {_brief(row)}", flush=True)
                     save()

@@ -218,10 +218,10 @@ def lower_dtype_defaults(toploc: ToplocConfig, dtype: str, given: Iterable[str])
     is measured in (``thresholds_path`` or ``calibrate_at_start``); {} in float32."""
     if dtype == "float32":
         return {}
-    settings = dict(LOWER_DTYPE_SETTINGS)
+    left_out = set(given)
     if toploc.thresholds_path is None and not toploc.calibrate_at_start:
-        del settings["evidence_scale"]
-    return {key: value for key, value in settings.items() if key not in set(given)}
+        left_out.add("evidence_scale")
+    return {key: value for key, value in LOWER_DTYPE_SETTINGS.items() if key not in left_out}
 
 
 def lower_dtype_advice(toploc: ToplocConfig, dtype: str) -> str | None:

@@ -8,9 +8,10 @@ its node's record, per measure::
     S_0 = 0,   S_n = max(0, S_{n-1} + x_n − k),   flagged when S_n > h
 
 with ``k = PoolSpec.evidence_drift`` and ``h = PoolSpec.evidence_limit`` (0: records kept,
-nobody flagged), or the measure's own ``PoolSpec.evidence_measure_limits``. The pool keeps the records in its database (``swarmrl.pool.trust.evidence``),
-so every validator's units count toward one record per node and a restart loses none; the
-unit that flags a node is recorded as a hard rejection whose reason gives the evidence.
+nobody flagged), or the measure's own ``PoolSpec.evidence_measure_limits``. The pool keeps the
+records in its database (``swarmrl.pool.trust.evidence``), so every validator's units count
+toward one record per node and a restart loses none; the unit that flags a node is recorded as
+a hard rejection whose reason gives the evidence.
 
 :class:`EvidenceReplay` folds ledger entries in order and recomputes every record from the
 ``verdict`` entries that carry measurements (the same operations in the same order, so the

@@ -84,7 +84,6 @@ def _parser() -> argparse.ArgumentParser:
 def calibrate(args: argparse.Namespace) -> dict:
     """Run the honest generations, measure and recommend; returns the JSON document."""
     # torch and transformers only now, after parsing: ``--help`` answers at once
-    from swarmrl.inference.interface import require_backend
     from swarmrl.model.io import load_policy
     from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_engines, calibrate_policy
 
@@ -99,9 +98,7 @@ def calibrate(args: argparse.Namespace) -> dict:
         margin_ulps=args.margin_ulps,
         seed=args.seed,
     )
-    if args.engines != ["torch"]:
-        for backend in args.engines:
-            require_backend(backend)
+    if args.engines != ["torch"]:  # each engine opened (or refused) before any work
         document = calibrate_engines(args.model, plan, dtype=args.dtype, backends=args.engines)
     else:
         model, tokenizer = load_policy(args.model, dtype=args.dtype)

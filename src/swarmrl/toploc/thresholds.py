@@ -31,7 +31,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,12 +115,6 @@ class CalibrationPlan:
         )
 
 
-def worst(measured: Measurements) -> dict[str, float]:
-    """The worst honest value of each quantity the thresholds come from, for one run or
-    pairing: where a loose threshold comes from (e.g. the no-cache path in bfloat16)."""
-    return {k: v["max"] for k, v in measured.summary().items() if k in WORST_KEYS}
-
-
 WORST_KEYS = (
     "exp_mismatches",
     "mant_err_mean",
@@ -128,6 +122,23 @@ WORST_KEYS = (
     "sampling_margin",
     "logprob_error",
 )
+
+
+def worst(measured: Measurements) -> dict[str, float]:
+    """The worst honest value of each quantity the thresholds come from, for one run or
+    pairing: where a loose threshold comes from (e.g. the no-cache path in bfloat16)."""
+    return {k: v["max"] for k, v in measured.summary().items() if k in WORST_KEYS}
+
+
+def seeded_chunks(
+    plan: CalibrationPlan, run_index: int, prompts: list[list[int]], batch: int
+) -> Iterator[tuple[list[list[int]], list[int]]]:
+    """``prompts`` in chunks of ``batch``, each with its samples' seeds (reproducible from the
+    plan's seed and the run)."""
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start : start + batch]
+        first = plan.seed * 1_000_003 + run_index * 100_000 + start
+        yield chunk, [first + i for i in range(len(chunk))]
 
 
 def random_prompts(vocab: int, special: set[int], count: int, seed: int) -> list[list[int]]:
@@ -165,10 +176,7 @@ def calibrate_policy(
             prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
             started = time.perf_counter()
             this_run = Measurements()
-            for start in range(0, per_run, batch):
-                chunk = prompts[start : start + batch]
-                base = plan.seed * 1_000_003 + run_index * 100_000 + start
-                seeds = [base + i for i in range(len(chunk))]
+            for chunk, seeds in seeded_chunks(plan, run_index, prompts, batch):
                 if cache:
                     gens = engine.generate(chunk, params, seeds, return_hidden=True)
                 else:
@@ -238,10 +246,7 @@ def calibrate_engines(
                 run_index = w * len(plan.batch_sizes) + b
                 prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
                 started = time.perf_counter()
-                for start in range(0, per_run, batch):
-                    chunk = prompts[start : start + batch]
-                    first = plan.seed * 1_000_003 + run_index * 100_000 + start
-                    seeds = [first + i for i in range(len(chunk))]
+                for chunk, seeds in seeded_chunks(plan, run_index, prompts, batch):
                     gens = engines[worker].generate(chunk, params, seeds, return_hidden=True)
                     for validator in backends:
                         pairing = by_pairing.setdefault(f"{worker}->{validator}", Measurements())
