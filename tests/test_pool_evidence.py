@@ -247,3 +247,34 @@ def test_a_measure_with_a_limit_of_its_own_flags_the_node_by_it(tmp_path):
     assert reason.startswith("evidence: mantissa consistently off over 2 accepted units"), reason
     assert "> 0.5 at drift 0.5" in reason
     assert states[node.node_id] == "banned"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        '"evidence_measure_limits": {"mantissa": NaN}',
+        '"evidence_measure_limits": {"mantissa": Infinity}',
+        '"evidence_measure_limits": {"mantissa": -1}',
+        '"evidence_measure_limits": {"mantissa": 1e300}',
+        '"evidence_measure_limits": {"speed": 1}',
+        '"evidence_measure_limits": {"mantissa\\u0000": 1}',
+        '"evidence_measure_limits": {"\\ud800": 1}',
+        '"evidence_measure_limits": {"mantissa": {"mantissa": 1}}',
+        '"evidence_measure_limits": [1, 2]',
+        '"evidence_scale": NaN',
+        '"evidence_scale": -1',
+        '"evidence_scale": 1e9',
+    ],
+)
+def test_a_spec_with_evidence_settings_out_of_bounds_is_refused_and_no_pool_made(tmp_path, field):
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    spec = _spec(owner, [validator]).model_dump(mode="json")
+    spec.pop("evidence_measure_limits")
+    spec.pop("evidence_scale")
+    body = (json.dumps(spec)[:-1] + ", " + field + "}").encode()
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        headers = sign_request(orch, "POST", "/pools", body) | {"Content-Type": "application/json"}
+        answer = httpx.post(server.url + "/pools", content=body, headers=headers, timeout=30)
+        assert answer.status_code == 422, answer.text
+        assert set(answer.json()) == {"error"} and answer.json()["error"]["message"]
+        assert PoolClient(server.url, orch).pools() == []
