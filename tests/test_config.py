@@ -167,9 +167,18 @@ def test_a_three_line_config_gets_the_tested_values(tmp_path):
 
 def test_below_float32_the_toploc_defaults_follow_the_dtype(tmp_path):
     """A pool generating in bfloat16 or float16 needs other toploc settings than float32's
-    (docs/toploc.md, "Evidence in reference units"): they are the defaults there, and whatever
-    a file or an override sets wins, also when it is float32's value, and reads back the same."""
-    from swarmrl.config.toploc import LOWER_DTYPE_SETTINGS, ToplocConfig
+    (docs/toploc.md, "int8 below float32"): they are the defaults there, and whatever a file or
+    an override sets wins, also when it is float32's value, and reads back the same. The run's
+    own calibration and a thresholds file give the same settings (a role reading the file and
+    one calibrating must agree); without a calibration the evidence stays in threshold units."""
+    from swarmrl.config.toploc import (
+        LOWER_DTYPE_SETTINGS,
+        UNCALIBRATED_LOWER_DTYPE_SETTINGS,
+        ToplocConfig,
+    )
+
+    def settings(toploc: ToplocConfig, keys) -> dict:
+        return {k: getattr(toploc, k) for k in keys}
 
     float32 = ToplocConfig()
     plain = load_config([], [])
@@ -178,7 +187,7 @@ def test_below_float32_the_toploc_defaults_follow_the_dtype(tmp_path):
     assert follows == float32  # the workers' dtype decides, not the trainer's
     for dtype in ("inference.dtype=bfloat16", "model.dtype=float16"):
         toploc = load_config([], [dtype]).toploc
-        assert {k: getattr(toploc, k) for k in LOWER_DTYPE_SETTINGS} == LOWER_DTYPE_SETTINGS
+        assert settings(toploc, LOWER_DTYPE_SETTINGS) == LOWER_DTYPE_SETTINGS
         assert toploc.evidence_drift == float32.evidence_drift  # the rest as in float32
     toml = tmp_path / "bf16.toml"
     toml.write_text('[inference]\ndtype = "bfloat16"\n[toploc]\ncalibration_samples = 64\n')
@@ -188,7 +197,35 @@ def test_below_float32_the_toploc_defaults_follow_the_dtype(tmp_path):
     assert config.toploc.evidence_limit == LOWER_DTYPE_SETTINGS["evidence_limit"]
     written = write_config_toml(config, tmp_path / "config.toml")
     assert load_config([written]) == config
+    # a validator given the thresholds file the trainer wrote judges on the trainer's terms
+    given = tmp_path / "thresholds.json"
+    filed = load_config([], ["inference.dtype=bfloat16", f"toploc.thresholds_path={given}"])
+    assert (
+        filed.toploc.model_copy(update={"thresholds_path": None})
+        == load_config([], ["inference.dtype=bfloat16"]).toploc
+    )
     # no calibration records the honest means the scale would measure in: threshold units
     blind = load_config([], ["inference.dtype=bfloat16", "toploc.calibrate_at_start=false"])
-    assert blind.toploc.evidence_scale == 0.0
-    assert blind.toploc.calibration_samples == LOWER_DTYPE_SETTINGS["calibration_samples"]
+    assert settings(blind.toploc, UNCALIBRATED_LOWER_DTYPE_SETTINGS) == (
+        UNCALIBRATED_LOWER_DTYPE_SETTINGS
+    )
+    assert blind.toploc.evidence_scale == 0.0 and blind.toploc.evidence_measure_limits == {}
+
+
+def test_the_engines_a_pool_accepts_include_the_runs_own():
+    """``toploc.engines`` names the engines the pool accepts and the run-start calibration
+    measures; unset, the run's own backend alone. A list without the run's own backend, or
+    naming an engine twice or one not known, is a one-line error at load."""
+    assert load_config([], []).pool_engines == ["torch"]
+    assert load_config([], ["inference.backend=vllm"]).pool_engines == ["vllm"]
+    both = load_config([], ["inference.backend=vllm", 'toploc.engines=["torch","vllm"]'])
+    assert both.pool_engines == ["torch", "vllm"]
+    for bad, words in (
+        ('toploc.engines=["vllm"]', "inference.backend 'torch' is not among toploc.engines"),
+        ('toploc.engines=["torch","torch"]', "name each engine once"),
+        ('toploc.engines=["sglang"]', "'toploc.engines.0'"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            load_config([], [bad])
+        message = str(refused.value)
+        assert "\n" not in message and words in message, message

@@ -11,10 +11,17 @@ def test_a_swarm_of_bfloat16_workers_under_a_float32_trainer(tmp_path):
     run_dir, _ = short_run(tmp_path, [*SWARM_SHORT, "inference.dtype=bfloat16"])
     thresholds = json.loads((run_dir / "toploc-thresholds.json").read_text())
     assert thresholds["dtype"] == "bfloat16"
-    # below float32 the run takes the toploc defaults such a pool needs (LOWER_DTYPE_SETTINGS):
-    # a calibration that holds bfloat16's honest tail, evidence in units of its honest means
-    toploc = json.loads((run_dir / "config.json").read_text())["toploc"]
-    assert (toploc["calibration_samples"], toploc["evidence_scale"]) == (2048, 4.5), toploc
+    # below float32 the run takes the toploc defaults such a pool needs: a calibration that
+    # holds bfloat16's honest tail, on every engine the pool accepts (here torch alone, which
+    # the spec says), evidence in units of its honest means with the mantissa's own limit
+    config = json.loads((run_dir / "config.json").read_text())
+    toploc = config["toploc"]
+    assert (toploc["calibration_samples"], toploc["evidence_scale"]) == (2048, 2.5), toploc
+    limits = {"mantissa": 1, "exponents": 8}
+    assert (toploc["evidence_limit"], toploc["evidence_measure_limits"]) == (3, limits)
+    spec = json.loads((run_dir / "pool.json").read_text())
+    assert spec["requirements"]["engines"] == thresholds["engines"] == ["torch"]
+    assert spec["evidence_measure_limits"] == limits
     assert thresholds["samples"] >= 2000 and set(thresholds["evidence_reference"]) == {
         "logprobs",
         "mantissa",

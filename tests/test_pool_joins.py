@@ -103,3 +103,31 @@ def test_a_new_node_has_its_credit_held_until_probation_passes(tmp_path):
         assert locked[1] < HELD_UNTIL  # released (into the normal lock) once it passed
         assert submit().status == "pending"  # checked: credited only by its verdict
         assert admin.metrics(POOL).credited_tokens == 4
+
+
+def test_a_pool_made_from_a_config_admits_only_the_engines_its_verifier_measured(tmp_path):
+    """``swarmrl pool spec`` and ``swarmrl run`` write the engines the run-start calibration
+    measures (``toploc.engines``, else ``inference.backend``) as ``requirements.engines``: a node
+    declaring another engine is refused at join, in the pool's words, before it takes a unit;
+    a pool set to accept both engines admits both."""
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+    from swarmrl.errors import Unauthorized
+    from swarmrl.pool.spec_check import spec_from_config
+
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+    vllm_node = CPU_NODE.model_copy(update={"engine": "vllm"})
+    torch_only = load_config([EMBEDDED_DEFAULT], ["env.size=3"])
+    both = load_config([EMBEDDED_DEFAULT], ["env.size=3", 'toploc.engines=["torch","vllm"]'])
+    with local_orchestrator(tmp_path, orch, PoolConfig(join_burst=8)) as server:
+        for pool_id, config in (("t", torch_only), ("tv", both)):
+            spec = spec_from_config(
+                config, owner.public_key_hex, [validator.public_key_hex], pool_id
+            )
+            PoolClient(server.url, orch).create_pool(spec.model_copy(update={"open": True}))
+        with pytest.raises(Unauthorized, match=r"engine 'vllm' not in \['torch'\]"):
+            PoolClient(server.url, KeyPair.generate()).join("t", vllm_node)
+        PoolClient(server.url, KeyPair.generate()).join("t", CPU_NODE)
+        for node in (CPU_NODE, vllm_node):
+            PoolClient(server.url, KeyPair.generate()).join("tv", node)
+        assert len(PoolClient(server.url, owner).nodes("t")) == 1
+        assert len(PoolClient(server.url, owner).nodes("tv")) == 2

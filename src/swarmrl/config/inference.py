@@ -67,7 +67,8 @@ class InferenceConfig(Section):
         description="dtype workers and validators generate, replay and prove in (the verifier "
         "is calibrated in it); None = model.dtype. Lower than the trainer's (bfloat16 under a "
         "float32 trainer) it is the engine mismatch rl.correction is for; below float32 "
-        "toploc.calibration_samples, evidence_scale and evidence_limit default to 2048, 4.5 "
-        'and 2 (docs/toploc.md, "Evidence in reference units")',
+        "toploc.calibration_samples, evidence_scale, evidence_limit and "
+        "evidence_measure_limits default to 2048, 2.5, 3 and {mantissa = 1, exponents = 8} "
+        '(docs/toploc.md, "int8 below float32")',
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)

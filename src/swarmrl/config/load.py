@@ -132,7 +132,8 @@ def _describe(error: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         return f"unknown config key {key!r}"
     if first["type"] == "value_error" and isinstance(first.get("input"), dict):
-        return f"bad values in {key!r}: {first['ctx']['error']}"  # a section's own check
+        where = f"in {key!r}" if key else "across sections"  # a section's own check, or the root's
+        return f"bad values {where}: {first['ctx']['error']}"
     allowed = first.get("ctx", {}).get("expected")
     detail = f" (allowed: {allowed})" if allowed else ""
     return f"bad value for {key!r}: {first['msg']}{detail}; got {first.get('input')!r}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from swarmrl.config.base import Section
 from swarmrl.config.env import EnvConfig
@@ -40,3 +40,20 @@ class SwarmConfig(Section):
         """The dtype the policy generates and is replayed in: ``inference.dtype``, else the
         trainer's ``model.dtype``."""
         return self.inference.dtype or self.model.dtype
+
+    @property
+    def pool_engines(self) -> list[str]:
+        """The engines the pool accepts and the verifier is calibrated across:
+        ``toploc.engines``, else ``inference.backend`` alone."""
+        return list(self.toploc.engines) or [self.inference.backend]
+
+    @model_validator(mode="after")
+    def _own_engine_accepted(self) -> SwarmConfig:
+        engines = self.toploc.engines
+        if engines and self.inference.backend not in engines:
+            raise ValueError(
+                f"inference.backend {self.inference.backend!r} is not among toploc.engines "
+                f"{list(engines)}: the run's own workers and validators would use an engine "
+                "its pool refuses"
+            )
+        return self

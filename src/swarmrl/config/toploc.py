@@ -106,13 +106,15 @@ class ToplocConfig(Section):
         le=1e6,
         description="h of the per-node CUSUM (the pool spec's evidence_limit): the unit that "
         "takes a node's evidence past it is rejected (about h / (mean - k) units consistently "
-        "off); 0 = keep no verdict on it; below float32 the default is 2",
+        "off); 0 = keep no verdict on it; below float32 the default is 3 (2 without a "
+        "calibration)",
     )
     evidence_measure_limits: dict[Literal["logprobs", "mantissa", "exponents"], float] = Field(
         default_factory=dict,
         description="h of one measure in place of evidence_limit (the pool spec's "
         "evidence_measure_limits), e.g. {mantissa = 1}: the honest spread of the measures "
-        'differs (docs/toploc.md, "int8 below float32")',
+        'differs (docs/toploc.md, "int8 below float32"); below float32 the default is '
+        "{mantissa = 1, exponents = 8} where a calibration records the honest means",
     )
 
     @field_validator("evidence_measure_limits")
@@ -132,7 +134,7 @@ class ToplocConfig(Section):
         "that the calibration recorded (evidence_reference), which hardly moves with the "
         'number of calibration samples while the thresholds do (docs/toploc.md, "Evidence '
         'in reference units"); the drift then sits at evidence_drift x s honest means; below '
-        "float32 the default is 4.5 where a calibration records the means",
+        "float32 the default is 2.5 where a calibration records the means",
     )
     evidence_reference: dict[str, float] | None = Field(
         None,
@@ -167,6 +169,23 @@ class ToplocConfig(Section):
         "(model and dtype) before version 0 is published and records the thresholds as "
         "RUN_DIR/toploc-thresholds.json, which its validators then use",
     )
+    engines: list[Literal["torch", "vllm"]] = Field(
+        default_factory=list,
+        max_length=2,
+        description="engines the pool accepts from its workers (the pool spec's "
+        "requirements.engines; a node declaring another is refused at join) and the run-start "
+        "calibration measures in every pairing, worker and validator each way; [] = "
+        "inference.backend alone: honest work on an engine the calibration never measured may "
+        'be judged off (docs/toploc.md, "The engines a pool accepts")',
+    )
+
+    @field_validator("engines")
+    @classmethod
+    def _each_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"name each engine once, not {value}")
+        return value
+
     calibration_samples: int = Field(
         64,
         ge=1,
@@ -175,53 +194,59 @@ class ToplocConfig(Section):
     )
 
 
-# what a pool generating in a dtype below float32 needs, measured by bench/evidence.py
-# (docs/toploc.md, "Evidence in reference units"): thresholds from enough samples to hold the
-# honest tail, and the evidence measured against honest means instead of those thresholds
-LOWER_DTYPE_SETTINGS = {"calibration_samples": 2048, "evidence_scale": 4.5, "evidence_limit": 2.0}
-
-
-# what validators of a pool below float32 set where its thresholds were calibrated across its
-# engines (`swarmrl toploc calibrate --engines`), measured by bench/evidence.py and
-# bench/evidence_rules.py on five models (docs/toploc.md, "int8 below float32"): evidence in
-# units of 2.5 of the loosest pairing's honest means, and the mantissa, whose honest spread is
-# narrow, at a limit of its own
-ENGINES_LOWER_DTYPE_SETTINGS: dict[str, Any] = {
+# what a pool generating in a dtype below float32 needs, measured by bench/evidence.py and
+# bench/evidence_rules.py on tiny models, on torch alone and across torch and vLLM
+# (docs/toploc.md, "int8 below float32"): thresholds from enough samples to hold the honest
+# tail, the evidence in units of 2.5 honest means of the loosest pairing the calibration
+# measured, the mantissa, whose honest spread is narrow, at a limit of its own, and the
+# exponent share, heavy-tailed (honest records of 3.84 to 4.53 with torch alone) and never the
+# measure that stopped a cheat first, at twice the first of those
+LOWER_DTYPE_SETTINGS: dict[str, Any] = {
+    "calibration_samples": 2048,
     "evidence_scale": 2.5,
     "evidence_limit": 3.0,
-    "evidence_measure_limits": {"mantissa": 1.0},
+    "evidence_measure_limits": {"mantissa": 1.0, "exponents": 8.0},
+}
+# the same without a calibration to record the honest means: evidence in shares of thresholds
+UNCALIBRATED_LOWER_DTYPE_SETTINGS: dict[str, Any] = {
+    "calibration_samples": 2048,
+    "evidence_limit": 2.0,
 }
 
 
-def engines_advice(engines: Sequence[str], dtype: str) -> str | None:
-    """The line ``swarmrl toploc calibrate --engines`` prints: the settings of
-    :data:`ENGINES_LOWER_DTYPE_SETTINGS` as ``--set`` items (None in float32 or for one engine)."""
-    if dtype == "float32" or len(engines) < 2:
-        return None
+def settings_literal(value: Any) -> str:
+    """``value`` as a ``--set`` item writes it: 2.5, {mantissa=1}, ["torch","vllm"]."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}={settings_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(f'"{v}"' for v in value) + "]"
+    return f"{value:g}"
 
-    def literal(value: Any) -> str:
-        if isinstance(value, dict):
-            return "{" + ",".join(f"{k}={literal(v)}" for k, v in value.items()) + "}"
-        return f"{value:g}"
 
-    items = " ".join(f"toploc.{k}={literal(v)}" for k, v in ENGINES_LOWER_DTYPE_SETTINGS.items())
+def engines_advice(engines: Sequence[str], out: str) -> str:
+    """The line ``swarmrl toploc calibrate`` prints: the settings under which validators judge
+    with the file ``out`` in a pool that accepts exactly the engines it measured."""
+    items = f"toploc.engines={settings_literal(list(engines))} toploc.thresholds_path={out}"
     return (
-        f"with this file ({dtype}, engines {', '.join(engines)}) validators measure evidence "
-        f'against the engines\' honest means; set {items} (docs/toploc.md, "int8 below float32")'
+        f"the file measured engines {', '.join(engines)}: for a pool that accepts these, every "
+        f"role sets {items} (a validator refuses a file that misses an engine the pool accepts; "
+        'docs/toploc.md, "The engines a pool accepts")'
     )
 
 
 def lower_dtype_defaults(toploc: ToplocConfig, dtype: str, given: Iterable[str]) -> dict[str, Any]:
     """The toploc defaults a config generating in ``dtype`` takes in place of float32's, for
-    each key of :data:`LOWER_DTYPE_SETTINGS` not in ``given`` (the keys a config file or an
-    override set). ``evidence_scale`` only where a calibration will record the honest means it
-    is measured in (``thresholds_path`` or ``calibrate_at_start``); {} in float32."""
+    each key not in ``given`` (the keys a config file or an override set); {} in float32.
+    :data:`LOWER_DTYPE_SETTINGS` where a calibration records the honest means the evidence is
+    measured in (``thresholds_path`` or ``calibrate_at_start``; it covers every engine the pool
+    accepts: the trainer calibrates them, a validator refuses a file that misses one), else
+    :data:`UNCALIBRATED_LOWER_DTYPE_SETTINGS`."""
     if dtype == "float32":
         return {}
+    calibrated = toploc.thresholds_path is not None or toploc.calibrate_at_start
+    settings = LOWER_DTYPE_SETTINGS if calibrated else UNCALIBRATED_LOWER_DTYPE_SETTINGS
     left_out = set(given)
-    if toploc.thresholds_path is None and not toploc.calibrate_at_start:
-        left_out.add("evidence_scale")
-    return {key: value for key, value in LOWER_DTYPE_SETTINGS.items() if key not in left_out}
+    return {key: value for key, value in settings.items() if key not in left_out}
 
 
 def lower_dtype_advice(toploc: ToplocConfig, dtype: str) -> str | None:
@@ -232,7 +257,7 @@ def lower_dtype_advice(toploc: ToplocConfig, dtype: str) -> str | None:
         return None
     default = ToplocConfig()
     left = [
-        f"toploc.{key} = {value:g}"
+        f"toploc.{key} = {settings_literal(value)}"
         for key, value in LOWER_DTYPE_SETTINGS.items()
         if getattr(toploc, key) == getattr(default, key)
     ]
@@ -242,5 +267,5 @@ def lower_dtype_advice(toploc: ToplocConfig, dtype: str) -> str | None:
         f"the policy runs in {dtype} with toploc's float32 settings: honest units may be "
         "rejected beyond thresholds from few samples, and a float8 or int8 worker may pass "
         f"unit after unit; below float32 they default to {', '.join(left)} (docs/toploc.md, "
-        '"Evidence in reference units")'
+        '"int8 below float32")'
     )

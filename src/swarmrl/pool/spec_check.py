@@ -32,8 +32,11 @@ How each spec key follows from the config (``config_terms``)::
     evidence_limit      toploc.evidence_limit
     evidence_measure_limits toploc.evidence_measure_limits
     evidence_scale      toploc.evidence_scale
+    requirements.engines    toploc.engines, else inference.backend alone (the engines the
+                        verifier was calibrated on; a node declaring another is refused)
 
-The other keys (pool id, owner and validator keys, ``open``, the lease sizing and credit lock)
+The other keys (pool id, owner and validator keys, ``open``, the lease sizing and credit lock,
+the other requirements)
 are the operator's; they are written with :data:`OPERATOR_DEFAULTS` and never compared.
 Knows the config tree, the environment's split and the spec; nothing about serving a pool.
 """
@@ -110,6 +113,10 @@ def config_terms(config: SwarmConfig, tasks: int | None) -> dict[str, tuple[str,
         dict(config.toploc.evidence_measure_limits),
     )
     terms["evidence_scale"] = ("toploc.evidence_scale", config.toploc.evidence_scale)
+    terms["requirements.engines"] = (
+        "toploc.engines (else inference.backend)",
+        config.pool_engines,
+    )
     return terms
 
 

@@ -116,7 +116,5 @@ def main(verb: str, argv: Sequence[str]) -> int:
     out.write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(document["thresholds"], indent=2))
     print(f"wrote {out}")
-    advice = engines_advice(args.engines, args.dtype)
-    if advice is not None:
-        print(advice)
+    print(engines_advice(args.engines, str(out.resolve())))
     return 0

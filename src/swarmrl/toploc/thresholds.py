@@ -85,6 +85,21 @@ def load_thresholds(config: ToplocConfig) -> ToplocConfig:
         raise UserError(f"{path} is not a toploc thresholds file ({exc})") from exc
 
 
+def measured_engines(path: str | Path) -> list[str] | None:
+    """The engines a thresholds document was calibrated on (a document written before it
+    recorded them was calibrated on torch alone); None while ``path`` does not exist yet."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        engines = json.loads(path.read_text()).get("engines", ["torch"])
+    except (ValueError, AttributeError) as exc:
+        raise UserError(f"{path} is not a toploc thresholds file ({exc})") from exc
+    if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
+        raise UserError(f"{path} is not a toploc thresholds file (engines: {engines!r})")
+    return engines
+
+
 @dataclass(frozen=True)
 class CalibrationPlan:
     """What honest generations to measure, and the safety margin on the worst of them."""
@@ -199,6 +214,7 @@ def calibrate_policy(
         torch.set_num_threads(previous_threads)
     return {
         "dtype": dtype,
+        "engines": ["torch"],
         "samples": per_run * len(runs),
         "runs": log,
         "measured": measured.summary(),
@@ -315,17 +331,30 @@ def ensure_thresholds(
     plan: CalibrationPlan | None = None,
     cache_dir: str | Path | None = None,
     topk: int = 128,
+    engines: Sequence[str] = ("torch",),
+    inference: InferenceConfig | None = None,
 ) -> dict[str, Any]:
-    """Calibrate ``model_dir`` in ``dtype`` (or reuse the cached result) and record it at ``out``.
+    """Calibrate ``model_dir`` in ``dtype`` (or reuse the cached result) and record it at ``out``:
+    on the torch engine alone (:func:`calibrate_policy`), or across ``engines`` in every pairing
+    (:func:`calibrate_engines`, opened with ``inference``'s settings).
 
     The cache entry (``cache_dir/toploc/<digest>.json``) is keyed by the model's file digest,
-    the dtype, ``topk`` and the plan, so a warm-started run pays for calibration once.
+    the dtype, ``topk``, the engines and the plan, so a warm-started run pays for calibration
+    once.
     """
     plan = plan or CalibrationPlan()
+    engines = list(engines)
     model_dir = Path(model_dir)
     digest = model_digest(model_dir)
     key = json.dumps(
-        {"format": FORMAT, "model": digest, "dtype": dtype, "topk": topk, **plan.key()},
+        {
+            "format": FORMAT,
+            "model": digest,
+            "dtype": dtype,
+            "topk": topk,
+            "engines": engines,
+            **plan.key(),
+        },
         sort_keys=True,
     )
     cached = None
@@ -335,8 +364,13 @@ def ensure_thresholds(
     if cached is not None and cached.is_file():
         document = json.loads(cached.read_text())
     else:
-        model, tokenizer = load_policy(model_dir, dtype=dtype)
-        document = calibrate_policy(model, tokenizer, plan, dtype=dtype, topk=topk)
+        if engines == ["torch"]:
+            model, tokenizer = load_policy(model_dir, dtype=dtype)
+            document = calibrate_policy(model, tokenizer, plan, dtype=dtype, topk=topk)
+        else:
+            document = calibrate_engines(
+                model_dir, plan, dtype=dtype, backends=engines, inference=inference, topk=topk
+            )
         document = {"model": str(model_dir), "model_digest": digest, **document}
         if cached is not None:
             write_document(document, cached)

@@ -158,7 +158,8 @@ def calibrate_verifier(
     status: StatusReporter,
     log: logging.Logger,
 ) -> None:
-    """Record thresholds calibrated on the starting policy before version 0 is published:
+    """Record thresholds calibrated on the starting policy, on every engine the pool accepts
+    (``SwarmConfig.pool_engines``), before version 0 is published:
     at ``toploc.thresholds_path`` (where the validators read them), else at
     ``RUN_DIR/toploc-thresholds.json`` for the operator to hand to validators; kept if there."""
     toploc = config.toploc
@@ -186,12 +187,15 @@ def calibrate_verifier(
         plan=plan,
         cache_dir=config.run.cache_dir,
         topk=toploc.topk,
+        engines=config.pool_engines,
+        inference=config.inference,
     )
     log.info(
-        "verifier thresholds for %s (%s) in %.1f s: %s -> %s (validators read it through "
-        "toploc.thresholds_path)",
+        "verifier thresholds for %s (%s, engines %s) in %.1f s: %s -> %s (validators read it "
+        "through toploc.thresholds_path)",
         model_dir,
         config.engine_dtype,
+        ", ".join(config.pool_engines),
         time.monotonic() - started,
         json.dumps(document["thresholds"]),
         out,

@@ -153,13 +153,23 @@ def run_finished(pool: PoolClient, pool_id: str, swarm: SwarmSection, log: loggi
     return pool_info(pool, pool_id, swarm, log, "ask whether the run is finished").run_finished
 
 
-def require_same_evidence_unit(
+def require_same_evidence_terms(
     pool: PoolClient, pool_id: str, config: SwarmConfig, log: logging.Logger
 ) -> None:
-    """Raise a one-line :class:`UserError` where this validator would measure evidence in
-    another unit than the pool's (``PoolSpec.evidence_scale``): the pool adds up what every
-    validator sends into one record per node, so units of two scales would make it mean
-    nothing (a node flagged early, or never)."""
+    """Raise a one-line :class:`UserError` where this validator would judge the pool's nodes
+    on other terms than the pool's:
+
+    - evidence in another unit than the pool's (``PoolSpec.evidence_scale``): the pool adds up
+      what every validator sends into one record per node, so units of two scales would make
+      it mean nothing (a node flagged early, or never);
+    - thresholds calibrated on fewer engines than the pool accepts
+      (``PoolSpec.requirements.engines``; any engine where it names none): honest work on an
+      engine the calibration never measured may sit beyond its honest means and be flagged.
+      Checked where ``toploc.thresholds_path`` exists at start; a run's own calibration, written
+      later, covers the pool's engines by construction (the trainer calibrates
+      ``SwarmConfig.pool_engines``, which the orchestrator holds the spec to)."""
+    from swarmrl.toploc.thresholds import measured_engines
+
     spec = pool_info(pool, pool_id, config.swarm, log, "read the pool's spec").spec
     mine = config.toploc.evidence_scale
     if spec.evidence_scale != mine:
@@ -168,6 +178,20 @@ def require_same_evidence_unit(
             f"and this validator's toploc.evidence_scale is {mine:g}: set it to the pool's "
             "(the run's config.json; swarmrl pool spec writes it from toploc.evidence_scale)"
         )
+    path = config.toploc.thresholds_path
+    measured = None if path is None else measured_engines(path)
+    if measured is None:
+        return
+    accepted = list(spec.requirements.engines)
+    if accepted and set(accepted) <= set(measured):
+        return
+    which = f"engines {', '.join(accepted)}" if accepted else "any engine"
+    raise UserError(
+        f"pool {pool_id!r} accepts {which} and this validator's thresholds ({path}) were "
+        f"calibrated on {', '.join(measured)}: calibrate on every engine the pool accepts "
+        "(swarmrl toploc calibrate --engines), or accept only those (toploc.engines, which "
+        "swarmrl pool spec writes as requirements.engines)"
+    )
 
 
 def post_verdicts(
@@ -219,7 +243,7 @@ def run(
     poster = ThreadPoolExecutor(max(1, args.claim), thread_name_prefix="verdicts")
     try:
         with PoolClient(args.orchestrator, keypair, swarm.peer_timeout_s) as pool:
-            require_same_evidence_unit(pool, args.pool, config, log)
+            require_same_evidence_terms(pool, args.pool, config, log)
             status.set(state="waiting for submissions")
             next_check = 0.0
             while True:
