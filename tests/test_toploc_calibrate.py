@@ -174,6 +174,16 @@ def test_a_trainer_started_by_hand_records_thresholds_in_its_run_dir(tmp_path, m
     )
     calibrate_verifier(off, model_dir, tmp_path / "run2", status, logging.getLogger("t"))
     assert not (tmp_path / "run2").exists()
+    # a file already there that misses an engine the pool accepts is not kept silently
+    both = load_config(
+        [EMBEDDED_DEFAULT], ['toploc.engines=["torch","vllm"]', f"run.cache_dir={tmp_path}"]
+    )
+    before = (tmp_path / "run" / "toploc-thresholds.json").read_text()
+    with pytest.raises(UserError) as refused:
+        calibrate_verifier(both, model_dir, tmp_path / "run", status, logging.getLogger("t"))
+    message = str(refused.value)
+    assert "\n" not in message and "calibrated on torch and the pool accepts torch, vllm" in message
+    assert (tmp_path / "run" / "toploc-thresholds.json").read_text() == before
 
 
 def test_a_chunk_of_fewer_entries_than_top_k_allows_one_index_ranked_differently():

@@ -36,7 +36,7 @@ import torch
 from swarmrl.config import SwarmConfig
 from swarmrl.config.toploc import THRESHOLDS_FILE, lower_dtype_advice
 from swarmrl.envs import build_env
-from swarmrl.errors import MissingPathError
+from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.pool.client import PoolClient
 from swarmrl.rolekit.metrics import serve_role_metrics
@@ -52,7 +52,7 @@ from swarmrl.roles.trainer.origin import Origin
 from swarmrl.roles.trainer.progress import RunReport, Summary, reporting, role_hooks
 from swarmrl.roles.trainer.source import PoolSource
 from swarmrl.serving import Tls
-from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds
+from swarmrl.toploc.thresholds import CalibrationPlan, ensure_thresholds, measured_engines
 from swarmrl.trainer.checkpoint import Checkpointer
 from swarmrl.trainer.learner import Learner, resolve_device
 from swarmrl.trainer.loop import Hooks, train
@@ -161,7 +161,8 @@ def calibrate_verifier(
     """Record thresholds calibrated on the starting policy, on every engine the pool accepts
     (``SwarmConfig.pool_engines``), before version 0 is published:
     at ``toploc.thresholds_path`` (where the validators read them), else at
-    ``RUN_DIR/toploc-thresholds.json`` for the operator to hand to validators; kept if there."""
+    ``RUN_DIR/toploc-thresholds.json`` for the operator to hand to validators; kept if there,
+    unless it misses one of those engines (a one-line :class:`UserError`, before any work)."""
     toploc = config.toploc
     advice = lower_dtype_advice(toploc, config.engine_dtype)
     if advice is not None:
@@ -169,7 +170,15 @@ def calibrate_verifier(
     if not toploc.calibrate_at_start:
         return
     out = Path(toploc.thresholds_path or run_dir / THRESHOLDS_FILE)
-    if out.is_file():
+    measured = measured_engines(out)
+    if measured is not None:
+        missing = [e for e in config.pool_engines if e not in measured]
+        if missing:
+            raise UserError(
+                f"{out} was calibrated on {', '.join(measured)} and the pool accepts "
+                f"{', '.join(config.pool_engines)}: remove it to calibrate again, or accept "
+                "only the engines it measured (toploc.engines)"
+            )
         return
     status.set(state="calibrating the verifier")
     s = config.rl.sampling
