@@ -249,6 +249,43 @@ def test_a_measure_with_a_limit_of_its_own_flags_the_node_by_it(tmp_path):
     assert states[node.node_id] == "banned"
 
 
+def test_a_measure_at_a_limit_of_0_is_recorded_and_never_judged(tmp_path):
+    """Below float32 the exponent share is recorded, not judged (``{exponents = 0}``): a node
+    whose exponents sit at the cap for three units (S 1.5, 3, 4.5, past the pool's limit of 1)
+    keeps every unit and its place, its record holds the sum, and ``ledger verify`` accepts
+    the same story while a limit of its own of 2 would have flagged it."""
+    orch, owner, validator, node = (KeyPair.generate() for _ in range(4))
+    limits = {"exponents": 0.0}
+    spec = _spec(owner, [validator], evidence_limit=1.0, evidence_measure_limits=limits)
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        PoolClient(server.url, node).join(POOL, CPU_NODE)
+        measures = {"logprobs": 0.1, "mantissa": 0.1, "exponents": 2.0}
+        receipts = [
+            _accept(server.url, validator, _submit(server.url, node), measures) for _ in range(3)
+        ]
+        states = {n.node_id: n.state for n in PoolClient(server.url, owner).nodes(POOL)}
+        with server.ctx.engine.connect() as conn:
+            rows = conn.execute(sa.select(db.node_evidence)).mappings().all()
+    assert [r.status for r in receipts] == ["accepted"] * 3
+    assert states[node.node_id] != "banned"
+    (row,) = [r for r in rows if r["measure"] == "exponents"]
+    assert row["units"] == 3 and row["value"] == pytest.approx(4.5)
+
+    story = [_verdict(f"s{n}", True, 0.1) for n in range(1, 4)]
+    for _, body in story:
+        body["evidence"] = {"logprobs": 0.1, "exponents": 2.0}
+    key, out = _signed_ledger(tmp_path, story, evidence_measure_limits=limits)
+    report = verify_export(out, key.public_key_hex)
+    assert report.ok and (report.evidence_verdicts, report.evidence_flagged) == (3, 0)
+    (tmp_path / "judged").mkdir()
+    key, out = _signed_ledger(
+        tmp_path / "judged", story, evidence_measure_limits={"exponents": 2.0}
+    )
+    report = verify_export(out, key.public_key_hex)
+    assert not report.ok and "verdict accepts submission s2 of node" in report.reason
+
+
 @pytest.mark.parametrize(
     "field",
     [

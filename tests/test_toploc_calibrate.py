@@ -211,7 +211,7 @@ def test_a_run_below_float32_with_float32_toploc_settings_is_told_what_to_set():
     assert advice is not None and "\n" not in advice
     for key, value in LOWER_DTYPE_SETTINGS.items():
         assert f"toploc.{key} = {settings_literal(value)}" in advice
-    assert "toploc.evidence_measure_limits = {mantissa=1,exponents=8}" in advice
+    assert "toploc.evidence_measure_limits = {mantissa=1,exponents=0}" in advice
     some = ToplocConfig(calibration_samples=4096, evidence_scale=4.5)
     advice = lower_dtype_advice(some, "float16")
     assert (

@@ -68,7 +68,7 @@ class InferenceConfig(Section):
         "is calibrated in it); None = model.dtype. Lower than the trainer's (bfloat16 under a "
         "float32 trainer) it is the engine mismatch rl.correction is for; below float32 "
         "toploc.calibration_samples, evidence_scale, evidence_limit and "
-        "evidence_measure_limits default to 2048, 2.5, 3 and {mantissa = 1, exponents = 8} "
+        "evidence_measure_limits default to 2048, 2.5, 3 and {mantissa = 1, exponents = 0} "
         '(docs/toploc.md, "int8 below float32")',
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)

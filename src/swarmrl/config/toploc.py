@@ -114,7 +114,7 @@ class ToplocConfig(Section):
         description="h of one measure in place of evidence_limit (the pool spec's "
         "evidence_measure_limits), e.g. {mantissa = 1}: the honest spread of the measures "
         'differs (docs/toploc.md, "int8 below float32"); below float32 the default is '
-        "{mantissa = 1, exponents = 8} where a calibration records the honest means",
+        "{mantissa = 1, exponents = 0} where a calibration records the honest means",
     )
 
     @field_validator("evidence_measure_limits")
@@ -198,14 +198,15 @@ class ToplocConfig(Section):
 # bench/evidence_rules.py on tiny models, on torch alone and across torch and vLLM
 # (docs/toploc.md, "int8 below float32"): thresholds from enough samples to hold the honest
 # tail, the evidence in units of 2.5 honest means of the loosest pairing the calibration
-# measured, the mantissa, whose honest spread is narrow, at a limit of its own, and the
-# exponent share, heavy-tailed (honest records of 3.84 to 4.53 with torch alone) and never the
-# measure that stopped a cheat first, at twice the first of those
+# measured, and the mantissa, whose honest spread is narrow, at a limit of its own. The
+# exponent share is recorded and not judged (limit 0): its honest mean sat within 0.03-0.04 of
+# the drift on four of eight runs with torch alone, where no fixed limit holds for long, and it
+# was never the measure that stopped a cheat first
 LOWER_DTYPE_SETTINGS: dict[str, Any] = {
     "calibration_samples": 2048,
     "evidence_scale": 2.5,
     "evidence_limit": 3.0,
-    "evidence_measure_limits": {"mantissa": 1.0, "exponents": 8.0},
+    "evidence_measure_limits": {"mantissa": 1.0, "exponents": 0.0},
 }
 # the same without a calibration to record the honest means: evidence in shares of thresholds
 UNCALIBRATED_LOWER_DTYPE_SETTINGS: dict[str, Any] = {
