@@ -200,8 +200,8 @@ class ToplocConfig(Section):
 # tail, the evidence in units of 2.5 honest means of the loosest pairing the calibration
 # measured, and the mantissa, whose honest spread is narrow, at a limit of its own. The
 # exponent share is recorded and not judged (limit 0): its honest mean sat within 0.03-0.04 of
-# the drift on four of eight runs with torch alone, where no fixed limit holds for long, and it
-# was never the measure that stopped a cheat first
+# the drift on four of eight runs with torch alone, where no fixed limit holds for long, and
+# within 20 units it was never the measure that stopped a cheat first
 LOWER_DTYPE_SETTINGS: dict[str, Any] = {
     "calibration_samples": 2048,
     "evidence_scale": 2.5,
