@@ -84,8 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 def calibrate(args: argparse.Namespace) -> dict:
     """Run the honest generations, measure and recommend; returns the JSON document."""
     # torch and transformers only now, after parsing: ``--help`` answers at once
-    from swarmrl.model.io import load_policy
-    from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_engines, calibrate_policy
+    from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_model
 
     plan = CalibrationPlan(
         samples=args.samples,
@@ -98,12 +97,7 @@ def calibrate(args: argparse.Namespace) -> dict:
         margin_ulps=args.margin_ulps,
         seed=args.seed,
     )
-    if args.engines != ["torch"]:  # each engine opened (or refused) before any work
-        document = calibrate_engines(args.model, plan, dtype=args.dtype, backends=args.engines)
-    else:
-        model, tokenizer = load_policy(args.model, dtype=args.dtype)
-        document = calibrate_policy(model, tokenizer, plan, dtype=args.dtype)
-    return {"model": str(args.model), **document}
+    return calibrate_model(args.model, plan, dtype=args.dtype, engines=args.engines)
 
 
 def main(verb: str, argv: Sequence[str]) -> int:

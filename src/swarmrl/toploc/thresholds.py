@@ -323,6 +323,28 @@ def write_document(document: dict[str, Any], out: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def calibrate_model(
+    model_dir: str | Path,
+    plan: CalibrationPlan,
+    *,
+    dtype: DType,
+    engines: Sequence[str] = ("torch",),
+    inference: InferenceConfig | None = None,
+    topk: int = 128,
+) -> dict[str, Any]:
+    """The calibration document of the model at ``model_dir``: on the torch engine alone
+    (:func:`calibrate_policy`), or across ``engines`` in every pairing (:func:`calibrate_engines`,
+    which opens, or refuses, each engine before any work)."""
+    if list(engines) == ["torch"]:
+        model, tokenizer = load_policy(model_dir, dtype=dtype)
+        document = calibrate_policy(model, tokenizer, plan, dtype=dtype, topk=topk)
+    else:
+        document = calibrate_engines(
+            model_dir, plan, dtype=dtype, backends=engines, inference=inference, topk=topk
+        )
+    return {"model": str(model_dir), **document}
+
+
 def ensure_thresholds(
     model_dir: str | Path,
     dtype: DType,
@@ -334,9 +356,8 @@ def ensure_thresholds(
     engines: Sequence[str] = ("torch",),
     inference: InferenceConfig | None = None,
 ) -> dict[str, Any]:
-    """Calibrate ``model_dir`` in ``dtype`` (or reuse the cached result) and record it at ``out``:
-    on the torch engine alone (:func:`calibrate_policy`), or across ``engines`` in every pairing
-    (:func:`calibrate_engines`, opened with ``inference``'s settings).
+    """Calibrate ``model_dir`` in ``dtype`` on ``engines`` (:func:`calibrate_model`), or reuse the
+    cached result, and record it at ``out``.
 
     The cache entry (``cache_dir/toploc/<digest>.json``) is keyed by the model's file digest,
     the dtype, ``topk``, the engines and the plan, so a warm-started run pays for calibration
@@ -364,14 +385,10 @@ def ensure_thresholds(
     if cached is not None and cached.is_file():
         document = json.loads(cached.read_text())
     else:
-        if engines == ["torch"]:
-            model, tokenizer = load_policy(model_dir, dtype=dtype)
-            document = calibrate_policy(model, tokenizer, plan, dtype=dtype, topk=topk)
-        else:
-            document = calibrate_engines(
-                model_dir, plan, dtype=dtype, backends=engines, inference=inference, topk=topk
-            )
-        document = {"model": str(model_dir), "model_digest": digest, **document}
+        document = calibrate_model(
+            model_dir, plan, dtype=dtype, engines=engines, inference=inference, topk=topk
+        )
+        document = {"model": document["model"], "model_digest": digest, **document}
         if cached is not None:
             write_document(document, cached)
     write_document(document, Path(out))

@@ -39,6 +39,7 @@ from swarmrl.rolekit.toolkit import (
 )
 from swarmrl.roles.validator.judge import judge_many
 from swarmrl.shardcast import WeightClient
+from swarmrl.toploc.thresholds import measured_engines
 
 # Engines kept loaded, by backend. A version beyond that is swapped into the least recently used
 # engine in place: a vLLM engine takes tens of seconds (minutes on a busy CPU) to start and holds
@@ -168,8 +169,6 @@ def require_same_evidence_terms(
       Checked where ``toploc.thresholds_path`` exists at start; a run's own calibration, written
       later, covers the pool's engines by construction (the trainer calibrates
       ``SwarmConfig.pool_engines``, which the orchestrator holds the spec to)."""
-    from swarmrl.toploc.thresholds import measured_engines
-
     spec = pool_info(pool, pool_id, config.swarm, log, "read the pool's spec").spec
     mine = config.toploc.evidence_scale
     if spec.evidence_scale != mine:
