@@ -4,7 +4,8 @@ must never be flagged, and cheaper engines that must be, within 20 checked units
     python bench/evidence.py [--dtype bfloat16] [--units 2000] [--unit-samples 1]
         [--cheat-units 40] [--drift K --limit H] [--measure-limit MEASURE=H ...]
         [--calibration 256]
-        [--scale S [--reference 64 | --reference-from engines]] [--model-shape JSON]
+        [--scale S [--reference 64 | --reference-from engines | --reference-from pairings]]
+        [--model-shape JSON]
         [--pairings torch->torch vllm->torch vllm->vllm torch->vllm] [--series]
         [--judge-batch 1] [--out FILE]
 
@@ -17,7 +18,11 @@ reverse task), in ``--dtype``:
    S times the honest means a run-start calibration of ``--reference`` samples records
    (``calibrate_policy`` on the torch engine), or with ``--reference-from engines`` the means
    of the pairing where each is highest in the calibration across the engines above
-   (``reference_across``: its own samples, none of the units judged below).
+   (``reference_across``: its own samples, none of the units judged below). With
+   ``--reference-from pairings`` the thresholds and the means are those of a pool's own
+   calibration across the engines (``calibrate_engines`` on ``--reference`` samples: the run
+   start's recipe), and each unit is measured against the means of its pairing (the engine
+   its node declares -> the validator's: ``ToplocConfig.evidence_pairing_references``).
 2. **Honest nodes**: per pairing (worker engine -> validator engine), ``--units`` units of
    ``--unit-samples`` fresh honest samples each (batch 8), each unit judged and its
    measurements (``swarmrl.toploc.evidence.unit_measures``) added to one node's record at the
@@ -27,7 +32,9 @@ reverse task), in ``--dtype``:
    engine, judged by each validator: int8 weights (``int8_per_channel``), float8 e4m3 weights
    (``fp8_per_channel``) and the older version (step 100 of 150). Reported: the unit at which
    the node is stopped, by a rejected unit or by its record (the target: within 20), and how
-   many of its units were accepted before.
+   many of its units were accepted before. With ``--reference-from pairings`` each cheat is
+   judged once per engine it may declare (every worker engine of ``--pairings``): a cheat
+   choosing what to declare picks the pairing whose honest means are loosest.
 
 A unit of one sample is the hardest case for the honest side (a unit's mean over more samples
 varies less). Every number is a count over real generations and replays; nothing is resampled.
@@ -57,7 +64,7 @@ from swarmrl.testing import cheats as attacks
 from swarmrl.toploc import evidence
 from swarmrl.toploc.calibrate import Measurements, measure, recommend, reference_across
 from swarmrl.toploc.evidence import unit_measures
-from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_policy
+from swarmrl.toploc.thresholds import CalibrationPlan, calibrate_engines, calibrate_policy
 from swarmrl.toploc.verify import Verifier
 from toploc_cases import DIGEST, build_models
 
@@ -69,15 +76,12 @@ BATCH = 8
 class Engines:
     """The torch engine and (when a pairing needs it) one vLLM engine, both in ``dtype``."""
 
-    def __init__(self, model, tokenizer, dtype: str, scratch: Path, need_vllm: bool) -> None:
+    def __init__(self, model, tokenizer, dtype: str, declared: Path, need_vllm: bool) -> None:
         self.torch = TorchEngine(model, tokenizer)
         self.vllm = None
         if need_vllm:
             from swarmrl.inference.vllm_engine import VllmEngine
 
-            declared = scratch / "declared"
-            model.save_pretrained(declared, safe_serialization=True)
-            tokenizer.save_pretrained(declared)
             self.vllm = VllmEngine(declared, dtype=dtype)
 
     def get(self, backend: str) -> Any:
@@ -108,10 +112,12 @@ def judge_units(
     stop_when_caught: bool,
     series: bool = False,
     per_call: int = 1,
+    pairing: str | None = None,
 ) -> dict:
     """Judge ``gens`` unit by unit into one node's record; what happened to the node, with
     every accepted unit's measurements in order where ``series`` (to weigh other rules on the
-    same units afterwards; a rejected unit is null)."""
+    same units afterwards; a rejected unit is null). ``pairing``: whose honest means measure
+    the units (``unit_measures``)."""
     record: dict[str, Cusum] = {}
     rejected, accepted, caught_at, how = 0, 0, None, ""
     xs: dict[str, list[float]] = {}
@@ -130,7 +136,7 @@ def judge_units(
                 break
             continue
         accepted += 1
-        measures = unit_measures(verdicts, [c.logprobs for _, c in subs], cfg)
+        measures = unit_measures(verdicts, [c.logprobs for _, c in subs], cfg, pairing)
         measured.append({k: round(v, 5) for k, v in measures.items()})
         for name, x in measures.items():
             xs.setdefault(name, []).append(x)
@@ -187,11 +193,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--reference-from",
-        choices=["run-start", "engines"],
+        choices=["run-start", "engines", "pairings"],
         default="run-start",
         help="the honest means of the run-start calibration (torch replaying itself), or of "
         "the pairing where each is highest in the calibration across the engines (its own "
-        "samples, not the honest units judged)",
+        "samples, not the honest units judged), or each unit's own pairing's in a pool's "
+        "calibration across the engines (calibrate_engines, --reference samples; its "
+        "thresholds too)",
     )
     parser.add_argument(
         "--model-shape",
@@ -243,8 +251,20 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="evidence-") as scratch:
+        declared = Path(scratch) / "declared"
+        model.save_pretrained(declared, safe_serialization=True)
+        models.tokenizer.save_pretrained(declared)
         need_vllm = any("vllm" in p for p in pairs)
-        engines = Engines(model, models.tokenizer, args.dtype, Path(scratch), need_vllm)
+        pool_calibration = None
+        if args.reference_from == "pairings":  # before the bench's engines: its own close
+            plan = CalibrationPlan(samples=args.reference, temperature=1.0, max_new_tokens=48)
+            backends = sorted({e for p in pairs for e in p})
+            pool_calibration = calibrate_engines(
+                declared, plan, dtype=args.dtype, backends=backends
+            )
+            results["calibration_runs"] = pool_calibration["runs"]
+            print(f"pool calibration ({time.perf_counter() - started:.0f}s)", flush=True)
+        engines = Engines(model, models.tokenizer, args.dtype, declared, need_vllm)
         try:
             cfg = ToplocConfig()
             measured = Measurements()
@@ -261,17 +281,27 @@ def main() -> None:
             chosen = {"evidence_drift": args.drift, "evidence_limit": args.limit}
             own = (item.partition("=") for item in args.measure_limit)
             limits = {name: float(h) for name, _, h in own}
-            if args.reference_from == "engines":  # the calibration's own samples
+            per_pairing: dict[str, dict[str, float]] = {}
+            if pool_calibration is not None:
+                thresholds = pool_calibration["thresholds"]
+                reference = pool_calibration["evidence_reference"]
+                per_pairing = {
+                    name: p["evidence_reference"]
+                    for name, p in pool_calibration["pairings"].items()
+                }
+                results["pairing_references"] = per_pairing
+            elif args.reference_from == "engines":  # the calibration's own samples
                 reference = reference_across(by_pairing)
             else:
                 reference = run_start_reference(model, models.tokenizer, args.dtype, args.reference)
             results["reference"] = reference
-            print(f"run-start honest reference: {reference}", flush=True)
+            print(f"honest reference: {reference} {per_pairing}", flush=True)
             cfg = ToplocConfig(
                 **thresholds,
                 **{k: v for k, v in chosen.items() if v is not None},
                 evidence_scale=args.scale,
                 evidence_reference=reference,
+                evidence_pairing_references=per_pairing,
                 evidence_measure_limits=limits,
             )
             results["thresholds"] = thresholds
@@ -305,7 +335,9 @@ def main() -> None:
                 for wv, v in pairs:
                     if wv != w:
                         continue
-                    row = judge(verifiers[v], worker, gens, stop_when_caught=False)
+                    row = judge(
+                        verifiers[v], worker, gens, stop_when_caught=False, pairing=f"{w}->{v}"
+                    )
                     results["honest"][f"{w}->{v}"] = row
                     print(f"honest {w}->{v}: {_brief(row)}", flush=True)
                     save()
@@ -323,11 +355,20 @@ def main() -> None:
                 gens = generate(
                     TorchEngine(cheat_model, models.tokenizer), prompts, params, seeds, BATCH
                 )
+                declares = workers if pool_calibration is not None else [None]
                 for v in sorted(verifiers):
-                    row = judge(verifiers[v], worker, gens, stop_when_caught=not args.series)
-                    results["cheats"][f"{name} -> {v}"] = row
-                    print(f"cheat {name} -> {v}: {_brief(row)}", flush=True)
-                    save()
+                    for d in declares:  # None: no pairing, the reference alone
+                        row = judge(
+                            verifiers[v],
+                            worker,
+                            gens,
+                            stop_when_caught=not args.series,
+                            pairing=None if d is None else f"{d}->{v}",
+                        )
+                        key = f"{name} -> {v}" + ("" if d is None else f", declared {d}")
+                        results["cheats"][key] = row
+                        print(f"cheat {key}: {_brief(row)}", flush=True)
+                        save()
         finally:
             engines.close()
     save()

@@ -234,18 +234,27 @@ def test_calibrating_across_engines_measures_every_pairing(tmp_path):
     tiny = TinyModelConfig(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128)
     model_dir = save_policy(create_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "model")
     out = tmp_path / "thresholds.json"
-    argv = ["toploc", "calibrate", "--model", str(model_dir), "--samples", "16"]
+    argv = ["toploc", "calibrate", "--model", str(model_dir), "--samples", "20"]
     argv += ["--batch-sizes", "1,4", "--max-new-tokens", "10", "--engines", "torch,vllm"]
     assert swarmrl_main([*argv, "--out", str(out)]) == 0
     document = json.loads(out.read_text())
-    assert document["engines"] == ["torch", "vllm"] and document["samples"] == 16
-    assert [(r["engine"], r["batch"]) for r in document["runs"]] == [
-        ("torch", 1), ("torch", 4), ("vllm", 1), ("vllm", 4)
+    # torch generates across thread counts and without its KV cache too, as a calibration of
+    # torch alone does (an honest torch worker may run either); vLLM at each batch size; each
+    # engine the samples asked for (rounded down per run)
+    assert document["engines"] == ["torch", "vllm"] and document["samples"] == 16 + 20
+    assert [
+        (r["engine"], r["batch"], r.get("threads"), r.get("cache"), r["samples"])
+        for r in document["runs"]
+    ] == [
+        ("torch", 1, 1, True, 2), ("torch", 1, 1, False, 2), ("torch", 1, 2, True, 2),
+        ("torch", 1, 2, False, 2), ("torch", 4, 1, True, 2), ("torch", 4, 1, False, 2),
+        ("torch", 4, 2, True, 2), ("torch", 4, 2, False, 2), ("vllm", 1, None, None, 10),
+        ("vllm", 4, None, None, 10),
     ]  # fmt: skip
     pairings = document["pairings"]
     assert sorted(pairings) == ["torch->torch", "torch->vllm", "vllm->torch", "vllm->vllm"]
     # every sample was replayed by both engines
-    assert document["measured"]["sampling_margin"]["count"] == 2 * 16
+    assert document["measured"]["sampling_margin"]["count"] == 2 * 36
     reference = document["evidence_reference"]
     for name in ("logprobs", "mantissa", "exponents"):
         assert reference[name] == max(p["evidence_reference"][name] for p in pairings.values())
@@ -255,6 +264,9 @@ def test_calibrating_across_engines_measures_every_pairing(tmp_path):
     assert document["thresholds"]["max_mantissa_mean"] <= 2.0
     loaded = load_thresholds(ToplocConfig(thresholds_path=str(out)))
     assert loaded.evidence_reference == reference
+    assert loaded.evidence_pairing_references == {
+        name: p["evidence_reference"] for name, p in pairings.items()
+    }
     assert loaded.max_mantissa_mean == document["thresholds"]["max_mantissa_mean"]
 
 
@@ -286,7 +298,8 @@ def test_a_run_start_calibration_measures_every_engine_the_pool_accepts(tmp_path
     assert both.pool_engines == ["torch", "vllm"]
     calibrate_verifier(both, model_dir, tmp_path / "both", status, log)
     document = json.loads((tmp_path / "both" / "toploc-thresholds.json").read_text())
-    assert document["engines"] == ["torch", "vllm"] and document["samples"] == 16
+    # 16 on each engine: torch at 2 batch sizes with and without its KV cache, vLLM at 2
+    assert document["engines"] == ["torch", "vllm"] and document["samples"] == 2 * 16
     pairings = document["pairings"]
     assert sorted(pairings) == ["torch->torch", "torch->vllm", "vllm->torch", "vllm->vllm"]
     reference = document["evidence_reference"]

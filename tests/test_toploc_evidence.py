@@ -233,3 +233,74 @@ def test_two_validators_and_a_restarted_orchestrator_keep_one_record(tmp_path, t
 
     assert flagged_at(measured) == len(measured)  # one record over both validators' units
     assert flagged_at(measured[0::2]) is None and flagged_at(measured[1::2]) is None
+
+
+def test_a_unit_is_measured_against_the_honest_means_of_its_own_pairing(tmp_path, tiny_arith):
+    """A calibration across engines records each pairing's honest means; a validator measures
+    a unit against those of the engine its node declared at join (which the pool hands out
+    with the claim) and its own engine, where they were recorded, and against the loosest
+    pairing's otherwise, a measure at a time."""
+    config, env, tokenizer, model = tiny_arith
+    thresholds = {"logprob_tolerance": 0.01, "max_mantissa_mean": 10.0,
+                  "min_exponent_matches": 88, "topk": 128}  # fmt: skip
+    loosest = {"logprobs": 0.004, "mantissa": 2.0, "exponents": 0.02}
+    pairings = {
+        "torch->torch": {"logprobs": 0.001, "mantissa": 0.5, "exponents": 0.01},
+        "vllm->torch": {"mantissa": 1.0},  # a measure it lacks: the loosest pairing's
+    }
+    toploc = config.toploc.model_copy(
+        update={**thresholds, "evidence_scale": 2.0, "evidence_reference": loosest,
+                "evidence_pairing_references": pairings}
+    )  # fmt: skip
+    assert evidence_units(toploc, "torch->torch") == pytest.approx(
+        {"logprobs": 0.002, "mantissa": 1.0, "exponents": 0.02}
+    )
+    assert evidence_units(toploc, "vllm->torch") == pytest.approx(
+        {"logprobs": 0.008, "mantissa": 2.0, "exponents": 0.04}
+    )
+    for unknown in ("torch->vllm", None):
+        assert evidence_units(toploc, unknown) == evidence_units(toploc)
+    assert evidence_units(toploc) == pytest.approx(
+        {"logprobs": 0.008, "mantissa": 4.0, "exponents": 0.04}
+    )
+    for bad in ({"torch": loosest}, {"->torch": loosest}, {"torch->vllm": {"mantissa": -1.0}}):
+        with pytest.raises(ValueError, match="pairing|finite"):
+            ToplocConfig(evidence_pairing_references=bad)
+
+    # through a real pool: the claim carries the engine the node joined with
+    orch, owner, worker, validator = (KeyPair.generate() for _ in range(4))
+    spec = PoolSpec(
+        pool_id="pairs", owner_key=owner.public_key_hex, task_count=40, samples_per_task=2,
+        open=True, sampling=SamplingParams(max_new_tokens=6), validated_fraction=1.0,
+        validators=[validator.public_key_hex],
+    )  # fmt: skip
+    engine = TorchEngine(model, tokenizer)
+    versions = {0: LoadedVersion(0, DIGEST, engine, tokenizer, Path("."))}
+
+    def prove(generations, params):
+        bundles = build_bundles(
+            generations, keypair=worker, policy_version=0, model_digest=DIGEST, params=params
+        )
+        return [b.model_dump(mode="json") for b in bundles]
+
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec)
+        node = PoolClient(server.url, worker)
+        node.join("pairs", CPU_NODE)
+        work = node.lease("pairs").work
+        assert work is not None
+        shifted = ShiftedEngine(engine, 0.3 * thresholds["logprob_tolerance"])
+        samples = generate_unit(shifted, env, tokenizer, work, 0, prove)
+        node.submit("pairs", Submission(lease_id=work.lease_id, samples=samples))
+        (pending,) = PoolClient(server.url, validator).claim("pairs")
+    assert CPU_NODE.engine == "torch" and pending.engine == "torch"
+    own = judge(pending, env, versions.__getitem__, toploc, engine="torch").verdict
+    cross = judge(pending, env, versions.__getitem__, toploc, engine="vllm").verdict
+    unknown = judge(pending, env, versions.__getitem__, toploc).verdict
+    assert own is not None and cross is not None and unknown is not None
+    assert own.accept and cross.accept and unknown.accept
+    assert own.evidence and cross.evidence == unknown.evidence  # no torch->vllm means: loosest
+    # the same replay, measured in torch->torch's honest means: 4 times the log-prob distance
+    # (a term capped at TOKEN_CAP aside) where the loosest pairing's would pass it
+    assert own.evidence["logprobs"] > 2 * unknown.evidence["logprobs"] > 0
+    assert own.evidence["logprobs"] <= 4 * unknown.evidence["logprobs"] + 1e-9

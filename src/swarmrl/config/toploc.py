@@ -143,12 +143,30 @@ class ToplocConfig(Section):
         "calibration records it; thresholds_path's file sets it",
     )
 
+    evidence_pairing_references: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="the honest means of each pairing 'worker->validator' (e.g. "
+        "'torch->vllm'), as a calibration across engines records them; a validator judges a "
+        "unit by the means of the pairing of the engine its worker declared and its own, and "
+        "by evidence_reference where the pairing is not here; thresholds_path's file sets it",
+    )
+
     @field_validator("evidence_reference")
     @classmethod
     def _finite_means(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         bad = {k: v for k, v in (value or {}).items() if not (math.isfinite(v) and v >= 0)}
         if bad:
             raise ValueError(f"honest means must be finite and >= 0, not {bad}")
+        return value
+
+    @field_validator("evidence_pairing_references")
+    @classmethod
+    def _pairings(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for name, means in value.items():
+            worker, arrow, validator = name.partition("->")
+            if not (arrow and worker and validator):
+                raise ValueError(f"a pairing is named 'worker->validator', not {name!r}")
+            cls._finite_means(means)
         return value
 
     max_prompt_tokens: int = Field(4096, gt=0, description="longest accepted prompt, tokens")
@@ -189,8 +207,8 @@ class ToplocConfig(Section):
     calibration_samples: int = Field(
         64,
         ge=1,
-        description="honest samples generated for the run-start calibration; below float32 "
-        "the default is 2048 (its honest tail is longer)",
+        description="honest samples generated for the run-start calibration, on each engine "
+        "of toploc.engines; below float32 the default is 2048 (its honest tail is longer)",
     )
 
 

@@ -47,6 +47,13 @@ class PendingSubmission(Message):
     body_digest: str = Field(description="sha256 of the submitted body")
     request_timestamp_ms: int = Field(description="X-Swarm-Timestamp of the submit request")
     request_nonce: str = Field(description="X-Swarm-Nonce of the submit request")
+    engine: str | None = Field(
+        None,
+        description="the inference engine the node declared when it last joined "
+        "(NodeMetadata.engine); the validator measures the unit's evidence against the honest "
+        "means of this engine replayed on its own (ToplocConfig.evidence_pairing_references); "
+        "None = not known, the loosest pairing's",
+    )
     work: WorkUnit
     samples: list[Sample]
 

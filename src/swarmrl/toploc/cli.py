@@ -11,10 +11,12 @@ without the KV cache, replays each as a validator would, and writes a JSON file:
      ..., "mean": ..., "count": ...}, ...}, "margin": {"rel": 1.0, "abs_ulps": 1.0},
      "thresholds": {"min_exponent_matches": ..., "max_mantissa_mean": ..., ...}}
 
-With ``--engines torch,vllm`` the samples are generated on each engine (across batch sizes)
-and replayed on every one, every pairing measured (``thresholds.calibrate_engines``): the
-thresholds and evidence reference of a pool whose workers and validators run either engine;
-the document adds ``engines`` and each pairing's honest means (``pairings``).
+With ``--engines torch,vllm`` the samples are generated on each engine (across batch sizes;
+torch also across thread counts and without its KV cache) and replayed on every one, every
+pairing measured (``thresholds.calibrate_engines``): the thresholds and evidence reference of
+a pool whose workers and validators run either engine; the document adds ``engines`` and each
+pairing's honest means (``pairings``), which validators measure a unit against by the engine
+its node declared and their own.
 
 Set ``toploc.thresholds_path`` to that file and the verifier uses its thresholds.
 Knows nothing about pools or workers.
@@ -61,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="measure honest statistics, recommend thresholds")
     cal.add_argument("--model", required=True, help="HF model directory or hub id")
     cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    cal.add_argument("--samples", type=int, default=256, help="honest samples in total")
+    cal.add_argument("--samples", type=int, default=256, help="honest samples per engine")
     cal.add_argument("--max-new-tokens", type=int, default=48)
     cal.add_argument("--temperature", type=float, default=1.0)
     cal.add_argument("--batch-sizes", type=_ints, default=[1, 8, 32])

@@ -22,6 +22,9 @@ With ``evidence_scale`` s > 0 the divisor of each measure is s times the honest 
 calibration recorded (``evidence_reference``), never below :data:`REFERENCE_FLOOR` of the
 threshold (:func:`units`): thresholds grow with the number of calibration samples (they bound
 the worst honest value), means hardly move (docs/toploc.md, "Evidence in reference units").
+Where the calibration measured each pairing of engines, a unit is measured against the means
+of its own pairing (the engine its node declared, the validator's), so a node is compared with
+honest nodes on the same engines rather than with the loosest pairing.
 
 A validator sends each accepted unit's measurements with its verdict (``Verdict.evidence``) and
 the pool keeps one record per node in its database, across validators and restarts
@@ -47,12 +50,17 @@ REFERENCE_FLOOR = 0.05  # in reference units, a unit is at least this share of t
 MEASURES: tuple[EvidenceMeasure, ...] = get_args(EvidenceMeasure)
 
 
-def units(config: ToplocConfig) -> dict[EvidenceMeasure, float]:
+def units(config: ToplocConfig, pairing: str | None = None) -> dict[EvidenceMeasure, float]:
     """What one unit of each measure is, in the measure's own units (nats per token, ulps per
     chunk, share of a chunk's exponents that differ): its threshold (``evidence_scale`` 0), or
     ``evidence_scale`` times the calibration's honest mean, never below
     :data:`REFERENCE_FLOOR` of the threshold (a mean near 0, an engine replaying itself bit
-    for bit, would otherwise count every honest rounding of another engine as a shift)."""
+    for bit, would otherwise count every honest rounding of another engine as a shift).
+
+    ``pairing`` ("worker->validator": the engine the unit's node declared, the one that
+    replayed it): the honest means of that pairing where the calibration recorded them
+    (``evidence_pairing_references``), else ``evidence_reference`` (in a calibration across
+    engines, the loosest pairing's)."""
     thresholds: dict[EvidenceMeasure, float] = {
         "logprobs": config.logprob_tolerance,
         "mantissa": config.max_mantissa_mean,
@@ -60,7 +68,10 @@ def units(config: ToplocConfig) -> dict[EvidenceMeasure, float]:
     }
     if config.evidence_scale <= 0:
         return thresholds
-    reference = config.evidence_reference or {}
+    reference = {  # a measure the pairing lacks: the loosest pairing's
+        **(config.evidence_reference or {}),
+        **config.evidence_pairing_references.get(pairing or "", {}),
+    }
     missing = [m for m in MEASURES if m not in reference]
     if missing:
         raise UserError(
@@ -76,15 +87,19 @@ def units(config: ToplocConfig) -> dict[EvidenceMeasure, float]:
 
 
 def unit_measures(
-    verdicts: Sequence[ProofVerdict], reported: Sequence[Sequence[float]], config: ToplocConfig
+    verdicts: Sequence[ProofVerdict],
+    reported: Sequence[Sequence[float]],
+    config: ToplocConfig,
+    pairing: str | None = None,
 ) -> dict[EvidenceMeasure, float]:
     """The normalised measurements of one accepted unit (module docstring); ``reported``: each
-    sample's log-probs as the worker reported them ([n] per sample). A measure no sample of the
-    unit has (no chunk compared, no token) is left out."""
+    sample's log-probs as the worker reported them ([n] per sample); ``pairing``: whose honest
+    means are the unit (:func:`units`). A measure no sample of the unit has (no chunk
+    compared, no token) is left out."""
     if not verdicts:
         return {}
     per_sample: dict[EvidenceMeasure, list[float]] = {m: [] for m in MEASURES}
-    unit = units(config)
+    unit = units(config, pairing)
     for verdict, claimed in zip(verdicts, reported, strict=True):
         replayed = verdict.behaviour_logprobs or []
         if replayed and unit["logprobs"] > 0:

@@ -20,7 +20,9 @@ Document (also what ``swarmrl toploc calibrate`` writes)::
 
 ``load_thresholds`` reads such a document back into a ``ToplocConfig`` (the keys in
 ``THRESHOLD_KEYS``, and the honest means the per-node evidence can be measured against,
-``evidence_reference``: ``calibrate.reference``). Knows nothing about pools, roles or the command line.
+``evidence_reference``: ``calibrate.reference``; a calibration across engines also records each
+pairing's, ``"pairings": {"torch->vllm": {"evidence_reference": ..., "worst": ...}, ...}``,
+read into ``evidence_pairing_references``). Knows nothing about pools, roles or the command line.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -55,7 +57,7 @@ from swarmrl.toploc.calibrate import (
     reference_across,
 )
 
-FORMAT = 2  # bump when the calibration recipe changes, so cached documents are not reused
+FORMAT = 3  # bump when the calibration recipe changes, so cached documents are not reused
 
 THRESHOLD_KEYS = (
     "min_exponent_matches",
@@ -80,6 +82,10 @@ def load_thresholds(config: ToplocConfig) -> ToplocConfig:
         update = {k: values[k] for k in THRESHOLD_KEYS if k in values}
         if "evidence_reference" in document:
             update["evidence_reference"] = document["evidence_reference"]
+        pairings = document.get("pairings", {})
+        update["evidence_pairing_references"] = {
+            name: pairing["evidence_reference"] for name, pairing in pairings.items()
+        }
         return ToplocConfig.model_validate({**config.model_dump(), **update})
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path} is not a toploc thresholds file ({exc})") from exc
@@ -104,7 +110,7 @@ def measured_engines(path: str | Path) -> list[str] | None:
 class CalibrationPlan:
     """What honest generations to measure, and the safety margin on the worst of them."""
 
-    samples: int = 64  # honest samples in total, spread over the runs below
+    samples: int = 64  # honest samples per worker engine, spread over the runs below
     max_new_tokens: int = 48  # > one 32-token chunk, so decode chunks are measured too
     temperature: float = 1.0  # the run's sampling (log-prob and near-tie slack depend on it)
     top_p: float = 1.0
@@ -225,6 +231,16 @@ def calibrate_policy(
     }
 
 
+def _worker_runs(worker: str, plan: CalibrationPlan) -> list[tuple[int, int | None, bool]]:
+    """The (batch, threads, KV cache) runs whose generations of ``worker`` are measured: the
+    torch engine across thread counts and its no-cache path, as :func:`calibrate_policy`
+    measures it (threads None: the engine's own)."""
+    if worker != "torch":
+        return [(batch, None, True) for batch in plan.batch_sizes]
+    cache_modes = [True, False] if plan.nocache else [True]
+    return list(itertools.product(plan.batch_sizes, plan.threads, cache_modes))
+
+
 def calibrate_engines(
     model_dir: str | Path,
     plan: CalibrationPlan,
@@ -234,12 +250,16 @@ def calibrate_engines(
     inference: InferenceConfig | None = None,
     topk: int = 128,
 ) -> dict[str, Any]:
-    """Calibrate across engines: honest samples generated on each engine of ``backends`` (at
-    each of ``plan.batch_sizes``) are replayed on every one of them, so every pairing (worker
-    engine -> validator engine) is measured. Thresholds come from all pairings together, and
-    the evidence reference is each measure's honest mean in the pairing where it is highest
-    (``calibrate.reference_across``): a pool whose workers and validators run any of these
-    engines. Each pairing's own means are recorded under ``pairings``."""
+    """Calibrate across engines: ``plan.samples`` honest samples generated on each engine of
+    ``backends`` (at each of ``plan.batch_sizes``; the torch engine also at each of
+    ``plan.threads``, with and without the KV cache, as :func:`calibrate_policy` does) are
+    replayed on every one of them,
+    so every pairing (worker engine -> validator engine) is measured. Thresholds come from all
+    pairings together, and the evidence reference is each measure's honest mean in the pairing
+    where it is highest (``calibrate.reference_across``): a pool whose workers and validators
+    run any of these engines. Each pairing's own means are recorded under ``pairings``, which a
+    validator that knows the worker's declared engine judges by
+    (``ToplocConfig.evidence_pairing_references``)."""
     if plan.samples < 1:
         raise UserError("calibration needs at least 1 sample")
     if len(set(backends)) != len(backends) or not backends:
@@ -249,33 +269,51 @@ def calibrate_engines(
     special = set(tokenizer.all_special_ids)
     cfg = ToplocConfig(topk=topk)
     params = plan.sampling()
-    per_run = max(1, plan.samples // (len(backends) * len(plan.batch_sizes)))
+    # each worker engine generates plan.samples, over its runs: the thresholds of a pairing
+    # come from the worst of its samples, and fewer per engine make them tighter than honest
+    # work across engines needs (bench/evidence.py --reference-from pairings)
+    runs = [
+        (worker, max(1, plan.samples // len(own)), *run)
+        for worker in backends
+        for own in [_worker_runs(worker, plan)]
+        for run in own
+    ]
     engines: dict[str, Any] = {}
     by_pairing: dict[str, Measurements] = {}
     log = []
+    previous_threads = torch.get_num_threads()
     try:
         for backend in backends:
             config = base.model_copy(update={"backend": backend})
             engines[backend] = open_engine(model_dir, config, dtype=dtype)
-        for w, worker in enumerate(backends):
-            for b, batch in enumerate(plan.batch_sizes):
-                run_index = w * len(plan.batch_sizes) + b
-                prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
-                started = time.perf_counter()
-                for chunk, seeds in seeded_chunks(plan, run_index, prompts, batch):
-                    gens = engines[worker].generate(chunk, params, seeds, return_hidden=True)
-                    for validator in backends:
-                        pairing = by_pairing.setdefault(f"{worker}->{validator}", Measurements())
-                        pairing.extend(measure(engines[validator], gens, params, cfg))
-                log.append(
-                    {
-                        "engine": worker,
-                        "batch": batch,
-                        "samples": per_run,
-                        "seconds": round(time.perf_counter() - started, 2),
-                    }
-                )
+        for run_index, (worker, per_run, batch, threads, cache) in enumerate(runs):
+            if threads is not None:
+                torch.set_num_threads(threads)
+            prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
+            started = time.perf_counter()
+            engine = engines[worker]
+            for chunk, seeds in seeded_chunks(plan, run_index, prompts, batch):
+                if cache:
+                    gens = engine.generate(chunk, params, seeds, return_hidden=True)
+                else:  # the torch engine's (_worker_runs)
+                    model = cast(TorchEngine, engine).model
+                    gens = generate_without_cache(
+                        model, chunk, params, seeds, sorted(engine.eos_ids), engine.pad_id
+                    )
+                for validator in backends:
+                    pairing = by_pairing.setdefault(f"{worker}->{validator}", Measurements())
+                    pairing.extend(measure(engines[validator], gens, params, cfg))
+            log.append(
+                {
+                    "engine": worker,
+                    "batch": batch,
+                    **({"threads": threads, "cache": cache} if threads is not None else {}),
+                    "samples": per_run,
+                    "seconds": round(time.perf_counter() - started, 2),
+                }
+            )
     finally:
+        torch.set_num_threads(previous_threads)
         for engine in engines.values():
             engine.close()
     everything = Measurements()
@@ -284,7 +322,7 @@ def calibrate_engines(
     return {
         "dtype": dtype,
         "engines": list(backends),
-        "samples": per_run * len(log),
+        "samples": sum(run["samples"] for run in log),
         "runs": log,
         "measured": everything.summary(),
         "pairings": {

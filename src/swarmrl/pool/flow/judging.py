@@ -31,7 +31,7 @@ from swarmrl.pool.state.replies import json_object, serialise_rows
 from swarmrl.pool.trust import evidence
 from swarmrl.pool.trust.penalties import invalidate_in
 from swarmrl.pool.trust.service import Context, current_version, node_row
-from swarmrl.protocol.pool import PoolSpec, WorkUnit
+from swarmrl.protocol.pool import NodeMetadata, PoolSpec, WorkUnit
 from swarmrl.protocol.verdicts import PendingSubmission, Verdict, VerdictReceipt
 
 _CREDITED = Fast(
@@ -64,8 +64,15 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
             (spotcheck.releases_unchecked(spec.release_after_checks), 0), else_=1
         )
         rows = conn.execute(
-            sa.select(db.submissions, db.leases.c.work)
+            sa.select(db.submissions, db.leases.c.work, db.nodes.c.metadata.label("node_metadata"))
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
+            .outerjoin(
+                db.nodes,
+                sa.and_(
+                    db.nodes.c.pool_id == db.submissions.c.pool_id,
+                    db.nodes.c.node_id == db.submissions.c.node_id,
+                ),
+            )
             .where(
                 db.submissions.c.pool_id == pool_id,
                 spotcheck.claimable(validator_key),
@@ -102,9 +109,18 @@ def _pending(ctx: Context, r: Any) -> PendingSubmission:
         body_digest=auth["body_digest"],
         request_timestamp_ms=auth["timestamp_ms"],
         request_nonce=auth["nonce"],
+        engine=_declared_engine(r.node_metadata),
         work=WorkUnit.model_validate_json(r.work),
         samples=ctx.store.get_samples(r.rollout_key),
     )
+
+
+def _declared_engine(metadata: str | None) -> str | None:
+    """The engine a node declared when it last joined (``NodeMetadata.engine``, checked
+    against the spec's requirements then), or None where the pool holds no record of it."""
+    if metadata is None:
+        return None
+    return NodeMetadata.model_validate_json(metadata).engine
 
 
 def record_verdict(

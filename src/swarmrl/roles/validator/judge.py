@@ -267,14 +267,17 @@ def judge(
     version_of: Callable[[int], LoadedVersion],
     toploc: ToplocConfig,
     evidence: NodeEvidence | None = None,
+    engine: str | None = None,
 ) -> Judgement:
     """The verdict on ``pending``; ``version_of(v)`` returns version ``v`` loaded.
 
     An accepting verdict carries the unit's measurements (``swarmrl.toploc.evidence``) for the
-    pool's record of the node. ``evidence``: records kept in this process instead (a judge
-    without a pool); the unit that makes its node's exceed the limit is rejected hard with the
-    evidence as its reason."""
-    return judge_many([pending], env, version_of, toploc, evidence)[0]
+    pool's record of the node, measured against the honest means of the pairing of the engine
+    the node declared (``PendingSubmission.engine``) and ``engine``, the one this validator
+    replays on, where the calibration recorded them (else the loosest pairing's).
+    ``evidence``: records kept in this process instead (a judge without a pool); the unit that
+    makes its node's exceed the limit is rejected hard with the evidence as its reason."""
+    return judge_many([pending], env, version_of, toploc, evidence, engine)[0]
 
 
 @dataclass
@@ -295,6 +298,7 @@ def judge_many(
     version_of: Callable[[int], LoadedVersion],
     toploc: ToplocConfig,
     evidence: NodeEvidence | None = None,
+    engine: str | None = None,
 ) -> list[Judgement]:
     """``judge`` on each of ``pendings``, in order. The samples of every submission at one
     policy version are replayed together, in batched prefills, rather than submission by
@@ -358,7 +362,7 @@ def judge_many(
             unit.verdicts.setdefault(i, []).append(verdict)
         for unit, _ in parts:
             unit.thresholds = verifier.config  # as the verifier applied them
-    return [unit.done or _decide(unit, env, toploc, evidence) for unit in units]
+    return [unit.done or _decide(unit, env, toploc, evidence, engine) for unit in units]
 
 
 def _assigned_tasks(unit: _Unit, env: Environment) -> Judgement | None:
@@ -382,9 +386,13 @@ def _assigned_tasks(unit: _Unit, env: Environment) -> Judgement | None:
 
 
 def _decide(
-    unit: _Unit, env: Environment, toploc: ToplocConfig, evidence: NodeEvidence | None
+    unit: _Unit,
+    env: Environment,
+    toploc: ToplocConfig,
+    evidence: NodeEvidence | None,
+    engine: str | None,
 ) -> Judgement:
-    """The verdict on a replayed unit from its samples' verdicts."""
+    """The verdict on a replayed unit from its samples' verdicts; ``engine``: the validator's."""
     pending, verdicts = unit.pending, unit.verdicts
     thresholds = unit.thresholds or toploc
     calls = [v for i in range(len(pending.samples)) for v in verdicts[i]]
@@ -401,7 +409,10 @@ def _decide(
     if reasons:
         return _reject(pending, reasons)
     reported = [lp for s in pending.samples for lp in _call_logprobs(s)]  # one per model call
-    measures = unit_measures(calls, reported, thresholds)  # the pool adds them to the node's
+    declared = pending.engine
+    pairing = f"{declared}->{engine}" if declared and engine else None
+    # the pool adds the measurements to the node's record
+    measures = unit_measures(calls, reported, thresholds, pairing)
     if evidence is not None:
         flagged = evidence.add(pending.node_id, measures)
         if flagged is not None:

@@ -268,7 +268,9 @@ def run(
                 # the claimed units replay together (batched prefills, judge_many)
                 status.set(state=f"replaying {len(pending)} submission(s)")
                 started = time.perf_counter()
-                results = judge_many(pending, env, versions, config.toploc)
+                results = judge_many(
+                    pending, env, versions, config.toploc, engine=config.inference.backend
+                )
                 status.add(replay_seconds=time.perf_counter() - started, replays=len(pending))
                 verdicts = [r.verdict for r in results if r.verdict is not None]
                 receipts = iter(post_verdicts(pool, args.pool, verdicts, poster, swarm, log))
