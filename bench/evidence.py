@@ -34,7 +34,10 @@ reverse task), in ``--dtype``:
    the node is stopped, by a rejected unit or by its record (the target: within 20), and how
    many of its units were accepted before. With ``--reference-from pairings`` each cheat is
    judged once per engine it may declare (every worker engine of ``--pairings``): a cheat
-   choosing what to declare picks the pairing whose honest means are loosest.
+   choosing what to declare picks the pairing whose honest means are loosest. With
+   ``--series`` and validators of both engines, each node is also judged by them in turn (unit
+   i by validator i mod 2, one record: ``validators_in_turn``), as a pool with a validator of
+   each engine keeps it.
 
 A unit of one sample is the hardest case for the honest side (a unit's mean over more samples
 varies less). Every number is a count over real generations and replays; nothing is resampled.
@@ -161,6 +164,26 @@ def judge_units(
     return {**row, "series": measured} if series else row
 
 
+def alternating(series: list[list[dict[str, float] | None]], cfg: ToplocConfig) -> dict:
+    """One node's record when its units are judged by validators in turn (unit i by validator
+    i mod n), from each validator's ``series`` of the same units: what a pool whose validators
+    run different engines keeps (one record per node). A rejected unit (None) stops it."""
+    record: dict[str, Cusum] = {}
+    highest: dict[str, float] = {}
+    for n in range(min(len(s) for s in series)):
+        measures = series[n % len(series)][n]
+        if measures is None:
+            return {"caught_at": n + 1, "how": "rejected", "highest_s": highest}
+        flagged = add_unit(
+            record, measures, cfg.evidence_drift, cfg.evidence_limit, cfg.evidence_measure_limits
+        )
+        for name, cusum in record.items():
+            highest[name] = round(max(highest.get(name, 0.0), cusum.value), 3)
+        if flagged:
+            return {"caught_at": n + 1, "how": flagged, "highest_s": highest}
+    return {"caught_at": None, "how": "", "highest_s": highest}
+
+
 def _brief(row: dict) -> str:
     return json.dumps({k: v for k, v in row.items() if k != "series"})
 
@@ -172,6 +195,22 @@ def run_start_reference(model, tokenizer, dtype: str, samples: int) -> dict[str,
     plan = CalibrationPlan(samples=samples, temperature=1.0, max_new_tokens=48)
     document = calibrate_policy(model, tokenizer, plan, dtype=dtype)
     return document["evidence_reference"]
+
+
+def in_turn(results: dict, workers: list[str], validators: list[str], cfg: ToplocConfig) -> dict:
+    """Each honest node and each cheat (by the engine it declares) judged by the validators in
+    turn (``alternating``), from the series already recorded."""
+    rows = {}
+    for w in workers:
+        series = [results["honest"][f"{w}->{v}"]["series"] for v in validators]
+        rows[f"honest {w}"] = alternating(series, cfg)
+    names = {key.split(" -> ")[0] for key in results["cheats"]}
+    for name in sorted(names):
+        for d in workers:
+            keys = [f"{name} -> {v}, declared {d}" for v in validators]
+            series = [results["cheats"][k]["series"] for k in keys]
+            rows[f"{name}, declared {d}"] = alternating(series, cfg)
+    return rows
 
 
 def main() -> None:
@@ -369,6 +408,10 @@ def main() -> None:
                         results["cheats"][key] = row
                         print(f"cheat {key}: {_brief(row)}", flush=True)
                         save()
+            if pool_calibration is not None and args.series and len(verifiers) > 1:
+                results["validators_in_turn"] = in_turn(results, workers, sorted(verifiers), cfg)
+                for key, row in results["validators_in_turn"].items():
+                    print(f"validators in turn, {key}: {json.dumps(row)}", flush=True)
         finally:
             engines.close()
     save()

@@ -120,3 +120,31 @@ def test_workers_and_validators_start_while_the_trainer_warms_up(tmp_path):
         summary = json.loads((run_dir / "trainer" / "summary.json").read_text())
         assert summary["status"] == "completed"
         assert summary["consumed_submissions"], "no worker's rollouts were trained"
+
+
+def test_a_pool_of_several_engines_runs_a_validator_and_workers_on_each(tmp_path):
+    """With ``toploc.engines = ["torch", "vllm"]`` `swarmrl run` starts validator i and worker
+    i on engine i mod 2 (each role told by ``--set inference.backend``), so each engine's units
+    meet a validator of their own engine; too few validators are refused before any file is
+    written, and ``swarm.spread_engines = false`` keeps every role on ``inference.backend``."""
+    from swarmrl.errors import ConfigError
+    from swarmrl.launch.swarm import _engine_args
+
+    both = ['toploc.engines=["torch","vllm"]', "run.cache_dir=" + str(tmp_path / "cache")]
+    alone = load_config([EMBEDDED_DEFAULT], [*both, "swarm.validators=1"])
+    with pytest.raises(ConfigError, match=r"swarm.validators = 1 .* 2 engines \(torch, vllm\)"):
+        prepare(alone, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    config = load_config(
+        [EMBEDDED_DEFAULT], [*both, "swarm.validators=3", "swarm.workers=2", "swarm.cheaters=[]"]
+    )
+    plan = prepare(config, tmp_path / "run")
+    assert plan.engines == {"validator-1": "vllm", "worker-1": "vllm"}
+    assert _engine_args(plan, "worker-1") == ["--set", "inference.backend=vllm"]
+    assert _engine_args(plan, "validator-0") == _engine_args(plan, "validator-2") == []
+    spec = json.loads((tmp_path / "run" / "pool.json").read_text())
+    assert spec["requirements"]["engines"] == ["torch", "vllm"]
+    one_engine = config.model_copy(
+        update={"swarm": config.swarm.model_copy(update={"spread_engines": False})}
+    )
+    assert prepare(one_engine, tmp_path / "run2").engines == {}

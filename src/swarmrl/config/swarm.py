@@ -23,6 +23,14 @@ class SwarmSection(Section):
     workers: int = Field(2, ge=1, description="honest inference workers started by `swarmrl run`")
     relays: int = Field(1, ge=0, description="weight relays between the origin and the workers")
     validators: int = Field(1, ge=1, description="validators started by `swarmrl run`")
+    spread_engines: bool = Field(
+        True,
+        description="with several toploc.engines, `swarmrl run` starts validator i and worker "
+        "i (cheaters after the honest workers) on engine i mod n of them, so a validator of "
+        "each engine judges by that engine's own honest means (docs/toploc.md, \"Each "
+        "pairing's own honest means\"; needs swarm.validators >= the number of engines); "
+        "false = every role on inference.backend",
+    )
     cheaters: list[str] = Field(
         default_factory=list,
         description=(

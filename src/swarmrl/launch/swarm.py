@@ -41,7 +41,7 @@ import tomli_w
 from swarmrl.config import SwarmConfig, save_config
 from swarmrl.config.model import looks_local, model_dir
 from swarmrl.config.toploc import THRESHOLDS_FILE
-from swarmrl.errors import DiskWriteError, RoleExited, SwarmError, WaitTimeout
+from swarmrl.errors import ConfigError, DiskWriteError, RoleExited, SwarmError, WaitTimeout
 from swarmrl.identity import KeyPair, load_keypair
 from swarmrl.launch.display import LiveDisplay, StepRows
 from swarmrl.launch.facts import POOL_ID, swarm_facts, trainer_summary
@@ -74,6 +74,8 @@ class SwarmPlan:
     workers: list[str] = field(default_factory=list)
     cheats: dict[str, str] = field(default_factory=dict)
     validators: list[str] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)  # a role on another engine than
+    # inference.backend (swarm.spread_engines)
     relays: list[str] = field(default_factory=list)
     orchestrator_port: int = 0
     origin_port: int = 0
@@ -115,6 +117,10 @@ def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None)
     from swarmrl.pool.invites import make_invite
     from swarmrl.pool.spec_check import spec_from_config, write_spec
 
+    swarm = config.swarm
+    workers = [f"worker-{i}" for i in range(swarm.workers + len(swarm.cheaters))]
+    validators = [f"validator-{i}" for i in range(swarm.validators)]
+    engines = spread_engines(config, validators, workers)  # refused before any file is written
     run_dir.mkdir(parents=True, exist_ok=True)
     if config.model.path is not None and looks_local(config.model.path):
         model_dir(config.model.path)
@@ -127,10 +133,8 @@ def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None)
     plan = SwarmPlan(config, run_dir, config_file or run_dir / "config.toml")
     if config_file is None:
         write_config_toml(config, plan.config_file)
-    swarm = config.swarm
-    plan.workers = [f"worker-{i}" for i in range(swarm.workers + len(swarm.cheaters))]
+    plan.workers, plan.validators, plan.engines = workers, validators, engines
     plan.cheats = {plan.workers[swarm.workers + i]: c for i, c in enumerate(swarm.cheaters)}
-    plan.validators = [f"validator-{i}" for i in range(swarm.validators)]
     plan.relays = [f"relay-{i}" for i in range(swarm.relays)]
     keys: dict[str, KeyPair] = {}
     for name in ["trainer", "orchestrator", *plan.validators, *plan.workers]:
@@ -148,6 +152,31 @@ def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None)
     plan.origin_port = free_port()
     plan.relay_ports = {name: free_port() for name in plan.relays}
     return plan
+
+
+def spread_engines(
+    config: SwarmConfig, validators: list[str], workers: list[str]
+) -> dict[str, str]:
+    """The engine of each validator and worker that does not run ``inference.backend``: with
+    several engines in the pool and ``swarm.spread_engines``, role i of each kind runs engine
+    i mod n, so every engine has a validator that judges its workers by its own honest means
+    (a validator of another engine judges them by the cross-engine means only)."""
+    engines = config.pool_engines
+    if len(engines) < 2 or not config.swarm.spread_engines:
+        return {}
+    if len(validators) < len(engines):
+        raise ConfigError(
+            f"swarm.validators = {len(validators)} but toploc.engines names {len(engines)} "
+            f"engines ({', '.join(engines)}): start a validator on each (swarm.validators >= "
+            f"{len(engines)}), or swarm.spread_engines = false to run every role on "
+            "inference.backend"
+        )
+    spread = {}
+    for names in (validators, workers):
+        for i, name in enumerate(names):
+            if engines[i % len(engines)] != config.inference.backend:
+                spread[name] = engines[i % len(engines)]
+    return spread
 
 
 def _new_key(path: Path) -> KeyPair:
@@ -277,13 +306,18 @@ def _weights_args(plan: SwarmPlan) -> list[str]:
     return out
 
 
+def _engine_args(plan: SwarmPlan, name: str) -> list[str]:
+    engine = plan.engines.get(name)
+    return [] if engine is None else ["--set", f"inference.backend={engine}"]
+
+
 def start_validator(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
     args = _common(plan, name) + [
         "--key", str(plan.key(name)),
         "--orchestrator", plan.orchestrator_url,
         "--pool", POOL_ID,
         "--work-dir", str(plan.run_dir / name),
-    ] + _weights_args(plan)  # fmt: skip
+    ] + _weights_args(plan) + _engine_args(plan, name)  # fmt: skip
     sup.start_role(name, "validator", args)
 
 
@@ -294,7 +328,7 @@ def start_worker(sup: Supervisor, plan: SwarmPlan, name: str) -> None:
         "--pool", POOL_ID,
         "--invite", str(plan.run_dir / "invites" / f"{name}.json"),
         "--work-dir", str(plan.run_dir / name),
-    ] + _weights_args(plan)  # fmt: skip
+    ] + _weights_args(plan) + _engine_args(plan, name)  # fmt: skip
     if name in plan.cheats:
         args += ["--set", f"swarm.cheat={plan.cheats[name]}"]
     sup.start_role(name, "worker", args)

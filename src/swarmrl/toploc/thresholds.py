@@ -57,7 +57,7 @@ from swarmrl.toploc.calibrate import (
     reference_across,
 )
 
-FORMAT = 3  # bump when the calibration recipe changes, so cached documents are not reused
+FORMAT = 4  # bump when the calibration recipe changes, so cached documents are not reused
 
 THRESHOLD_KEYS = (
     "min_exponent_matches",
