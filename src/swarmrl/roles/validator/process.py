@@ -304,10 +304,12 @@ def run(
                         status.add(**{f"{outcome}.{sub.node_id}": 1})
                     if verdict.accept:
                         status.add(accepted=1, tokens_replayed=verdict.measured_tokens)
-                        log.info(
-                            "accepted %s from node %s (%d tokens replayed)",
+                        log.info(  # the pairing whose honest means measured its evidence
+                            "accepted %s from node %s (%s->%s, %d tokens replayed)",
                             sub.submission_id,
                             sub.node_id,
+                            sub.engine,
+                            config.inference.backend,
                             verdict.measured_tokens,
                         )
                         if result.rewards:
