@@ -72,6 +72,7 @@ from swarmrl.toploc.verify import Verifier
 from toploc_cases import DIGEST, build_models
 
 PAIRINGS = ("torch->torch", "vllm->torch", "vllm->vllm", "torch->vllm")
+SHARES = (3, 5, 10)  # validators_in_turn: the declared engine's validator judges 1 unit in these
 KEY = KeyPair.from_seed(bytes(32))
 BATCH = 8
 
@@ -164,14 +165,20 @@ def judge_units(
     return {**row, "series": measured} if series else row
 
 
-def alternating(series: list[list[dict[str, float] | None]], cfg: ToplocConfig) -> dict:
+def alternating(
+    series: list[list[dict[str, float] | None]],
+    cfg: ToplocConfig,
+    turns: list[int] | None = None,
+) -> dict:
     """One node's record when its units are judged by validators in turn (unit i by validator
-    i mod n), from each validator's ``series`` of the same units: what a pool whose validators
-    run different engines keeps (one record per node). A rejected unit (None) stops it."""
+    ``turns[i mod len(turns)]``, by default i mod n), from each validator's ``series`` of the
+    same units: what a pool whose validators run different engines keeps (one record per
+    node). A rejected unit (None) stops it."""
+    turns = turns or list(range(len(series)))
     record: dict[str, Cusum] = {}
     highest: dict[str, float] = {}
     for n in range(min(len(s) for s in series)):
-        measures = series[n % len(series)][n]
+        measures = series[turns[n % len(turns)]][n]
         if measures is None:
             return {"caught_at": n + 1, "how": "rejected", "highest_s": highest}
         flagged = add_unit(
@@ -199,7 +206,9 @@ def run_start_reference(model, tokenizer, dtype: str, samples: int) -> dict[str,
 
 def in_turn(results: dict, workers: list[str], validators: list[str], cfg: ToplocConfig) -> dict:
     """Each honest node and each cheat (by the engine it declares) judged by the validators in
-    turn (``alternating``), from the series already recorded."""
+    turn (``alternating``), from the series already recorded; each cheat also where the
+    validator of the engine it declares judges only 1 unit in 3, 5 or 10 (``SHARES``: a pool
+    with fewer validators of that engine, or slower ones)."""
     rows = {}
     for w in workers:
         series = [results["honest"][f"{w}->{v}"]["series"] for v in validators]
@@ -210,6 +219,12 @@ def in_turn(results: dict, workers: list[str], validators: list[str], cfg: Toplo
             keys = [f"{name} -> {v}, declared {d}" for v in validators]
             series = [results["cheats"][k]["series"] for k in keys]
             rows[f"{name}, declared {d}"] = alternating(series, cfg)
+            own = validators.index(d)
+            for every in SHARES:  # the declared engine's validator judges 1 unit in `every`
+                turns = [own] + [1 - own] * (every - 1)
+                rows[f"{name}, declared {d}, own engine 1 in {every}"] = alternating(
+                    series, cfg, turns
+                )
     return rows
 
 
