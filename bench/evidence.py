@@ -423,7 +423,8 @@ def main() -> None:
                         results["cheats"][key] = row
                         print(f"cheat {key}: {_brief(row)}", flush=True)
                         save()
-            if pool_calibration is not None and args.series and len(verifiers) > 1:
+            every_pairing = len(pairs) == len(workers) * len(verifiers) == 4
+            if pool_calibration is not None and args.series and every_pairing:
                 results["validators_in_turn"] = in_turn(results, workers, sorted(verifiers), cfg)
                 for key, row in results["validators_in_turn"].items():
                     print(f"validators in turn, {key}: {json.dumps(row)}", flush=True)
