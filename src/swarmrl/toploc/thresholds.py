@@ -45,7 +45,8 @@ from swarmrl.config.inference import InferenceConfig
 from swarmrl.config.toploc import ToplocConfig
 from swarmrl.errors import MissingPathError, UserError
 from swarmrl.inference.engine import TorchEngine
-from swarmrl.inference.interface import open_engine
+from swarmrl.inference.interface import Engine, open_engine
+from swarmrl.inference.types import Generation
 from swarmrl.model.io import DType, load_policy, load_tokenizer
 from swarmrl.protocol import SamplingParams
 from swarmrl.toploc.calibrate import (
@@ -171,6 +172,29 @@ def random_prompts(vocab: int, special: set[int], count: int, seed: int) -> list
     return [[rng.choice(ordinary) for _ in range(rng.randint(4, 24))] for _ in range(count)]
 
 
+def _worker_runs(worker: str, plan: CalibrationPlan) -> list[tuple[int, int | None, bool]]:
+    """The (batch, threads, KV cache) runs whose generations of ``worker`` are measured: the
+    torch engine across thread counts, with and without its KV cache; another engine at each
+    batch size (threads None: the engine's own)."""
+    if worker != "torch":
+        return [(batch, None, True) for batch in plan.batch_sizes]
+    cache_modes = [True, False] if plan.nocache else [True]
+    return list(itertools.product(plan.batch_sizes, plan.threads, cache_modes))
+
+
+def _honest_generations(
+    engine: Engine, chunk: list[list[int]], params: SamplingParams, seeds: list[int], cache: bool
+) -> list[Generation]:
+    """``chunk`` generated as an honest worker would: with the engine's KV cache, or (the
+    torch engine alone, :func:`_worker_runs`) with the plain full-forward loop."""
+    if cache:
+        return engine.generate(chunk, params, seeds, return_hidden=True)
+    model = cast(TorchEngine, engine).model
+    return generate_without_cache(
+        model, chunk, params, seeds, sorted(engine.eos_ids), engine.pad_id
+    )
+
+
 def calibrate_policy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -186,8 +210,7 @@ def calibrate_policy(
     cfg = ToplocConfig(topk=topk)
     params = plan.sampling()
     special = set(tokenizer.all_special_ids)
-    cache_modes = [True, False] if plan.nocache else [True]
-    runs = list(itertools.product(plan.batch_sizes, plan.threads, cache_modes))
+    runs = _worker_runs("torch", plan)
     per_run = max(1, plan.samples // len(runs))
     measured, log = Measurements(), []
     previous_threads = torch.get_num_threads()
@@ -198,12 +221,7 @@ def calibrate_policy(
             started = time.perf_counter()
             this_run = Measurements()
             for chunk, seeds in seeded_chunks(plan, run_index, prompts, batch):
-                if cache:
-                    gens = engine.generate(chunk, params, seeds, return_hidden=True)
-                else:
-                    gens = generate_without_cache(
-                        model, chunk, params, seeds, sorted(engine.eos_ids), engine.pad_id
-                    )
+                gens = _honest_generations(engine, chunk, params, seeds, cache)
                 this_run.extend(measure(engine, gens, params, cfg))
             measured.extend(this_run)
             log.append(
@@ -231,16 +249,6 @@ def calibrate_policy(
     }
 
 
-def _worker_runs(worker: str, plan: CalibrationPlan) -> list[tuple[int, int | None, bool]]:
-    """The (batch, threads, KV cache) runs whose generations of ``worker`` are measured: the
-    torch engine across thread counts and its no-cache path, as :func:`calibrate_policy`
-    measures it (threads None: the engine's own)."""
-    if worker != "torch":
-        return [(batch, None, True) for batch in plan.batch_sizes]
-    cache_modes = [True, False] if plan.nocache else [True]
-    return list(itertools.product(plan.batch_sizes, plan.threads, cache_modes))
-
-
 def calibrate_engines(
     model_dir: str | Path,
     plan: CalibrationPlan,
@@ -253,8 +261,8 @@ def calibrate_engines(
     """Calibrate across engines: ``plan.samples`` honest samples generated on each engine of
     ``backends`` (at each of ``plan.batch_sizes``; the torch engine also at each of
     ``plan.threads``, with and without the KV cache, as :func:`calibrate_policy` does) are
-    replayed on every one of them,
-    so every pairing (worker engine -> validator engine) is measured. Thresholds come from all
+    replayed on every one of them, so every pairing (worker engine -> validator engine) is
+    measured. Thresholds come from all
     pairings together, and the evidence reference is each measure's honest mean in the pairing
     where it is highest (``calibrate.reference_across``): a pool whose workers and validators
     run any of these engines. Each pairing's own means are recorded under ``pairings``, which a
@@ -272,13 +280,11 @@ def calibrate_engines(
     # each worker engine generates plan.samples, over its runs: the thresholds of a pairing
     # come from the worst of its samples, and fewer per engine make them tighter than honest
     # work across engines needs (bench/evidence.py --reference-from pairings)
-    runs = [
-        (worker, max(1, plan.samples // len(own)), *run)
-        for worker in backends
-        for own in [_worker_runs(worker, plan)]
-        for run in own
-    ]
-    engines: dict[str, Any] = {}
+    runs: list[tuple[str, int, int, int | None, bool]] = []
+    for worker in backends:
+        own = _worker_runs(worker, plan)
+        runs += [(worker, max(1, plan.samples // len(own)), *run) for run in own]
+    engines: dict[str, Engine] = {}
     by_pairing: dict[str, Measurements] = {}
     log = []
     previous_threads = torch.get_num_threads()
@@ -291,15 +297,8 @@ def calibrate_engines(
                 torch.set_num_threads(threads)
             prompts = random_prompts(len(tokenizer), special, per_run, plan.seed + run_index)
             started = time.perf_counter()
-            engine = engines[worker]
             for chunk, seeds in seeded_chunks(plan, run_index, prompts, batch):
-                if cache:
-                    gens = engine.generate(chunk, params, seeds, return_hidden=True)
-                else:  # the torch engine's (_worker_runs)
-                    model = cast(TorchEngine, engine).model
-                    gens = generate_without_cache(
-                        model, chunk, params, seeds, sorted(engine.eos_ids), engine.pad_id
-                    )
+                gens = _honest_generations(engines[worker], chunk, params, seeds, cache)
                 for validator in backends:
                     pairing = by_pairing.setdefault(f"{worker}->{validator}", Measurements())
                     pairing.extend(measure(engines[validator], gens, params, cfg))
