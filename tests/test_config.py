@@ -9,7 +9,7 @@ from swarmrl.config import EMBEDDED_DEFAULT, load_config, parse_override, save_c
 from swarmrl.config.load import read_toml
 from swarmrl.envs import build_env
 from swarmrl.errors import ConfigError, MissingPathError
-from swarmrl.launch.swarm import write_config_toml
+from swarmrl.launch.plan import write_config_toml
 
 
 def test_override_parses_toml_literals():

@@ -16,7 +16,7 @@ import pytest
 from swarmrl import cli
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.identity import load_keypair
-from swarmrl.launch.swarm import prepare
+from swarmrl.launch.plan import prepare
 from swarmrl.pool.cli import read_spec
 from swarmrl.pool.spec_check import check_spec
 

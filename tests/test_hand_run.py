@@ -19,9 +19,8 @@ import tomli_w
 from swarmrl.config import EMBEDDED_DEFAULT, load_config
 from swarmrl.config.load import read_toml
 from swarmrl.launch.facts import POOL_ID
+from swarmrl.launch.plan import HOST, prepare
 from swarmrl.launch.swarm import (
-    HOST,
-    prepare,
     start_orchestrator,
     start_validator,
     start_worker,

@@ -17,7 +17,8 @@ import tomli_w
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 from swarmrl.config.load import read_toml
-from swarmrl.launch.swarm import prepare, start_all
+from swarmrl.launch.plan import prepare
+from swarmrl.launch.swarm import start_all
 from swarmrl.rolekit.supervisor import Supervisor, wait_until
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,8 @@ from swarmrl.errors import PeerUnavailable
 from swarmrl.identity import load_keypair
 from swarmrl.launch.display import LiveDisplay
 from swarmrl.launch.facts import POOL_ID, summary_text, swarm_facts
-from swarmrl.launch.swarm import prepare, run_swarm, start_all, watch
+from swarmrl.launch.plan import prepare
+from swarmrl.launch.swarm import run_swarm, start_all, watch
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state.db import make_engine, sqlite_url
 from swarmrl.rolekit.supervisor import Supervisor, wait_until

@@ -14,7 +14,8 @@ import pytest
 
 from swarmrl.launch.display import LiveDisplay
 from swarmrl.launch.facts import swarm_facts
-from swarmrl.launch.swarm import prepare, start_all, start_trainer, watch
+from swarmrl.launch.plan import prepare
+from swarmrl.launch.swarm import start_all, start_trainer, watch
 from swarmrl.rolekit.supervisor import Supervisor
 from test_swarm_e2e import _config, _summary, cache_dir  # noqa: F401 (fixture)
 

@@ -19,7 +19,7 @@ from swarmrl.protocol import NodeView
 from swarmrl.protocol.swarm import RoleStatus
 
 if TYPE_CHECKING:
-    from swarmrl.launch.swarm import SwarmPlan
+    from swarmrl.launch.plan import SwarmPlan
 
 POOL_ID = "swarm"  # the one pool a local swarm hosts
 

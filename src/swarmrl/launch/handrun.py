@@ -33,8 +33,8 @@ from swarmrl.config import SwarmConfig, load_config
 from swarmrl.errors import MissingPathError, SwarmError, UserError
 from swarmrl.identity import load_keypair
 from swarmrl.launch.facts import POOL_ID, summary_text, swarm_facts
+from swarmrl.launch.plan import SwarmPlan
 from swarmrl.launch.report import RunRecorder, RunStatus, failure_reason
-from swarmrl.launch.swarm import SwarmPlan
 from swarmrl.trainer.loop import TrainingResult
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from swarmrl.roles.orchestrator.dashboard.app import TOKEN_FILE, admin_token, bu
 from swarmrl.roles.orchestrator.dashboard.data import RunData
 from swarmrl.serving import ThreadServer
 
-KEY_FILE = "keys/orchestrator.key"  # what swarmrl run writes (swarmrl.launch.swarm.SwarmPlan.key)
+KEY_FILE = "keys/orchestrator.key"  # what swarmrl run writes (swarmrl.launch.plan.SwarmPlan.key)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ buffered show once its flusher wrote them, within ``pool.heartbeat_flush_s``):
 - the pool database (``swarmrl.pool``), when the run had a pool: pools, nodes, per-node
   submission counts, node log tails, and the ledger, read a page at a time through its indexes
   (``swarmrl.ledger.export.read_page``) and verified by :class:`LedgerCheck`;
-- the run directory, when there is one (``swarmrl run`` layout, ``swarmrl.launch.swarm``): step
+- the run directory, when there is one (``swarmrl run`` layout, ``swarmrl.launch.plan``): step
   rows (``metrics.jsonl``, or the trainer's live ``trainer/steps.jsonl`` while it runs),
   ``report.json``, each role's ``status/<name>.json``, and the weight stores (the trainer's
   origin and each relay's ``shardcast`` store).
