@@ -65,6 +65,14 @@ class PoolConfig(Section):
         "(swarmrl.fastsql); false = every statement through SQLAlchemy",
     )
     claim_timeout_s: float = Field(300.0, gt=0, description="validator claim expires, s")
+    cross_engine_after_s: float = Field(
+        30.0,
+        ge=0,
+        description="a unit from a node of one engine waits this long for a validator of that "
+        "engine (one that claimed within claim_timeout_s) before a validator of another engine "
+        "may claim it, s (swarmrl.pool.flow.judging); 0 = any validator at once, own engine "
+        "first",
+    )
     join_rate_per_s: float = Field(
         2.0, gt=0, description="new nodes admitted per second and pool, on average"
     )

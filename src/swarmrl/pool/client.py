@@ -293,10 +293,13 @@ class PoolClient(_Base):
         return self._call("POST", f"/pools/{pool_id}/submissions", submission, SubmissionReceipt)
 
     # validator
-    def claim(self, pool_id: str, limit: int = 8, wait_s: float = 0.0) -> list[PendingSubmission]:
+    def claim(
+        self, pool_id: str, limit: int = 8, wait_s: float = 0.0, engine: str | None = None
+    ) -> list[PendingSubmission]:
         """Submissions to check; ``wait_s``: the orchestrator may hold an empty answer this
-        long until some arrive (``swarmrl.pool.web.waits``)."""
-        req = ClaimRequest(limit=limit, wait_s=wait_s)
+        long until some arrive (``swarmrl.pool.web.waits``); ``engine``: the one this validator
+        replays on, whose nodes' units it is handed first (``ClaimRequest.engine``)."""
+        req = ClaimRequest(limit=limit, wait_s=wait_s, engine=engine)
         path = f"/pools/{pool_id}/validation/claim"
         return self._call("POST", path, req, ClaimReply, held_s=wait_s).submissions
 

@@ -415,6 +415,11 @@ class PoolMetrics(Message):
     submissions_by_status: dict[str, int]
     credited_tokens: int = Field(description="validator-measured tokens credited, not dropped")
     locked_tokens: int = Field(description="credited tokens still inside the lock window")
+    validators_by_engine: dict[str, int] = Field(
+        default_factory=dict,
+        description="validators that claimed within the claim timeout, by the engine they "
+        "named (ClaimRequest.engine)",
+    )
 
 
 class ErrorDetail(Message):

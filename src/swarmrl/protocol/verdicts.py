@@ -22,6 +22,7 @@ from swarmrl.protocol.pool import (
     RecordId,
     Sample,
     Severity,
+    ShortText,
     WorkUnit,
     wait_s_field,
 )
@@ -30,6 +31,13 @@ from swarmrl.protocol.pool import (
 class ClaimRequest(Message):
     limit: int = Field(8, gt=0, le=256, description="most submissions to hand out")
     wait_s: float = wait_s_field()
+    engine: ShortText | None = Field(
+        None,
+        description="the engine the validator replays on (its inference.backend): the pool "
+        "hands it the units of nodes that declared this engine first, and keeps the units of "
+        "another engine's nodes for that engine's validators while one claims "
+        "(swarmrl.pool.flow.judging); None = any unit, in the order of age",
+    )
 
 
 class PendingSubmission(Message):

@@ -9,6 +9,9 @@ An accepting verdict carries the validator's measurements of the unit (``Verdict
 they add to the node's record (``swarmrl.pool.trust.evidence``), and the unit that takes the
 record past its limit is recorded as a hard rejection with the evidence as its reason, so its
 node is banned as for any other; the validator's receipt gives that reason.
+A validator names the engine it replays on when it claims, and is handed the units of nodes that
+declared that engine, keeping another engine's units for that engine's validators
+(:func:`engine_route`), so each unit is measured against its own engine's honest means.
 Each function is one database transaction (see ``swarmrl.pool.trust.service``); a claim commits only
 once its reply is built (``swarmrl.pool.state.replies``). Knows nothing about HTTP or what a proof
 bundle holds.
@@ -21,6 +24,7 @@ import math
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from swarmrl.fastsql import Fast
 from swarmrl.pool.flow import spotcheck, twins
@@ -31,7 +35,7 @@ from swarmrl.pool.state.replies import json_object, serialise_rows
 from swarmrl.pool.trust import evidence
 from swarmrl.pool.trust.penalties import invalidate_in
 from swarmrl.pool.trust.service import Context, current_version, node_row
-from swarmrl.protocol.pool import NodeMetadata, PoolSpec, WorkUnit
+from swarmrl.protocol.pool import PoolSpec, WorkUnit
 from swarmrl.protocol.verdicts import PendingSubmission, Verdict, VerdictReceipt
 
 _CREDITED = Fast(
@@ -46,10 +50,13 @@ def _require_validator(spec: PoolSpec, public_key_hex: str) -> None:
         )
 
 
-def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
+def claim(
+    ctx: Context, pool_id: str, validator_key: str, limit: int, engine: str | None = None
+) -> bytes:
     """JSON of a :class:`ClaimReply` with up to ``limit`` pending submissions for a validator.
 
-    Submissions the trainer can still use come first; among them, those whose passed check
+    Submissions the trainer can still use come first; among them, those of nodes that declared
+    the validator's ``engine`` (see :func:`engine_route`); then those whose passed check
     releases unchecked work of their node submitted before them (``spotcheck.passed``), since
     that work is older and nearer to going stale; then oldest first. Claims expire after
     ``claim_timeout_s``, and a validator re-claiming its own unexpired ones gets them again.
@@ -58,13 +65,16 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
         _require_validator(spec, validator_key)
+        if engine is not None:
+            _seen(conn, pool_id, validator_key, engine, now)
         oldest = current_version(conn, pool_id) - spec.async_level
         stale_last = sa.case((db.submissions.c.min_version >= oldest, 0), else_=1)
+        own_engine_first = sa.case((db.nodes.c.engine == engine, 0), else_=1)
         releasing_first = sa.case(
             (spotcheck.releases_unchecked(spec.release_after_checks), 0), else_=1
         )
         rows = conn.execute(
-            sa.select(db.submissions, db.leases.c.work, db.nodes.c.metadata.label("node_metadata"))
+            sa.select(db.submissions, db.leases.c.work, db.nodes.c.engine.label("node_engine"))
             .join(db.leases, db.leases.c.lease_id == db.submissions.c.lease_id)
             .outerjoin(
                 db.nodes,
@@ -81,8 +91,9 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
                     db.submissions.c.claim_expires_at < now,
                     db.submissions.c.claimed_by == validator_key,
                 ),
+                engine_route(ctx, pool_id, validator_key, engine, now),
             )
-            .order_by(stale_last, releasing_first, db.submissions.c.received_at)
+            .order_by(stale_last, own_engine_first, releasing_first, db.submissions.c.received_at)
             .limit(limit)
             # two validators claiming at two server processes get different submissions
             .with_for_update(skip_locked=True, of=db.submissions)
@@ -99,6 +110,49 @@ def claim(ctx: Context, pool_id: str, validator_key: str, limit: int) -> bytes:
         return json_object({}, "submissions", parts)
 
 
+def engine_route(
+    ctx: Context, pool_id: str, validator_key: str, engine: str | None, now: float
+) -> sa.ColumnElement[bool]:
+    """Which units a validator replaying on ``engine`` may claim: those of nodes that declared
+    that engine, or no engine the pool knows; those of an engine no other validator of the pool
+    has claimed with within ``claim_timeout_s``; and any unit that has waited
+    ``cross_engine_after_s`` since it arrived. A validator that names no engine may claim any.
+
+    The honest means a validator measures a unit against are those of its pairing (the node's
+    declared engine, the validator's own; ``swarmrl.toploc.evidence.units``): a validator of the
+    node's own engine judges by the tight ones, another engine's by the loose cross-engine ones.
+    A cheat that declared an engine is judged by that engine's validators wherever the pool has
+    one that keeps up, whatever it chose to declare.
+    """
+    if engine is None:
+        return sa.true()
+    subs, nodes, seen = db.submissions, db.nodes, db.validator_engines
+    covered = sa.select(seen.c.engine).where(
+        seen.c.pool_id == pool_id,
+        seen.c.validator != validator_key,
+        seen.c.seen_at >= now - ctx.config.claim_timeout_s,
+    )
+    return sa.or_(
+        nodes.c.engine.is_(None),
+        nodes.c.engine == engine,
+        nodes.c.engine.not_in(covered),
+        subs.c.received_at <= now - ctx.config.cross_engine_after_s,
+    )
+
+
+def _seen(conn: sa.Connection, pool_id: str, validator_key: str, engine: str, now: float) -> None:
+    """Record that a validator claimed, replaying on ``engine``, at ``now``."""
+    seen = db.validator_engines
+    insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert
+    conn.execute(
+        insert(seen)
+        .values(pool_id=pool_id, validator=validator_key, engine=engine, seen_at=now)
+        .on_conflict_do_update(
+            index_elements=[seen.c.pool_id, seen.c.validator], set_=dict(engine=engine, seen_at=now)
+        )
+    )
+
+
 def _pending(ctx: Context, r: Any) -> PendingSubmission:
     auth = json.loads(r.auth)
     return PendingSubmission(
@@ -109,18 +163,10 @@ def _pending(ctx: Context, r: Any) -> PendingSubmission:
         body_digest=auth["body_digest"],
         request_timestamp_ms=auth["timestamp_ms"],
         request_nonce=auth["nonce"],
-        engine=_declared_engine(r.node_metadata),
+        engine=r.node_engine,
         work=WorkUnit.model_validate_json(r.work),
         samples=ctx.store.get_samples(r.rollout_key),
     )
-
-
-def _declared_engine(metadata: str | None) -> str | None:
-    """The engine a node declared when it last joined (``NodeMetadata.engine``, checked
-    against the spec's requirements then), or None where the pool holds no record of it."""
-    if metadata is None:
-        return None
-    return NodeMetadata.model_validate_json(metadata).engine
 
 
 def record_verdict(

@@ -38,6 +38,8 @@ nodes = sa.Table(
     sa.Column("public_key", sa.String(64), nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("metadata", sa.Text, nullable=False),  # NodeMetadata JSON
+    # NodeMetadata.engine as of the node's last join (validators' claims route by it)
+    sa.Column("engine", sa.String(64), nullable=True),
     sa.Column("joined_at", sa.Float, nullable=False),
     sa.Column("last_beat_at", sa.Float, nullable=True),
     sa.Column("status", sa.String(16), nullable=True),
@@ -179,6 +181,17 @@ node_evidence = sa.Table(
     sa.Column("total", sa.Float, nullable=False),  # sum of the units' x
 )
 
+# the engine each validator last claimed with, and when (swarmrl.pool.flow.judging routes a unit
+# to a validator of its node's engine while one is seen)
+validator_engines = sa.Table(
+    "validator_engines",
+    metadata,
+    sa.Column("pool_id", sa.String(64), primary_key=True),
+    sa.Column("validator", sa.String(64), primary_key=True),
+    sa.Column("engine", sa.String(64), nullable=False),
+    sa.Column("seen_at", sa.Float, nullable=False),
+)
+
 # validators' votes on a disputed submission (a rejection awaiting its quorum)
 spot_votes = sa.Table(
     "spot_votes",
@@ -278,6 +291,7 @@ def make_engine(url: str, fast_sql: bool = True) -> sa.Engine:
         _add_passes_after(engine)
         _add_twins(engine)
         _add_twin_taker(engine)
+        _add_node_engine(engine)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise UserError(f"bad database URL {url!r}: {exc}") from exc
     except sa.exc.OperationalError as exc:
@@ -323,6 +337,23 @@ def _add_twin_taker(engine: sa.Engine) -> None:
         return
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE leases ADD COLUMN twin_taker VARCHAR(32)"))
+
+
+def _add_node_engine(engine: sa.Engine) -> None:
+    """A database made before ``nodes.engine`` existed gets the column, filled in from each
+    node's metadata (the engine it declared when it last joined)."""
+    if "engine" in {c["name"] for c in sa.inspect(engine).get_columns("nodes")}:
+        return
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE nodes ADD COLUMN engine VARCHAR(64)"))
+        rows = conn.execute(sa.select(nodes.c.pool_id, nodes.c.node_id, nodes.c.metadata)).all()
+        for row in rows:
+            declared = json.loads(row.metadata).get("engine")
+            conn.execute(
+                nodes.update()
+                .where(nodes.c.pool_id == row.pool_id, nodes.c.node_id == row.node_id)
+                .values(engine=declared if isinstance(declared, str) else None)
+            )
 
 
 def _add_lease_task_counts(engine: sa.Engine) -> None:

@@ -129,6 +129,7 @@ def _join(
             public_key=public_key_hex,
             state="healthy",
             metadata=req.metadata.model_dump_json(),
+            engine=req.metadata.engine,
             joined_at=now,
             last_beat_at=now,
             status="ok",
@@ -196,6 +197,7 @@ def rejoin(
             .values(
                 state="healthy",
                 metadata=req.metadata.model_dump_json(),
+                engine=req.metadata.engine,
                 last_beat_at=now,
                 status="ok",
             )

@@ -489,4 +489,19 @@ def metrics(ctx: Context, pool_id: str) -> PoolMetrics:
             submissions_by_status=counts(db.submissions, db.submissions.c.status),
             credited_tokens=int(credited),
             locked_tokens=int(locked),
+            validators_by_engine=_validators_by_engine(ctx, conn, pool_id, now),
         )
+
+
+def _validators_by_engine(
+    ctx: Context, conn: sa.Connection, pool_id: str, now: float
+) -> dict[str, int]:
+    """Validators that claimed within ``claim_timeout_s``, by the engine they named
+    (``swarmrl.pool.flow.judging.engine_route``)."""
+    seen = db.validator_engines
+    rows = conn.execute(
+        sa.select(seen.c.engine, sa.func.count())
+        .where(seen.c.pool_id == pool_id, seen.c.seen_at >= now - ctx.config.claim_timeout_s)
+        .group_by(seen.c.engine)
+    ).all()
+    return {str(e): int(n) for e, n in sorted(rows)}

@@ -376,7 +376,10 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     ) -> Response:
         key = who.public_key.hex
         body = await held(
-            lambda: on_db(judging.claim, ctx, pool_id, key, req.limit), changes, pool_id, req.wait_s
+            lambda: on_db(judging.claim, ctx, pool_id, key, req.limit, req.engine),
+            changes,
+            pool_id,
+            req.wait_s,
         )
         return Response(body, media_type="application/json")
 

@@ -56,6 +56,11 @@ class PoolCollector:
             "(docs/observability.md)",
             labels=["pool", "count"],
         )
+        validators = GaugeMetricFamily(
+            "swarmrl_pool_validators",
+            "validators that claimed within the claim timeout, by the engine they replay on",
+            labels=["pool", "engine"],
+        )
         scalars = {
             "leases_active": "leases handed out and not yet done or expired",
             "policy_version": "policy version the trainer last announced",
@@ -73,6 +78,8 @@ class PoolCollector:
                 nodes.add_metric([pool_id, state], n)
             for status, n in sorted(m.submissions_by_status.items()):
                 subs.add_metric([pool_id, status], n)
+            for engine, n in m.validators_by_engine.items():
+                validators.add_metric([pool_id, engine], n)
             counted = self.tally.counts(pool_id)
             counted.trained = m.submissions_by_status.get("trained", 0)
             for word, n in counted.as_dict().items():
@@ -88,6 +95,7 @@ class PoolCollector:
         yield nodes
         yield subs
         yield counts
+        yield validators
         yield from gauges.values()
 
 

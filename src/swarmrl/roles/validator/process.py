@@ -248,7 +248,9 @@ def run(
             while True:
                 asked = time.monotonic()
                 pending = retry(
-                    lambda: pool.claim(args.pool, args.claim, wait_s=CLAIM_HOLD_S),
+                    lambda: pool.claim(
+                        args.pool, args.claim, wait_s=CLAIM_HOLD_S, engine=config.inference.backend
+                    ),
                     "claim pending submissions",
                     log,
                     give_up_s=swarm.give_up_s,

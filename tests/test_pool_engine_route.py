@@ -1,0 +1,120 @@
+"""A validator names the engine it replays on when it claims, and the pool hands it the units of
+nodes that declared that engine, keeping another engine's units for that engine's validators
+while one claims: a unit is measured against its own engine's (tight) honest means wherever the
+pool has a validator of that engine, whatever engine a cheat chose to declare."""
+
+import time
+
+import sqlalchemy as sa
+
+from swarmrl.config.pool import PoolConfig
+from swarmrl.identity import KeyPair
+from swarmrl.pool.client import PoolClient
+from swarmrl.pool.state import db
+from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission
+from swarmrl.testing.pool_nodes import NEVER_SILENT, local_orchestrator, synthetic_samples
+
+POOL = "route"
+
+
+def _node(engine: str) -> NodeMetadata:
+    return NodeMetadata(engine=engine, memory_gb=16.0, accelerator="cpu")
+
+
+def _pool(server, orch, owner, validators) -> None:
+    spec = PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=40,
+        open=True,
+        sampling=SamplingParams(max_new_tokens=2),
+        validators=[v.public_key_hex for v in validators],
+    )
+    PoolClient(server.url, orch).create_pool(spec)
+
+
+def _submit(server, key: KeyPair, engine: str, joined: set[str]) -> str:
+    """One unit from ``key``'s node, which joins declaring ``engine`` first; its id."""
+    node = PoolClient(server.url, key)
+    if key.node_id not in joined:
+        node.join(POOL, _node(engine))
+        joined.add(key.node_id)
+    work = node.lease(POOL).work
+    sub = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
+    return node.submit(POOL, sub).submission_id
+
+
+def _claimed(server, validator: KeyPair, engine: str | None) -> set[str]:
+    return {p.submission_id for p in PoolClient(server.url, validator).claim(POOL, engine=engine)}
+
+
+def test_each_unit_goes_to_a_validator_of_its_nodes_engine_while_one_claims(tmp_path, db_url):
+    orch, owner, by_torch, by_vllm, by_any = (KeyPair.generate() for _ in range(5))
+    torch_node, vllm_node, other_node = (KeyPair.generate() for _ in range(3))
+    config = PoolConfig(db_url=db_url, cross_engine_after_s=1.0, **NEVER_SILENT)
+    joined: set[str] = set()
+    with local_orchestrator(tmp_path / "run", orch, config) as server:
+        _pool(server, orch, owner, [by_torch, by_vllm, by_any])
+        trainer = PoolClient(server.url, owner)
+        # both engines' validators are seen before any work arrives
+        assert _claimed(server, by_torch, "torch") == set()
+        assert _claimed(server, by_vllm, "vllm") == set()
+        assert trainer.metrics(POOL).validators_by_engine == {"torch": 1, "vllm": 1}
+        on_torch = _submit(server, torch_node, "torch", joined)
+        on_vllm = _submit(server, vllm_node, "vllm", joined)
+        on_other = _submit(server, other_node, "sglang", joined)  # no validator of its engine
+        # each validator is handed its own engine's unit and the unit no validator's engine
+        # covers, never the other covered engine's
+        assert _claimed(server, by_vllm, "vllm") == {on_vllm, on_other}
+        assert _claimed(server, by_torch, "torch") == {on_torch}
+        # a validator that names no engine is handed any unit, as before engines were named
+        later_vllm = _submit(server, vllm_node, "vllm", joined)
+        later_torch = _submit(server, torch_node, "torch", joined)
+        assert _claimed(server, by_any, None) == {later_vllm, later_torch}
+        # a unit that has waited cross_engine_after_s is open to any validator, own engine first
+        third_vllm = _submit(server, vllm_node, "vllm", joined)
+        assert _claimed(server, by_torch, "torch") == {on_torch}  # its own, re-claimed
+        time.sleep(1.2)
+        assert _claimed(server, by_torch, "torch") == {on_torch, third_vllm}
+
+
+def test_a_unit_whose_engines_validators_stopped_claiming_is_open_to_the_others(tmp_path):
+    """Units of an engine whose validators have not claimed within claim_timeout_s go to any
+    validator at once (they are not held cross_engine_after_s for a validator that is gone)."""
+    orch, owner, by_torch, by_vllm, vllm_node = (KeyPair.generate() for _ in range(5))
+    config = PoolConfig(cross_engine_after_s=3600, claim_timeout_s=1.0, **NEVER_SILENT)
+    with local_orchestrator(tmp_path / "run", orch, config) as server:
+        _pool(server, orch, owner, [by_torch, by_vllm])
+        assert _claimed(server, by_vllm, "vllm") == set()
+        unit = _submit(server, vllm_node, "vllm", set())
+        assert _claimed(server, by_torch, "torch") == set()  # the vLLM validator is seen
+        time.sleep(1.2)
+        assert _claimed(server, by_torch, "torch") == {unit}
+        assert PoolClient(server.url, owner).metrics(POOL).validators_by_engine == {"torch": 1}
+
+
+def test_a_database_from_before_node_engines_gets_them_from_each_nodes_metadata(tmp_path):
+    url = db.sqlite_url(tmp_path / "pool.db")
+    engine = db.make_engine(url)
+    with engine.begin() as conn:
+        for node_id, metadata in (("n-vllm", _node("vllm").model_dump_json()), ("n-odd", "{}")):
+            conn.execute(
+                db.nodes.insert(),
+                dict(
+                    pool_id=POOL,
+                    node_id=node_id,
+                    public_key="00" * 32,
+                    state="healthy",
+                    metadata=metadata,
+                    joined_at=0.0,
+                ),
+            )
+        conn.exec_driver_sql("ALTER TABLE nodes DROP COLUMN engine")
+    engine.dispose()
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = dict(conn.execute(sa.select(db.nodes.c.node_id, db.nodes.c.engine)).all())
+        assert rows == {"n-vllm": "vllm", "n-odd": None}
+    finally:
+        engine.dispose()
