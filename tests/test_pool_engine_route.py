@@ -12,6 +12,7 @@ from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
 from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import NEVER_SILENT, local_orchestrator, synthetic_samples
 
 POOL = "route"
@@ -42,6 +43,16 @@ def _submit(server, key: KeyPair, engine: str, joined: set[str]) -> str:
     work = node.lease(POOL).work
     sub = Submission(lease_id=work.lease_id, samples=synthetic_samples(work, 0))
     return node.submit(POOL, sub).submission_id
+
+
+def _accept(server, validator: KeyPair, submission_id: str) -> None:
+    client = PoolClient(server.url, validator)
+    (pending,) = [p for p in client.claim(POOL) if p.submission_id == submission_id]
+    logprobs = [s.logprobs for s in pending.samples]
+    verdict = Verdict(
+        submission_id=submission_id, accept=True, measured_tokens=2, behaviour_logprobs=logprobs
+    )
+    assert client.verdict(POOL, verdict).status == "accepted"
 
 
 def _claimed(server, validator: KeyPair, engine: str | None) -> set[str]:
@@ -76,6 +87,21 @@ def test_each_unit_goes_to_a_validator_of_its_nodes_engine_while_one_claims(tmp_
         assert _claimed(server, by_torch, "torch") == {on_torch}  # its own, re-claimed
         time.sleep(1.2)
         assert _claimed(server, by_torch, "torch") == {on_torch, third_vllm}
+        # the ledger's verdict names the pairing whose honest means measured the unit
+        for unit, judge in ((on_torch, by_torch), (third_vllm, by_torch), (on_vllm, by_vllm)):
+            _accept(server, judge, unit)
+        _accept(server, by_any, later_vllm)  # a validator that named no engine: no pairing
+        verdicts = {
+            e["body"]["submission_id"]: e["body"].get("pairing")
+            for e in trainer.ledger()
+            if e["kind"] == "verdict"
+        }
+        assert verdicts == {
+            on_torch: "torch->torch",
+            third_vllm: "vllm->torch",
+            on_vllm: "vllm->vllm",
+            later_vllm: None,
+        }
 
 
 def test_a_unit_whose_engines_validators_stopped_claiming_is_open_to_the_others(tmp_path):

@@ -153,6 +153,19 @@ def _seen(conn: sa.Connection, pool_id: str, validator_key: str, engine: str, no
     )
 
 
+def _pairing(conn: sa.Connection, pool_id: str, node: Any, validator_key: str) -> dict[str, str]:
+    """``{"pairing": "declared->own"}``: the engine the node declared when it last joined and
+    the one the validator named at its last claim, whose honest means measured the unit's
+    evidence; empty where either is unknown."""
+    seen = db.validator_engines
+    own = conn.execute(
+        sa.select(seen.c.engine).where(seen.c.pool_id == pool_id, seen.c.validator == validator_key)
+    ).scalar_one_or_none()
+    if node.engine is None or own is None:
+        return {}
+    return {"pairing": f"{node.engine}->{own}"}
+
+
 def _pending(ctx: Context, r: Any) -> PendingSubmission:
     auth = json.loads(r.auth)
     return PendingSubmission(
@@ -190,7 +203,7 @@ def record_verdict(
             raise NotFound(f"unknown submission {verdict.submission_id} in pool {pool_id!r}")
         # the node's row before the ledger's append lock (the order ``swarmrl.pool.flow.work``
         # keeps)
-        node_row(conn, pool_id, row.node_id, lock=True)
+        node = node_row(conn, pool_id, row.node_id, lock=True)
         if row.status not in ("pending", "disputed"):
             raise Conflict(f"submission {verdict.submission_id} is {row.status}, not pending")
         samples = ctx.store.get_samples(row.rollout_key) if verdict.accept else []
@@ -221,16 +234,16 @@ def record_verdict(
         status = "accepted" if verdict.accept else "rejected"
         if verdict.accept and twins.repeats_served(ctx, conn, row.lease_id, samples):
             status = "matched"  # a rechecked copy of samples that trained already
+        body = {
+            **record,
+            "validator": validator_key,
+            **_pairing(conn, pool_id, node, validator_key),
+        }
         conn.execute(
             db.submissions.update()
             .where(db.submissions.c.submission_id == row.submission_id)
-            .values(
-                status=status,
-                validated=True,
-                verdict=json.dumps({**record, "validator": validator_key}),
-            )
+            .values(status=status, validated=True, verdict=json.dumps(body))
         )
-        body = {**record, "validator": validator_key}
         ctx.ledger.append(conn, "verdict", body, pool_id=pool_id, node_id=row.node_id, ts=now)
         node_where = sa.and_(db.nodes.c.pool_id == pool_id, db.nodes.c.node_id == row.node_id)
         if verdict.accept:
