@@ -197,6 +197,10 @@ def test_nasty_strings_in_labels_logs_reasons_and_ids_are_4xx(pool):
         (node, "POST", f"/pools/{POOL}/heartbeat", {"status": "ok", "log_tail": ["up \x00"]}),
         (node, "POST", f"/pools/{POOL}/heartbeat", {"status": "ok", "log_tail": ["x" * 10_000]}),
         (node, "POST", f"/pools/{POOL}/submissions", {"lease_id": "a\x00", "samples": []}),
+        (validator, "POST", f"/pools/{POOL}/validation/claim", {"engine": "vllm\x00"}),
+        (validator, "POST", f"/pools/{POOL}/validation/claim", {"engine": "\ud800"}),
+        (validator, "POST", f"/pools/{POOL}/validation/claim", {"engine": "v" * 65}),
+        (validator, "POST", f"/pools/{POOL}/validation/claim", {"engine": ["torch"]}),
         (
             validator,
             "POST",
