@@ -35,24 +35,11 @@ from swarmrl.identity import KeyPair
 from swarmrl.inference.engine import TorchEngine
 from swarmrl.protocol import SamplingParams
 from swarmrl.testing import cheats as attacks
-from swarmrl.toploc.calibrate import Measurements, generate_without_cache, measure, recommend
+from swarmrl.toploc.calibrate import Measurements, measure, recommend
 from swarmrl.toploc.encoding import build_chunk_proofs, decode_chunks
 from swarmrl.toploc.hidden import compare_chunks
 from swarmrl.toploc.verify import Verifier
-from toploc_cases import DIGEST, build_models, cheat_cases, detection
-
-
-def generate(engine, model, prompts, params, seeds, batch, cache):
-    out = []
-    for start in range(0, len(prompts), batch):
-        p, s = prompts[start : start + batch], seeds[start : start + batch]
-        if cache:
-            out += engine.generate(p, params, s, return_hidden=True)
-        else:
-            out += generate_without_cache(
-                model, p, params, s, sorted(engine.eos_ids), engine.pad_id
-            )
-    return out
+from toploc_cases import DIGEST, build_models, cheat_cases, detection, generate
 
 
 def honest_sweep(engine, model, tokenizer, params, per_config, seed, prompt_fn):

@@ -22,6 +22,7 @@ from swarmrl.inference.engine import TorchEngine
 from swarmrl.model.factory import create_tiny_model
 from swarmrl.model.tokenizer import build_char_tokenizer
 from swarmrl.testing import cheats as attacks
+from swarmrl.toploc.calibrate import generate_without_cache
 
 DIGEST = "5e" * 32
 ENV = ReverseEnv(length=12)
@@ -118,6 +119,21 @@ def detection(verifier, worker, subs, honest_subs):
         # verifier lets up to logprob_outlier_share of them, at least one, pass)
         "logprob_off_share_min": min(lp_share) if lp_share else None,
     }
+
+
+def generate(engine, model, prompts, params, seeds, batch: int, cache: bool):
+    """Honest generations in batches of ``batch``: by the engine (its KV cache) or by a plain
+    full-forward loop without a cache."""
+    out = []
+    for start in range(0, len(prompts), batch):
+        p, s = prompts[start : start + batch], seeds[start : start + batch]
+        if cache:
+            out += engine.generate(p, params, s, return_hidden=True)
+        else:
+            out += generate_without_cache(
+                model, p, params, s, sorted(engine.eos_ids), engine.pad_id
+            )
+    return out
 
 
 def build_models(started: float, tiny: TinyModelConfig | None = None) -> SimpleNamespace:

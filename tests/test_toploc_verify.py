@@ -2,6 +2,7 @@
 
 import base64
 import copy
+import math
 import random
 
 import pytest
@@ -451,3 +452,23 @@ def test_near_tie_misses_past_the_ceiling_or_repeated_are_rejected(world):
     assert far.codes == {"sampling"}
     many = _near_tie_verdict(world, [1, 3, 5], 3e-4)  # one isolated miss per sample by default
     assert many.codes == {"sampling"} and "3 tokens" in many.reasons[0].detail
+
+
+def test_an_end_token_where_the_model_did_not_end_is_rejected(world):
+    """The cut-short sample ends with the end token claimed "eos", its log-prob the model's
+    own: the seeded replay rejects it (the end token is not the sampled choice), and the
+    termination check exactly where the model gave the end token less than ``eos_min_prob``
+    (on this untrained model, with its few tokens, it rarely does)."""
+    worker = world["worker"]
+    subs = attacks.stopped_early(worker, world["prompts"], world["seeds"], random.Random(4))
+    verdicts = world["verifier"].check_many(
+        [(b, c, worker.assignment(c.prompt_tokens, b.seed)) for b, c in subs]
+    )
+    assert len(verdicts) >= 4
+    for verdict, (_, claim) in zip(verdicts, subs, strict=True):
+        assert claim.finish_reason == "eos" and claim.output_tokens[-1] in world["engine"].eos_ids
+        assert not verdict.accepted
+        assert "sampling" in verdict.codes, verdict.reasons
+        unlikely = math.exp(claim.logprobs[-1]) < world["verifier"].config.eos_min_prob
+        assert ("termination" in verdict.codes) == unlikely, verdict.reasons
+        assert "logprobs" not in verdict.codes  # the end token's log-prob is the model's own

@@ -14,6 +14,9 @@ the binding check passes and the content checks must do the catching:
 * ``cheap_decode``     decode with a cheaper model, then prove (and report log-probs) with one
                        prefill of the real model
 * ``truncated``        stop early, claim "length" or "eos"
+* ``stopped_early``    stop early with an end token where the model did not end, claim "eos",
+                       with the replayed log-prob of that end token (only the seeded replay and
+                       the end token's probability can tell)
 * ``forged_reward``    report a reward the completion did not earn
 * ``copied_proof``     attach another sample's chunk proofs
 
@@ -205,6 +208,38 @@ def truncated(
             )
         )
     return worker.prove(cut)
+
+
+def stopped_early(
+    worker: Worker, prompts: Sequence[Sequence[int]], seeds: Sequence[int], rng: random.Random
+) -> list[Submission]:
+    """Honest generations cut short and ended with the end token at the cut, where the model
+    did not end (samples without such a place are skipped), claimed "eos"; the end token's
+    log-prob is the declared model's own, as a careful cheater would compute it with one
+    prefill."""
+    gens = worker.engine.generate(prompts, worker.params, seeds, return_hidden=True)
+    ends = worker.engine.eos_ids
+    end = min(ends)
+    out = []
+    for gen in gens:
+        cuts = [k for k in range(1, len(gen.output_tokens)) if gen.output_tokens[k] not in ends]
+        if not cuts:
+            continue
+        keep = rng.choice(cuts)
+        output = [*gen.output_tokens[:keep], end]
+        replay = worker.engine.prefill(gen.prompt_tokens, output)
+        logprobs = torch.log_softmax(mask_logits(replay.logits[-1:], worker.params), dim=-1)
+        out.append(
+            Generation(
+                prompt_tokens=gen.prompt_tokens,
+                output_tokens=output,
+                logprobs=[*gen.logprobs[:keep], float(logprobs[0, end])],
+                finish_reason="eos",
+                seed=gen.seed,
+                hidden_states=gen.hidden_states[: len(gen.prompt_tokens) + keep],  # type: ignore[index]
+            )
+        )
+    return worker.prove(out)
 
 
 def forged_reward(
