@@ -80,7 +80,14 @@ def site(tmp_path, monkeypatch):
 
 
 def _fill(argv: list[str], placeholders: dict[str, str]) -> list[str]:
-    return [placeholders.get(arg, arg) for arg in argv]
+    """``argv`` with each placeholder, alone or before ``=`` (``KEY=ENGINE``), filled in."""
+    filled = []
+    for arg in argv:
+        head, sep, tail = arg.partition("=")
+        filled.append(
+            placeholders.get(head, head) + sep + tail if sep else placeholders.get(arg, arg)
+        )
+    return filled
 
 
 def test_the_pages_pool_spec_command_writes_the_pages_pool_json(site, capsys):
@@ -91,6 +98,7 @@ def test_the_pages_pool_spec_command_writes_the_pages_pool_json(site, capsys):
     shown = page_pool_json()
     shown["owner_key"] = placeholders[shown["owner_key"]]
     shown["validators"] = [placeholders[v] for v in shown["validators"]]
+    shown["validator_engines"] = {placeholders[k]: e for k, e in shown["validator_engines"].items()}
     assert written == shown
     assert check_spec(read_spec("pool.json"), load_config(["my.toml"]), "pool.json") is None
 
@@ -159,5 +167,6 @@ def test_swarmrl_run_writes_the_spec_that_pool_spec_writes(tmp_path, monkeypatch
     argv += ["--set", "rl.group_size=4", "--owner", str(run_dir / "keys" / "trainer.key")]
     for name in ("validator-0", "validator-1"):
         argv += ["--validator", str(run_dir / "keys" / f"{name}.key")]
+        argv += ["--validator-engine", f"{run_dir / 'keys' / f'{name}.key'}=torch"]
     assert cli.main([*argv, "--out", "spec.json"]) == 0
     assert (tmp_path / "spec.json").read_bytes() == (run_dir / "pool.json").read_bytes()

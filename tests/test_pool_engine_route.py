@@ -5,9 +5,12 @@ pool has a validator of that engine, whatever engine a cheat chose to declare.""
 
 import time
 
+import pytest
 import sqlalchemy as sa
+from pydantic import ValidationError
 
 from swarmrl.config.pool import PoolConfig
+from swarmrl.errors import PeerError
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
@@ -144,3 +147,27 @@ def test_a_database_from_before_node_engines_gets_them_from_each_nodes_metadata(
         assert rows == {"n-vllm": "vllm", "n-odd": None}
     finally:
         engine.dispose()
+
+
+def test_the_spec_gives_each_validator_its_engine_and_covers_every_engine(tmp_path):
+    """``PoolSpec.validator_engines``: a pool whose accepted engines some engine of has no
+    validator is refused; a validator's claim naming another engine than the spec's is a 422
+    saying which; one naming none is routed by the spec's."""
+    orch, owner, by_torch, by_vllm, vllm_node = (KeyPair.generate() for _ in range(5))
+    both = {"engines": ["torch", "vllm"]}
+    base = dict(pool_id=POOL, owner_key=owner.public_key_hex, task_count=40, open=True)
+    base |= dict(sampling=SamplingParams(max_new_tokens=2), requirements=both)
+    base |= dict(validators=[by_torch.public_key_hex, by_vllm.public_key_hex])
+    with pytest.raises(ValidationError, match="accepts vllm but no validator"):
+        PoolSpec(**base, validator_engines={by_torch.public_key_hex: "torch"})
+    with pytest.raises(ValidationError, match="not validators"):
+        PoolSpec(**base, validator_engines={"c" * 64: "vllm", by_torch.public_key_hex: "torch"})
+    engines = {by_torch.public_key_hex: "torch", by_vllm.public_key_hex: "vllm"}
+    with local_orchestrator(tmp_path / "run", orch, PoolConfig(**NEVER_SILENT)) as server:
+        PoolClient(server.url, orch).create_pool(PoolSpec(**base, validator_engines=engines))
+        with pytest.raises(PeerError, match=r"replays on 'vllm', but pool .* has it on 'torch'"):
+            PoolClient(server.url, by_torch).claim(POOL, engine="vllm")
+        assert _claimed(server, by_vllm, None) == set()  # seen, as the spec's vllm
+        unit = _submit(server, vllm_node, "vllm", set())
+        assert _claimed(server, by_torch, None) == set()  # routed as the spec's torch
+        assert _claimed(server, by_vllm, None) == {unit}

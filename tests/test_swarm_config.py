@@ -17,6 +17,7 @@ import tomli_w
 
 from swarmrl.config import EMBEDDED_DEFAULT, SwarmConfig, load_config
 from swarmrl.config.load import read_toml
+from swarmrl.identity.keys import load_keypair
 from swarmrl.launch.plan import prepare
 from swarmrl.launch.swarm import start_all
 from swarmrl.rolekit.supervisor import Supervisor, wait_until
@@ -145,7 +146,14 @@ def test_a_pool_of_several_engines_runs_a_validator_and_workers_on_each(tmp_path
     assert _engine_args(plan, "validator-0") == _engine_args(plan, "validator-2") == []
     spec = json.loads((tmp_path / "run" / "pool.json").read_text())
     assert spec["requirements"]["engines"] == ["torch", "vllm"]
+    # the spec says each validator's engine, so the pool refuses a claim naming another
+    keys = {v: load_keypair(plan.key(v)).public_key_hex for v in plan.validators}
+    assert spec["validator_engines"] == {
+        keys["validator-0"]: "torch", keys["validator-1"]: "vllm", keys["validator-2"]: "torch"
+    }  # fmt: skip
     one_engine = config.model_copy(
         update={"swarm": config.swarm.model_copy(update={"spread_engines": False})}
     )
     assert prepare(one_engine, tmp_path / "run2").engines == {}
+    # every role on torch in a pool that accepts vLLM too: the spec does not say (no coverage)
+    assert json.loads((tmp_path / "run2" / "pool.json").read_text())["validator_engines"] == {}

@@ -113,7 +113,17 @@ def prepare(config: SwarmConfig, run_dir: Path, config_file: Path | None = None)
         path = plan.key(name)
         keys[name] = load_keypair(path) if path.is_file() else _new_key(path)
     validators = [keys[v].public_key_hex for v in plan.validators]
-    spec = spec_from_config(config, keys["trainer"].public_key_hex, validators, POOL_ID)
+    spread = len(config.pool_engines) < 2 or config.swarm.spread_engines
+    validator_engines = {  # each validator's engine is the spec's (not said where not spread)
+        keys[v].public_key_hex: engines.get(v, config.inference.backend) for v in plan.validators
+    }
+    spec = spec_from_config(
+        config,
+        keys["trainer"].public_key_hex,
+        validators,
+        POOL_ID,
+        validator_engines if spread else None,
+    )
     write_spec(spec, run_dir / "pool.json")  # as `swarmrl pool spec` writes it
     invites = run_dir / "invites"
     invites.mkdir(exist_ok=True)

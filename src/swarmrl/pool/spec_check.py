@@ -47,6 +47,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from swarmrl.config import SwarmConfig
 from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.errors import ConfigError, UserError
@@ -125,12 +127,16 @@ def spec_from_config(
     owner_key: str,
     validators: list[str],
     pool_id: str = DEFAULT_POOL_ID,
+    validator_engines: dict[str, str] | None = None,
 ) -> PoolSpec:
-    """The pool a run of ``config`` trains in; keys are hex public keys."""
+    """The pool a run of ``config`` trains in; keys are hex public keys. ``validator_engines``:
+    the engine each validator replays on, by key (``PoolSpec.validator_engines``; the spec is
+    refused where they leave an engine of ``requirements.engines`` without a validator)."""
     data: dict[str, Any] = {
         "pool_id": pool_id,
         "owner_key": owner_key,
         "validators": list(validators),
+        "validator_engines": dict(validator_engines or {}),
         **OPERATOR_DEFAULTS,
     }
     for key, (_, value) in config_terms(config, task_count(config)).items():
@@ -139,7 +145,13 @@ def spec_from_config(
             data.setdefault(head, {})[leaf] = value
         else:
             data[key] = value
-    return PoolSpec.model_validate(data)
+    try:
+        return PoolSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "spec"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"pool spec {pool_id!r}: {where}: {message}") from exc
 
 
 def write_spec(spec: PoolSpec, path: Path) -> Path:
@@ -186,7 +198,8 @@ def check_spec(spec: PoolSpec, config: SwarmConfig, where: str) -> str | None:
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
-    """``swarmrl pool spec [CONFIG] [--set …] --owner KEY [--validator KEY …] [--out FILE]``."""
+    """``swarmrl pool spec [CONFIG] [--set …] --owner KEY [--validator KEY …]
+    [--validator-engine KEY=ENGINE …] [--out FILE]``."""
     add_config_args(parser)
     parser.add_argument(
         "--owner", required=True, help="pool owner's (trainer's) public key: hex or key file"
@@ -196,6 +209,14 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="a validator's public key: hex or key file (repeatable)",
+    )
+    parser.add_argument(
+        "--validator-engine",
+        action="append",
+        default=[],
+        metavar="KEY=ENGINE",
+        help="the engine a validator replays on (repeatable; its key is also a --validator); "
+        "once one is given, every engine the pool accepts needs a validator",
     )
     parser.add_argument("--pool-id", default=DEFAULT_POOL_ID, help="pool id")
     parser.add_argument("--out", default=None, help="write the spec here (else stdout)")
@@ -208,7 +229,13 @@ def spec_main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     owner = parse_public_key(args.owner)
     validators = [parse_public_key(v) for v in args.validator]
-    spec = spec_from_config(config, owner, validators, args.pool_id)
+    engines = {}
+    for item in args.validator_engine:
+        key, sep, engine = item.rpartition("=")
+        if not sep or not key or not engine:
+            raise UserError(f"--validator-engine {item!r}: want KEY=ENGINE")
+        engines[parse_public_key(key)] = engine
+    spec = spec_from_config(config, owner, validators, args.pool_id, engines)
     if args.out is None:
         print(spec.model_dump_json(indent=2))
         return 0

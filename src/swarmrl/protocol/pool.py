@@ -174,6 +174,32 @@ class PoolSpec(Message):
         "shares of the thresholds, s > 0 = s honest means; the records add up what every "
         "validator sends, so a validator set otherwise refuses to judge for the pool",
     )
+    validator_engines: dict[Annotated[str, Field(pattern=HEX64)], ShortText] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="the engine each validator replays on (its inference.backend), by key: "
+        "such a validator's claims that name another engine are refused, and where any is "
+        "given, every engine of requirements.engines needs one (a node declaring an engine no "
+        "validator runs is measured against the loose cross-engine means only); empty = not "
+        "said (each validator's claims name its engine)",
+    )
+
+    @model_validator(mode="after")
+    def _validators_cover_the_engines(self) -> PoolSpec:
+        strangers = sorted(k[:16] for k in self.validator_engines if k not in self.validators)
+        if strangers:
+            raise ValueError(f"validator_engines names keys that are not validators: {strangers}")
+        uncovered = [
+            e for e in self.requirements.engines if e not in set(self.validator_engines.values())
+        ]
+        if self.validator_engines and uncovered:
+            raise ValueError(
+                f"requirements.engines accepts {', '.join(uncovered)} but no validator of "
+                "validator_engines replays on it: a node declaring it would be measured against "
+                "the loose cross-engine means only; add a validator on each engine the pool "
+                "accepts, or accept fewer engines"
+            )
+        return self
 
 
 class PoolInfo(Message):

@@ -65,6 +65,7 @@ def claim(
     with ctx.engine.begin() as conn:
         spec = ctx.spec(conn, pool_id)
         _require_validator(spec, validator_key)
+        engine = _own_engine(spec, validator_key, engine)
         if engine is not None:
             _seen(conn, pool_id, validator_key, engine, now)
         oldest = current_version(conn, pool_id) - spec.async_level
@@ -108,6 +109,19 @@ def claim(
                 .values(claimed_by=validator_key, claim_expires_at=now + ctx.config.claim_timeout_s)
             )
         return json_object({}, "submissions", parts)
+
+
+def _own_engine(spec: PoolSpec, validator_key: str, named: str | None) -> str | None:
+    """The engine a claim routes by: the one the pool spec gives the validator
+    (``PoolSpec.validator_engines``; a claim naming another is refused), else the one it named."""
+    given = spec.validator_engines.get(validator_key)
+    if given is not None and named is not None and named != given:
+        raise Invalid(
+            f"validator {validator_key[:16]}… replays on {named!r}, but pool {spec.pool_id!r} "
+            f"has it on {given!r} (validator_engines): start it with inference.backend = "
+            f"{given!r}, or change the spec"
+        )
+    return given if given is not None else named
 
 
 def engine_route(
