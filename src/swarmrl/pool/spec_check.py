@@ -35,9 +35,9 @@ How each spec key follows from the config (``config_terms``)::
     requirements.engines    toploc.engines, else inference.backend alone (the engines the
                         verifier was calibrated on; a node declaring another is refused)
 
-The other keys (pool id, owner and validator keys, ``open``, the lease sizing and credit lock,
-the other requirements)
-are the operator's; they are written with :data:`OPERATOR_DEFAULTS` and never compared.
+The other keys (pool id, owner and validator keys, the validators' engines, ``open``, the lease
+sizing and credit lock, the other requirements) are the operator's; they are written with
+:data:`OPERATOR_DEFAULTS` and never compared.
 Knows the config tree, the environment's split and the spec; nothing about serving a pool.
 """
 
