@@ -70,7 +70,10 @@ def claim(
             _seen(conn, pool_id, validator_key, engine, now)
         oldest = current_version(conn, pool_id) - spec.async_level
         stale_last = sa.case((db.submissions.c.min_version >= oldest, 0), else_=1)
-        own_engine_first = sa.case((db.nodes.c.engine == engine, 0), else_=1)
+        # (with no engine named, none first: ``== None`` would put nodes of no known engine first)
+        own_engine_first = (
+            [] if engine is None else [sa.case((db.nodes.c.engine == engine, 0), else_=1)]
+        )
         releasing_first = sa.case(
             (spotcheck.releases_unchecked(spec.release_after_checks), 0), else_=1
         )
@@ -94,7 +97,7 @@ def claim(
                 ),
                 engine_route(ctx, pool_id, validator_key, engine, now),
             )
-            .order_by(stale_last, own_engine_first, releasing_first, db.submissions.c.received_at)
+            .order_by(stale_last, *own_engine_first, releasing_first, db.submissions.c.received_at)
             .limit(limit)
             # two validators claiming at two server processes get different submissions
             .with_for_update(skip_locked=True, of=db.submissions)
