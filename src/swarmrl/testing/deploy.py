@@ -138,6 +138,8 @@ class Deployment:
         """The page's argv with its placeholders replaced for ``host``."""
         out = []
         for arg in argv:
+            head, sep, tail = arg.partition("=")  # a placeholder alone, or before "=" (KEY=ENGINE)
+            arg = self.placeholders[head] + sep + tail if sep and head in self.placeholders else arg
             arg = self.placeholders.get(arg, arg)
             for page_address, address in self.placeholders.items():
                 if re.fullmatch(r"[\d.]+", page_address):
