@@ -26,6 +26,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from swarmrl.testing.runs import logged_backend
+
 DEMO = [
     "--quiet",
     "--set",
@@ -37,24 +39,17 @@ DEMO = [
 ]
 
 
-def backend(log: str) -> str:
-    """The engine a role's log says it ran (its resolved config names what is not default)."""
-    resolved = re.search(r"resolved config (\{.*\})$", log, re.MULTILINE)
-    if resolved is None:
-        return "?"
-    return json.loads(resolved.group(1)).get("inference", {}).get("backend", "torch")
-
-
 def summarise(run: Path) -> dict:
     report = json.loads((run / "report.json").read_text())
     workers = {w["node_id"]: w for w in report["swarm"]["workers"]}
     engine = {
-        n: backend((run / "logs" / f"{w['name']}.log").read_text()) for n, w in workers.items()
+        n: logged_backend((run / "logs" / f"{w['name']}.log").read_text())
+        for n, w in workers.items()
     }
     judged: Counter[tuple[str, str, str]] = Counter()
     for log_path in sorted((run / "logs").glob("validator-*.log")):
         text = log_path.read_text()
-        own = backend(text)
+        own = logged_backend(text)
         for node, _, validator in re.findall(r"accepted \S+ from node (\w+) \((\w+)->(\w+),", text):
             judged[(workers[node]["name"], f"{engine[node]}->{validator}", "accepted")] += 1
         for node in re.findall(r"rejected \S+ from node (\w+):", text):

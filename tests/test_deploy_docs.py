@@ -19,6 +19,7 @@ from swarmrl.identity import load_keypair
 from swarmrl.launch.plan import prepare
 from swarmrl.pool.cli import read_spec
 from swarmrl.pool.spec_check import check_spec
+from swarmrl.testing.deploy import fill_placeholder
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
 # the verbs whose parsers the page's command lines must satisfy
@@ -80,14 +81,7 @@ def site(tmp_path, monkeypatch):
 
 
 def _fill(argv: list[str], placeholders: dict[str, str]) -> list[str]:
-    """``argv`` with each placeholder, alone or before ``=`` (``KEY=ENGINE``), filled in."""
-    filled = []
-    for arg in argv:
-        head, sep, tail = arg.partition("=")
-        filled.append(
-            placeholders.get(head, head) + sep + tail if sep else placeholders.get(arg, arg)
-        )
-    return filled
+    return [fill_placeholder(arg, placeholders) for arg in argv]
 
 
 def test_the_pages_pool_spec_command_writes_the_pages_pool_json(site, capsys):

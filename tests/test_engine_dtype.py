@@ -7,9 +7,8 @@ import re
 
 import pytest
 
-from swarmrl.config.inference import InferenceConfig
 from swarmrl.inference.interface import vllm_available
-from swarmrl.testing.runs import SWARM_SHORT, short_run
+from swarmrl.testing.runs import SWARM_SHORT, logged_backend, short_run
 
 
 def test_a_swarm_of_bfloat16_workers_under_a_float32_trainer(tmp_path):
@@ -72,7 +71,7 @@ def test_a_swarm_of_two_engines_judges_each_unit_by_a_validator_of_its_engine(tm
     pairs = {}
     for validator, own in (("validator-0", "vllm"), ("validator-1", "torch")):
         log = (logs / f"{validator}.log").read_text()
-        assert _backend(log) == own, validator  # one that judges nothing loads no engine
+        assert logged_backend(log) == own, validator  # one that judges nothing loads no engine
         pairs[validator] = re.findall(r"\((\w+)->(\w+), \d+ tokens replayed\)", log)
     # without the routing, the torch validator took 7 of 10 in one run
     assert pairs["validator-1"] == [], pairs
@@ -80,12 +79,3 @@ def test_a_swarm_of_two_engines_judges_each_unit_by_a_validator_of_its_engine(tm
     report = json.loads((run_dir / "report.json").read_text())
     submissions = report["swarm"]["submissions"]
     assert submissions["accepted"] > 0 and submissions["rejected"] == 0, submissions
-
-
-def _backend(log: str) -> str:
-    """The inference backend a role's log says it was started with (its resolved config names
-    only what differs from the defaults)."""
-    resolved = re.search(r"resolved config (\{.*\})$", log, re.MULTILINE)
-    assert resolved, "no resolved config in the log"
-    default = InferenceConfig.model_fields["backend"].default
-    return json.loads(resolved.group(1)).get("inference", {}).get("backend", default)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from swarmrl.errors import ConfigError, MissingPathError, UserError
+from swarmrl.errors import MissingPathError, UserError
 from swarmrl.identity.keys import load_keypair
-from swarmrl.pool.spec_check import add_spec_args, spec_main
+from swarmrl.pool.spec_check import add_spec_args, refusal, spec_main
 from swarmrl.protocol.pool import PoolSpec
 
 
@@ -29,9 +29,7 @@ def read_spec(path: str) -> PoolSpec:
     try:
         return PoolSpec.model_validate_json(file.read_text())
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"pool spec {path}: {where}: {first['msg']}") from exc
+        raise refusal(path, exc) from exc
 
 
 def _pool(argv: Sequence[str]) -> int:

@@ -148,10 +148,17 @@ def spec_from_config(
     try:
         return PoolSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "spec"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"pool spec {pool_id!r}: {where}: {message}") from exc
+        raise refusal(repr(pool_id), exc) from exc
+
+
+def refusal(where: str, exc: ValidationError) -> ConfigError:
+    """The one-line error for a pool spec (read from ``where``) that ``PoolSpec`` refused: the
+    first wrong key and why."""
+    first = exc.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "spec"
+    return ConfigError(
+        f"pool spec {where}: {key}: {str(first['msg']).removeprefix('Value error, ')}"
+    )
 
 
 def write_spec(spec: PoolSpec, path: Path) -> Path:

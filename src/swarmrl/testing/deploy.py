@@ -55,6 +55,15 @@ AFTER = ("report", "ledger")  # what the page runs once the run is over
 SERVERS = {"orch.lan": 8600, "trainer.lan": 8470, "relay.lan": 8471}  # the page's ports
 
 
+def fill_placeholder(arg: str, placeholders: dict[str, str]) -> str:
+    """``arg`` with a page placeholder (``c41d…``) filled in, alone or before ``=``
+    (``--validator-engine c41d…=torch``)."""
+    head, sep, tail = arg.partition("=")
+    if sep and head in placeholders:
+        return placeholders[head] + sep + tail
+    return placeholders.get(arg, arg)
+
+
 def _blocks(text: str) -> list[tuple[str, str]]:
     """(language, body) of every fenced code block of the page."""
     return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
@@ -138,9 +147,7 @@ class Deployment:
         """The page's argv with its placeholders replaced for ``host``."""
         out = []
         for arg in argv:
-            head, sep, tail = arg.partition("=")  # a placeholder alone, or before "=" (KEY=ENGINE)
-            arg = self.placeholders[head] + sep + tail if sep and head in self.placeholders else arg
-            arg = self.placeholders.get(arg, arg)
+            arg = fill_placeholder(arg, self.placeholders)
             for page_address, address in self.placeholders.items():
                 if re.fullmatch(r"[\d.]+", page_address):
                     server = next(h for h, a in PAGE_HOSTS.items() if a == page_address)

@@ -7,6 +7,8 @@ Knows nothing about pytest or about what the tools do with the run.
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,15 @@ def short_run(
         raise RuntimeError(f"swarmrl run failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     (made,) = set(runs.glob("*")) - before
     return made, done.stdout
+
+
+def logged_backend(log: str) -> str:
+    """The inference backend a role's log says it was started with (its "resolved config" line
+    names only what differs from the defaults); "?" where the log has no such line."""
+    from swarmrl.config.inference import InferenceConfig
+
+    resolved = re.search(r"resolved config (\{.*\})$", log, re.MULTILINE)
+    if resolved is None:
+        return "?"
+    default = InferenceConfig.model_fields["backend"].default
+    return json.loads(resolved.group(1)).get("inference", {}).get("backend", default)

@@ -1,5 +1,5 @@
-"""Pool membership: pools, heartbeats, health sweeps, admin views (joins:
-``swarmrl.pool.trust.joins``).
+"""Pool membership: pools, heartbeats, health sweeps (joins: ``swarmrl.pool.trust.joins``;
+the admin views: ``swarmrl.pool.trust.views``).
 
 Every public function runs one database transaction: it either commits the whole state change
 together with its ledger entries, or raises a :class:`Rejected` and leaves nothing behind. The
@@ -14,7 +14,6 @@ batches) lives in ``swarmrl.pool.flow.work``. Knows nothing about HTTP.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,11 +42,9 @@ from swarmrl.pool.trust.health import RELEASES_LEASES, SILENCE_TRANSITIONS
 from swarmrl.protocol.pool import (
     Heartbeat,
     HeartbeatReply,
-    NodeLogs,
     NodeMetadata,
     NodeView,
     PoolInfo,
-    PoolMetrics,
     PoolSpec,
 )
 
@@ -432,76 +429,3 @@ def sweep(ctx: Context) -> dict[str, int]:
                 conn, "invalidation", body, pool_id=lease.pool_id, node_id=lease.node_id, ts=now
             )
     return changed
-
-
-# --- admin views -----------------------------------------------------------------------------
-
-
-def list_nodes(ctx: Context, pool_id: str) -> list[NodeView]:
-    flush_beats(ctx)
-    with ctx.engine.connect() as conn:
-        ctx.spec(conn, pool_id)
-        rows = conn.execute(
-            sa.select(db.nodes).where(db.nodes.c.pool_id == pool_id).order_by(db.nodes.c.joined_at)
-        ).all()
-        return [node_view(conn, r) for r in rows]
-
-
-def node_logs(ctx: Context, pool_id: str, node_id: str) -> NodeLogs:
-    flush_beats(ctx)
-    with ctx.engine.connect() as conn:
-        ctx.spec(conn, pool_id)
-        row = node_row(conn, pool_id, node_id)
-    return NodeLogs(node_id=node_id, lines=json.loads(row.log_tail))
-
-
-def metrics(ctx: Context, pool_id: str) -> PoolMetrics:
-    flush_beats(ctx)
-    now = ctx.clock()
-    with ctx.engine.connect() as conn:
-        ctx.spec(conn, pool_id)
-
-        def counts(table: sa.Table, column: sa.Column) -> dict[str, int]:
-            rows = conn.execute(
-                sa.select(column, sa.func.count())
-                .where(table.c.pool_id == pool_id)
-                .group_by(column)
-            ).all()
-            return {str(k): int(v) for k, v in rows}
-
-        credited = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(db.credits.c.tokens), 0)).where(
-                db.credits.c.pool_id == pool_id, db.credits.c.dropped.is_(False)
-            )
-        ).scalar_one()
-        locked = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(db.credits.c.tokens), 0)).where(
-                db.credits.c.pool_id == pool_id,
-                db.credits.c.dropped.is_(False),
-                db.credits.c.unlock_at > now,
-            )
-        ).scalar_one()
-        return PoolMetrics(
-            pool_id=pool_id,
-            current_version=current_version(conn, pool_id),
-            nodes_by_state=counts(db.nodes, db.nodes.c.state),
-            leases_active=counts(db.leases, db.leases.c.state).get("active", 0),
-            submissions_by_status=counts(db.submissions, db.submissions.c.status),
-            credited_tokens=int(credited),
-            locked_tokens=int(locked),
-            validators_by_engine=_validators_by_engine(ctx, conn, pool_id, now),
-        )
-
-
-def _validators_by_engine(
-    ctx: Context, conn: sa.Connection, pool_id: str, now: float
-) -> dict[str, int]:
-    """Validators that claimed within ``claim_timeout_s``, by the engine they named
-    (``swarmrl.pool.flow.judging.engine_route``)."""
-    seen = db.validator_engines
-    rows = conn.execute(
-        sa.select(seen.c.engine, sa.func.count())
-        .where(seen.c.pool_id == pool_id, seen.c.seen_at >= now - ctx.config.claim_timeout_s)
-        .group_by(seen.c.engine)
-    ).all()
-    return {str(e): int(n) for e, n in sorted(rows)}

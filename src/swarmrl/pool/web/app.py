@@ -43,7 +43,7 @@ from swarmrl.pool.rejections import Unauthorized
 from swarmrl.pool.state import nonces
 from swarmrl.pool.state.db import WalCheckpointer, is_retryable
 from swarmrl.pool.state.nonces import DatabaseNonceStore
-from swarmrl.pool.trust import joins, penalties, service
+from swarmrl.pool.trust import joins, penalties, service, views
 from swarmrl.pool.trust.service import Context
 from swarmrl.pool.web.answers import (
     BodyLimit,
@@ -437,14 +437,14 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     @app.get("/pools/{pool_id}/nodes", response_model=list[NodeView], responses=ERRORS)
     async def nodes(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> list[NodeView]:
         await admin(pool_id, who)
-        return await on_db(service.list_nodes, ctx, pool_id)
+        return await on_db(views.list_nodes, ctx, pool_id)
 
     @app.get("/pools/{pool_id}/nodes/{node_id}/logs", response_model=NodeLogs, responses=ERRORS)
     async def logs(
         pool_id: PoolId, node_id: NodeId, who: SignedRequest = Depends(signed)
     ) -> NodeLogs:
         await admin(pool_id, who)
-        return await on_db(service.node_logs, ctx, pool_id, node_id)
+        return await on_db(views.node_logs, ctx, pool_id, node_id)
 
     @app.post(
         "/pools/{pool_id}/nodes/{node_id}/invalidate", response_model=NodeView, responses=ERRORS
@@ -463,7 +463,7 @@ def build_app(ctx: Context, *, shared: bool = False, bridge: str | None = None) 
     @app.get("/pools/{pool_id}/metrics", response_model=PoolMetrics, responses=ERRORS)
     async def pool_metrics(pool_id: PoolId, who: SignedRequest = Depends(signed)) -> PoolMetrics:
         await admin(pool_id, who)
-        return await on_db(service.metrics, ctx, pool_id)
+        return await on_db(views.metrics, ctx, pool_id)
 
     @app.get("/ledger/head")
     async def ledger_head(limit: int = Query(20, ge=1, le=1000)) -> list[dict[str, Any]]:

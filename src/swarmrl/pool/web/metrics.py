@@ -31,7 +31,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from swarmrl.ledger.export import LedgerTally
-from swarmrl.pool.trust import service
+from swarmrl.pool.trust import service, views
 from swarmrl.pool.trust.service import Context
 from swarmrl.protocol.pool import LeaseReply, reason_kind
 
@@ -73,7 +73,7 @@ class PoolCollector:
         }
         for info in service.list_pools(self.ctx):
             pool_id = info.spec.pool_id
-            m = service.metrics(self.ctx, pool_id)
+            m = views.metrics(self.ctx, pool_id)
             for state, n in sorted(m.nodes_by_state.items()):
                 nodes.add_metric([pool_id, state], n)
             for status, n in sorted(m.submissions_by_status.items()):

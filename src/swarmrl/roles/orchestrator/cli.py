@@ -176,12 +176,12 @@ def report_pools(
     """The status numbers of the hosted pools, summed: version, nodes, the submissions waiting
     for a check (``pending``) and the submission counts in the words of
     ``swarmrl.ledger.counts`` (taken_in, checked, accepted, ...; trained from the statuses)."""
-    from swarmrl.pool.trust import service
+    from swarmrl.pool.trust import views
 
     total: dict[str, float] = {}
     version = 0
     for pool_id in pool_ids:
-        m = service.metrics(ctx, pool_id)
+        m = views.metrics(ctx, pool_id)
         version = max(version, m.current_version)
         subs = m.submissions_by_status
         counts = tally.counts(pool_id)
