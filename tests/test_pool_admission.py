@@ -13,7 +13,7 @@ from swarmrl.errors import Conflict, PeerError
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol.batches import TrainerProgress
-from swarmrl.protocol.pool import LeaseReply, PoolSpec, SamplingParams, Submission
+from swarmrl.protocol.pool import Heartbeat, LeaseReply, PoolSpec, SamplingParams, Submission
 from swarmrl.protocol.verdicts import Verdict
 from swarmrl.testing.pool_nodes import CPU_NODE, local_orchestrator, synthetic_samples
 
@@ -110,10 +110,13 @@ def test_the_run_finished_reply_is_typed_and_final(pool):
     trainer.set_version(POOL, 0, steps=1, tasks_per_step=1)
     assert worker.lease(POOL).outcome == "work"
     assert trainer.pool(POOL).run_finished is False
+    assert worker.heartbeat(POOL, Heartbeat(status="ok")).run_finished is False
     trainer.set_version(POOL, 1, finished=True)
     reply = worker.lease(POOL)
     assert reply.outcome == "finished" and reply.work is None
     assert trainer.pool(POOL).run_finished is True
+    # a node busy with something else (waiting for a version) learns it from its next beat
+    assert worker.heartbeat(POOL, Heartbeat(status="ok")).run_finished is True
     assert trainer.set_version(POOL, 1) == 1  # a repeated announcement does not revive it
     assert worker.lease(POOL).outcome == "finished"
 

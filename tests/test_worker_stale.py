@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from swarmrl.config import load_config
-from swarmrl.errors import StaleWork
+from swarmrl.errors import StaleWork, WaitTimeout
 from swarmrl.identity import KeyPair
 from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
@@ -105,3 +105,44 @@ def test_the_worker_generates_a_stale_unit_again_on_the_newer_policy(tmp_path, m
         with server.ctx.engine.connect() as conn:
             rows = conn.execute(sa.select(db.submissions.c.min_version)).all()
         assert [r.min_version for r in rows] == [1]
+
+
+def test_a_worker_waiting_for_a_version_that_never_comes_stops_when_the_run_finishes(
+    tmp_path, monkeypatch
+):
+    # the trainer publishes its last version and finishes while the unit is generated, then
+    # leaves with its weight server: the stale unit's newer version never downloads, and the
+    # heartbeat's reply, not the lease's 120 s deadline, ends the wait
+    orch, owner, key = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec(owner))
+        trainer = PoolClient(server.url, owner)
+        config = load_config(
+            [], ["swarm.retry_s=0.1", "swarm.units_per_version=0", "pool.heartbeat_interval_s=1"]
+        )
+        settings = WorkerSettings(server.url, POOL, ["http://127.0.0.1:9"], "ab" * 32, tmp_path)
+        status = StatusReporter("worker", "w0", None, node_id=key.node_id)
+        worker = WorkerNode(config, settings, key, status, logging.getLogger("test.finished"))
+
+        def generate(engine, env, tokenizer, work, policy_version, prove=None, saved=None):
+            trainer.set_version(POOL, 1, finished=True)
+            return synthetic_samples(work, policy_version)
+
+        monkeypatch.setattr(worker_node, "generate_samples", generate)
+        worker.policy = SimpleNamespace(version=0, engine=None, tokenizer=None)
+        beats = threading.Thread(target=worker.membership.heartbeats, daemon=True)
+        try:
+            worker.membership.join()
+            beats.start()
+            started = time.monotonic()
+            with pytest.raises(WaitTimeout):  # the wait ends because the node stops
+                worker._work_once()
+            took = time.monotonic() - started
+        finally:
+            worker.stop.set()
+            beats.join(5)
+            worker.pool.close()
+            worker.weights.close()
+        assert worker.finished.is_set() and not worker.banned.is_set()
+        assert status.metric("stale") == 1
+        assert took < 30  # within a few beats, not the lease's 120 s deadline

@@ -24,7 +24,9 @@ from swarmrl.protocol.sampling import FinishReason, SamplingParams
 # know). The orchestrator names it in /health; a client that cannot read an answer asks for it
 # and, where the orchestrator's is newer, stops with one line saying to upgrade
 # (swarmrl.pool.client).
-PROTOCOL_VERSION = 1
+# 2: claims name the validator's engine, pool specs name each validator's engine and the
+# evidence's scale and limits, long-polls carry manifests, heartbeats' replies run_finished
+PROTOCOL_VERSION = 2
 POOL_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 HEX64 = r"^[0-9a-f]{64}$"
 NODE_ID = r"^[0-9a-f]{32}$"
@@ -293,6 +295,9 @@ class HeartbeatReply(Message):
     state: NodeState
     current_version: int
     next_beat_s: float = Field(description="beat again within this many seconds")
+    run_finished: bool = Field(
+        False, description="the trainer finished the run: nothing more is trained, so stop"
+    )
 
 
 class WorkUnit(Message):

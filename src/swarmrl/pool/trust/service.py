@@ -234,8 +234,14 @@ def list_pools(ctx: Context) -> list[PoolInfo]:
 # Heartbeats are the most frequent request: their read is built once, and a beat that leaves the
 # node's state as it was is buffered and written in a batch (swarmrl.pool.trust.beats).
 _BEAT_READ = Fast(
-    sa.select(db.nodes.c.node_id, db.nodes.c.state, db.pools.c.current_version)
+    sa.select(
+        db.nodes.c.node_id,
+        db.nodes.c.state,
+        db.pools.c.current_version,
+        db.run_progress.c.finished_at,
+    )
     .join(db.pools, db.pools.c.pool_id == db.nodes.c.pool_id)
+    .outerjoin(db.run_progress, db.run_progress.c.pool_id == db.nodes.c.pool_id)
     .where(db.nodes.c.pool_id == sa.bindparam("p"), db.nodes.c.node_id == sa.bindparam("n"))
 )
 
@@ -290,6 +296,7 @@ def heartbeat(
         state=state,
         current_version=row.current_version,
         next_beat_s=ctx.config.heartbeat_interval_s,
+        run_finished=row.finished_at is not None,
     )
 
 

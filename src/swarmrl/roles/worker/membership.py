@@ -3,7 +3,8 @@ ejection for silence.
 
 The heartbeat beats on a fixed grid at the node's own phase, telling the orchestrator the node
 is alive and which version it holds; it learns from a ``NodeBanned`` refusal (or the reply)
-that the node was banned, and from a ``NotMember`` one that it was ejected for silence. A
+that the node was banned, from the reply that the run is finished (so a node waiting for a
+version the trainer will never publish, or that left with it, stops within a beat), and from a ``NotMember`` one that it was ejected for silence. A
 rejoin uses the node's own key and no invite (``swarmrl.pool.trust.joins``), pausing longer
 after each failed attempt up to :data:`REJOIN_MAX_PAUSE_S`; the heartbeat and work threads may
 both call it. Knows nothing about leases or generation (``swarmrl.roles.worker.node``).
@@ -29,8 +30,9 @@ REJOIN_MAX_PAUSE_S = 30.0  # longest pause between attempts to rejoin after an e
 class Membership:
     """Joins ``pool_id`` through ``pool`` and keeps the node in it (module docstring).
 
-    ``banned`` is called (with the reason) once the pool says the node is banned; ``beat``
-    gives each heartbeat's content; ``stop`` ends the heartbeat thread and every wait.
+    ``banned`` is called (with the reason) once the pool says the node is banned; ``finished``
+    once a heartbeat's reply says the trainer finished the run; ``beat`` gives each heartbeat's
+    content; ``stop`` ends the heartbeat thread and every wait.
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class Membership:
         stop: threading.Event,
         banned: Callable[[object], None],
         beat: Callable[[], Heartbeat],
+        finished: Callable[[], None] = lambda: None,
     ) -> None:
         self.pool = pool
         self.pool_id = pool_id
@@ -54,6 +57,7 @@ class Membership:
         self.stop = stop
         self._banned = banned
         self._beat = beat
+        self._finished = finished
         self._rejoin_lock = threading.Lock()  # the heartbeat and work threads may both notice
         self.rejoins = 0  # times the node came back after an ejection
 
@@ -80,7 +84,8 @@ class Membership:
         )
 
     def heartbeats(self) -> None:
-        """The heartbeat thread: beat until ``stop``, a ban, or a rejoin refused for good."""
+        """The heartbeat thread: beat until ``stop``, a ban, the run's end, or a rejoin refused
+        for good."""
         # on a fixed grid at this node's own phase, not "a period after the last answer": a
         # slow moment of the orchestrator must not bunch the beats of the nodes it delayed
         ticks = FixedRate.random_phase(self.config.pool.heartbeat_interval_s / 2, time.monotonic())
@@ -103,6 +108,9 @@ class Membership:
                 ticks.advance(time.monotonic())
             if reply.state == "banned":
                 self._banned("heartbeat reply")
+                return
+            if reply.run_finished:
+                self._finished()
                 return
 
     def _rejoin_after(self, refusal: NotMember) -> bool:

@@ -19,8 +19,9 @@ with the node's own key, no invite (``swarmrl.pool.trust.joins``), pausing longe
 attempt, and logs the ejection once; ``NodeBanned`` stops the node
 with exit status 3. A lease
 answered ``wait`` (admission control: the trainer has enough) pauses for the reply's
-``retry_after_s``, logging each kind of reason at most once a minute; ``finished`` (the trainer finished the run)
-stops the node with exit status 0. Refusals
+``retry_after_s``, logging each kind of reason at most once a minute; ``finished`` (the trainer
+finished the run), in a lease's answer or a heartbeat's, stops the node with exit status 0,
+whatever it was waiting for. Refusals
 are told apart by their type (``swarmrl.errors``), never by their message.
 
 Knows nothing about training or validation; it only produces rollouts and proofs.
@@ -125,6 +126,7 @@ class WorkerNode:
             self.stop,
             banned=self._banned_by_pool,
             beat=self._beat,
+            finished=self._finished_by_pool,
         )
         self.ahead = LeaseAhead(lambda: self.pool.lease(self.settings.pool_id), log)
         self.cheat_after = cheat_after(config.swarm.cheat)
@@ -214,9 +216,7 @@ class WorkerNode:
             stop=self.stop,
         )
         if reply.outcome == "finished":
-            self.log.info("the run is finished (%s); stopping", reply.reason or "no reason given")
-            self.finished.set()
-            self.stop.set()
+            self._finished_by_pool(reply.reason or "no reason given")
             return
         if reply.work is None:
             self._wait(reply.reason or "no work", reply.retry_after_s)
@@ -426,6 +426,13 @@ class WorkerNode:
             except PeerError as exc:  # only the pool client raises it here
                 self.log.warning("orchestrator refused: %s", exc)
                 self.stop.wait(self.config.swarm.retry_s)
+
+    def _finished_by_pool(self, reason: str = "heartbeat reply") -> None:
+        """Stop everything, with exit status 0: the trainer finished the run."""
+        if not self.finished.is_set():
+            self.log.info("the run is finished (%s); stopping", reason)
+        self.finished.set()
+        self.stop.set()
 
     def _banned_by_pool(self, reason: object) -> None:
         """Stop everything: the pool will never accept this node again."""
