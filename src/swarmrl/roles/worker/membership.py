@@ -4,7 +4,7 @@ ejection for silence.
 The heartbeat beats on a fixed grid at the node's own phase, telling the orchestrator the node
 is alive and which version it holds; it learns from a ``NodeBanned`` refusal (or the reply)
 that the node was banned, from the reply that the run is finished (so a node waiting for a
-version the trainer will never publish, or that left with it, stops within a beat), and from a ``NotMember`` one that it was ejected for silence. A
+version the trainer will never publish, or left with, stops within a beat), and from a ``NotMember`` one that it was ejected for silence. A
 rejoin uses the node's own key and no invite (``swarmrl.pool.trust.joins``), pausing longer
 after each failed attempt up to :data:`REJOIN_MAX_PAUSE_S`; the heartbeat and work threads may
 both call it. Knows nothing about leases or generation (``swarmrl.roles.worker.node``).
@@ -84,8 +84,7 @@ class Membership:
         )
 
     def heartbeats(self) -> None:
-        """The heartbeat thread: beat until ``stop``, a ban, the run's end, or a rejoin refused
-        for good."""
+        """The heartbeat thread: beat until ``stop``, a ban, or a rejoin refused for good."""
         # on a fixed grid at this node's own phase, not "a period after the last answer": a
         # slow moment of the orchestrator must not bunch the beats of the nodes it delayed
         ticks = FixedRate.random_phase(self.config.pool.heartbeat_interval_s / 2, time.monotonic())
@@ -109,9 +108,8 @@ class Membership:
             if reply.state == "banned":
                 self._banned("heartbeat reply")
                 return
-            if reply.run_finished:
+            if reply.run_finished:  # beats go on: a unit in hand may still be handed in
                 self._finished()
-                return
 
     def _rejoin_after(self, refusal: NotMember) -> bool:
         """The heartbeat thread learned the node is not a member: rejoin. False when the node

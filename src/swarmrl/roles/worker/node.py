@@ -20,8 +20,8 @@ attempt, and logs the ejection once; ``NodeBanned`` stops the node
 with exit status 3. A lease
 answered ``wait`` (admission control: the trainer has enough) pauses for the reply's
 ``retry_after_s``, logging each kind of reason at most once a minute; ``finished`` (the trainer
-finished the run), in a lease's answer or a heartbeat's, stops the node with exit status 0,
-whatever it was waiting for. Refusals
+finished the run), in a lease's answer or a heartbeat's, stops the node with exit status 0:
+a wait for a version ends at once, a unit in hand is still handed in. Refusals
 are told apart by their type (``swarmrl.errors``), never by their message.
 
 Knows nothing about training or validation; it only produces rollouts and proofs.
@@ -197,7 +197,7 @@ class WorkerNode:
             return
         self.status.set(state=f"paced: {swarm.units_per_version} units on v{self.policy.version}")
         deadline = time.monotonic() + swarm.version_wait_s
-        while time.monotonic() < deadline and not self.stop.is_set():
+        while time.monotonic() < deadline and not self._stopping():
             if self.versions.newer_than(self.policy.version):
                 break
             self.stop.wait(0.1)
@@ -207,6 +207,8 @@ class WorkerNode:
         swarm = self.config.swarm
         self._take_newest()
         self._pace()
+        if self._stopping():  # the run finished (a heartbeat said so) after the last unit
+            return
         reply = self.ahead.take() or retry(
             lambda: self.pool.lease(self.settings.pool_id),
             "lease work",
@@ -217,6 +219,7 @@ class WorkerNode:
         )
         if reply.outcome == "finished":
             self._finished_by_pool(reply.reason or "no reason given")
+            self.stop.set()
             return
         if reply.work is None:
             self._wait(reply.reason or "no work", reply.retry_after_s)
@@ -254,7 +257,10 @@ class WorkerNode:
             self.versions.wait(version, DOWNLOAD_NOTE_S)  # woken by the download, not a poll
             self._take_newest()
             assert self.policy is not None
-            return True if self.policy.version >= version else None
+            if self.policy.version >= version:
+                return True
+            self._stopping()  # a finished trainer may never publish it
+            return None
 
         wait_for(
             caught_up,
@@ -326,7 +332,7 @@ class WorkerNode:
         would hold its lease idle)."""
         swarm = self.config.swarm
         assert self.policy is not None
-        if not swarm.lease_ahead or self.stop.is_set():
+        if not swarm.lease_ahead or self.stop.is_set() or self.finished.is_set():
             return False
         done = self.units_by_version.get(self.policy.version, 0) + 1  # this one included
         return not swarm.units_per_version or done < swarm.units_per_version
@@ -406,7 +412,7 @@ class WorkerNode:
             thread.start()
         self.status.set(state="waiting for weights")
         wait_for(
-            self.versions.newest,
+            lambda: None if self._stopping() else self.versions.newest(),
             "the first policy version from the weight sources",
             self.log,
             timeout_s=self.config.swarm.first_version_timeout_s,
@@ -428,11 +434,19 @@ class WorkerNode:
                 self.stop.wait(self.config.swarm.retry_s)
 
     def _finished_by_pool(self, reason: str = "heartbeat reply") -> None:
-        """Stop everything, with exit status 0: the trainer finished the run."""
+        """The trainer finished the run: the node stops with exit status 0, once it has handed
+        in the unit it holds (a submission on its way is not dropped), and every wait for a
+        version ends at once (:meth:`_stopping`)."""
         if not self.finished.is_set():
             self.log.info("the run is finished (%s); stopping", reason)
         self.finished.set()
-        self.stop.set()
+
+    def _stopping(self) -> bool:
+        """Whether the node stops: it was told to, or the run is finished (which stops it, so
+        every wait ends)."""
+        if self.finished.is_set():
+            self.stop.set()
+        return self.stop.is_set()
 
     def _banned_by_pool(self, reason: object) -> None:
         """Stop everything: the pool will never accept this node again."""
