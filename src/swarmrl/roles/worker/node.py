@@ -218,7 +218,10 @@ class WorkerNode:
             stop=self.stop,
         )
         if reply.outcome == "finished":
-            self._finished_by_pool(reply.reason or "no reason given")
+            said = reply.reason or ""  # the pool's own words, where they add to "finished"
+            self._finished_by_pool(
+                f"lease reply: {said}" if "finished" not in said else "lease reply"
+            )
             self.stop.set()
             return
         if reply.work is None:
