@@ -4,10 +4,11 @@ ejection for silence.
 The heartbeat beats on a fixed grid at the node's own phase, telling the orchestrator the node
 is alive and which version it holds; it learns from a ``NodeBanned`` refusal (or the reply)
 that the node was banned, from the reply that the run is finished (so a node waiting for a
-version the trainer will never publish, or left with, stops within a beat), and from a ``NotMember`` one that it was ejected for silence. A
-rejoin uses the node's own key and no invite (``swarmrl.pool.trust.joins``), pausing longer
-after each failed attempt up to :data:`REJOIN_MAX_PAUSE_S`; the heartbeat and work threads may
-both call it. Knows nothing about leases or generation (``swarmrl.roles.worker.node``).
+version the trainer will never publish, or left with, stops within a beat), and from a
+``NotMember`` refusal that it was ejected for silence. A rejoin uses the node's own key and
+no invite (``swarmrl.pool.trust.joins``), pausing longer after each failed attempt up to
+:data:`REJOIN_MAX_PAUSE_S`; the heartbeat and work threads may both call it. Knows nothing
+about leases or generation (``swarmrl.roles.worker.node``).
 """
 
 from __future__ import annotations
