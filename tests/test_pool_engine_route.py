@@ -3,8 +3,10 @@ nodes that declared that engine, keeping another engine's units for that engine'
 while one claims: a unit is measured against its own engine's (tight) honest means wherever the
 pool has a validator of that engine, whatever engine a cheat chose to declare."""
 
+import logging
 import time
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from pydantic import ValidationError
@@ -16,6 +18,7 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
 from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission
 from swarmrl.protocol.verdicts import Verdict
+from swarmrl.roles.orchestrator.cli import EngineCoverage
 from swarmrl.testing.pool_nodes import NEVER_SILENT, local_orchestrator, synthetic_samples
 
 POOL = "route"
@@ -77,6 +80,9 @@ def test_each_unit_goes_to_a_validator_of_its_nodes_engine_while_one_claims(tmp_
         on_torch = _submit(server, torch_node, "torch", joined)
         on_vllm = _submit(server, vllm_node, "vllm", joined)
         on_other = _submit(server, other_node, "sglang", joined)  # no validator of its engine
+        seen = trainer.metrics(POOL)
+        assert seen.nodes_by_engine == {"sglang": 1, "torch": 1, "vllm": 1}
+        assert seen.engines_without_validator == ["sglang"]
         # each validator is handed its own engine's unit and the unit no validator's engine
         # covers, never the other covered engine's
         assert _claimed(server, by_vllm, "vllm") == {on_vllm, on_other}
@@ -117,9 +123,35 @@ def test_a_unit_whose_engines_validators_stopped_claiming_is_open_to_the_others(
         assert _claimed(server, by_vllm, "vllm") == set()
         unit = _submit(server, vllm_node, "vllm", set())
         assert _claimed(server, by_torch, "torch") == set()  # the vLLM validator is seen
+        owner_client = PoolClient(server.url, owner)
+        assert owner_client.metrics(POOL).engines_without_validator == []
         time.sleep(1.2)
         assert _claimed(server, by_torch, "torch") == {unit}
-        assert PoolClient(server.url, owner).metrics(POOL).validators_by_engine == {"torch": 1}
+        seen = owner_client.metrics(POOL)
+        assert seen.validators_by_engine == {"torch": 1}
+        assert seen.engines_without_validator == ["vllm"]
+        scraped = httpx.get(f"{server.url}/metrics", timeout=30).text
+        assert (
+            f'swarmrl_pool_engine_without_validator{{engine="vllm",pool="{POOL}"}} 1.0' in scraped
+        )
+        assert f'swarmrl_pool_engine_nodes{{engine="vllm",pool="{POOL}"}} 1.0' in scraped
+
+
+def test_the_orchestrator_logs_an_engine_left_without_its_own_validator_once(caplog):
+    log = logging.getLogger("swarmrl.test-coverage")
+    coverage = EngineCoverage(log, grace_s=30.0)
+    with caplog.at_level(logging.INFO, logger=log.name):
+        coverage.note(POOL, ["vllm"], now=100.0)  # a validator still starting: not yet
+        coverage.note(POOL, ["vllm"], now=129.0)
+        assert caplog.records == []
+        coverage.note(POOL, ["vllm"], now=130.0)
+        coverage.note(POOL, ["vllm"], now=200.0)  # said once, not per refresh
+        coverage.note(POOL, [], now=201.0)
+        coverage.note(POOL, ["vllm"], now=202.0)  # uncovered again: a new grace
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert len(said) == 2
+    assert said[0][0] == "WARNING" and "no validator on vllm has claimed for 30 s" in said[0][1]
+    assert said[1] == ("INFO", f"pool {POOL}: engine vllm has a validator of its own again")
 
 
 def test_a_database_from_before_node_engines_gets_them_from_each_nodes_metadata(tmp_path):

@@ -451,6 +451,16 @@ class PoolMetrics(Message):
         description="validators that claimed within the claim timeout, by the engine they "
         "named (ClaimRequest.engine)",
     )
+    nodes_by_engine: dict[str, int] = Field(
+        default_factory=dict,
+        description="live members (healthy, unhealthy) by the engine they declared at join",
+    )
+    engines_without_validator: list[str] = Field(
+        default_factory=list,
+        description="engines of live members that no validator named within the claim timeout "
+        "while another engine's did: their units wait cross_engine_after_s, then another "
+        "engine's validators judge them against the loose cross-engine means",
+    )
 
 
 class ErrorDetail(Message):

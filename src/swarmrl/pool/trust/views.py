@@ -58,6 +58,8 @@ def metrics(ctx: Context, pool_id: str) -> PoolMetrics:
                 db.credits.c.unlock_at > now,
             )
         ).scalar_one()
+        validators = _validators_by_engine(ctx, conn, pool_id, now)
+        nodes_by_engine = _nodes_by_engine(conn, pool_id)
         return PoolMetrics(
             pool_id=pool_id,
             current_version=current_version(conn, pool_id),
@@ -66,7 +68,9 @@ def metrics(ctx: Context, pool_id: str) -> PoolMetrics:
             submissions_by_status=counts(db.submissions, db.submissions.c.status),
             credited_tokens=int(credited),
             locked_tokens=int(locked),
-            validators_by_engine=_validators_by_engine(ctx, conn, pool_id, now),
+            validators_by_engine=validators,
+            nodes_by_engine=nodes_by_engine,
+            engines_without_validator=without_validator(nodes_by_engine, validators),
         )
 
 
@@ -82,3 +86,26 @@ def _validators_by_engine(
         .group_by(seen.c.engine)
     ).all()
     return {str(e): int(n) for e, n in sorted(rows)}
+
+
+def _nodes_by_engine(conn: sa.Connection, pool_id: str) -> dict[str, int]:
+    """Live members (healthy, unhealthy) by the engine they declared at join."""
+    nodes = db.nodes
+    rows = conn.execute(
+        sa.select(nodes.c.engine, sa.func.count())
+        .where(
+            nodes.c.pool_id == pool_id,
+            nodes.c.state.in_(("healthy", "unhealthy")),
+            nodes.c.engine.is_not(None),
+        )
+        .group_by(nodes.c.engine)
+    ).all()
+    return {str(e): int(n) for e, n in sorted(rows)}
+
+
+def without_validator(nodes_by_engine: dict[str, int], validators: dict[str, int]) -> list[str]:
+    """The engines of live members that no validator named lately, while one of another engine
+    did (with none claiming at all, nothing is judged, which the pending count shows)."""
+    if not validators:
+        return []
+    return sorted(set(nodes_by_engine) - set(validators))

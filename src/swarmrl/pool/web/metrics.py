@@ -4,7 +4,11 @@ and the latency of every request it answers.
 Per pool (label ``pool``): ``swarmrl_pool_nodes{state}``, ``swarmrl_pool_leases_active``,
 ``swarmrl_pool_submissions{status}`` (submissions now in each status: pending, accepted,
 rejected …), ``swarmrl_pool_submission_counts{count}`` (taken_in, checked, accepted, rejected,
-expired, invalidated, trained so far: the words of ``swarmrl.ledger.counts``), ``swarmrl_pool_policy_version``, ``swarmrl_pool_credited_tokens`` and
+expired, invalidated, trained so far: the words of ``swarmrl.ledger.counts``),
+``swarmrl_pool_validators{engine}`` and ``swarmrl_pool_engine_nodes{engine}`` (validators that
+claimed lately, live members, by engine), ``swarmrl_pool_engine_without_validator{engine}`` (1 for
+an engine whose members' units only another engine's validators judge),
+``swarmrl_pool_policy_version``, ``swarmrl_pool_credited_tokens`` and
 ``swarmrl_pool_locked_tokens``; ``swarmrl_pool_lease_answers_total{pool, outcome, rule}`` (the
 lease requests this process answered: work, wait or finished, and for a wait the rule that held
 the node back, its reason with the figures left out: ``swarmrl.protocol.pool.reason_kind``); per
@@ -61,6 +65,17 @@ class PoolCollector:
             "validators that claimed within the claim timeout, by the engine they replay on",
             labels=["pool", "engine"],
         )
+        engine_nodes = GaugeMetricFamily(
+            "swarmrl_pool_engine_nodes",
+            "live members (healthy, unhealthy) by the engine they declared",
+            labels=["pool", "engine"],
+        )
+        unvalidated = GaugeMetricFamily(
+            "swarmrl_pool_engine_without_validator",
+            "1 for an engine of live members that no validator named within the claim timeout "
+            "while another engine's did (its units are judged cross-engine)",
+            labels=["pool", "engine"],
+        )
         scalars = {
             "leases_active": "leases handed out and not yet done or expired",
             "policy_version": "policy version the trainer last announced",
@@ -80,6 +95,10 @@ class PoolCollector:
                 subs.add_metric([pool_id, status], n)
             for engine, n in m.validators_by_engine.items():
                 validators.add_metric([pool_id, engine], n)
+            for engine, n in m.nodes_by_engine.items():
+                engine_nodes.add_metric([pool_id, engine], n)
+            for engine in m.engines_without_validator:
+                unvalidated.add_metric([pool_id, engine], 1)
             counted = self.tally.counts(pool_id)
             counted.trained = m.submissions_by_status.get("trained", 0)
             for word, n in counted.as_dict().items():
@@ -96,6 +115,8 @@ class PoolCollector:
         yield subs
         yield counts
         yield validators
+        yield engine_nodes
+        yield unvalidated
         yield from gauges.values()
 
 

@@ -18,7 +18,9 @@ bring every request to this one (:mod:`swarmrl.roles.orchestrator.fronts`, any d
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -143,12 +145,15 @@ def main(verb: str, argv: Sequence[str]) -> int:
     mounts = {} if args.no_ui else {"/ui": dashboard_app(ctx, args)}
     pools = [spec.pool_id for _, spec in specs]
     tally = LedgerTally(ctx.engine)
+    coverage = EngineCoverage(
+        logging.getLogger(f"swarmrl.{args.name}"), config.cross_engine_after_s
+    )
     reporter = StatusReporter(
         "orchestrator",
         args.name,
         args.status_dir,
         2.0,  # each refresh queries the database: every 2 s is live enough for a display
-        refresh=lambda r: report_pools(r, ctx, pools, tally),
+        refresh=lambda r: report_pools(r, ctx, pools, tally, coverage),
     )
     fronts = (
         FrontGroup(args.fronts, config, ORCHESTRATOR_LIMITS.keep_alive_s) if args.fronts else None
@@ -170,18 +175,60 @@ def main(verb: str, argv: Sequence[str]) -> int:
     return 0
 
 
+class EngineCoverage:
+    """Logs when an engine of a pool's live members has had no validator of its own for
+    ``grace_s`` (``PoolMetrics.engines_without_validator``: its units are then judged by
+    another engine's validators, against the loose cross-engine means), and when it has one
+    again; once per change, not per refresh."""
+
+    def __init__(self, log: logging.Logger, grace_s: float) -> None:
+        self.log = log
+        self.grace_s = grace_s
+        self.since: dict[tuple[str, str], float] = {}  # (pool, engine) → first seen uncovered
+        self.told: set[tuple[str, str]] = set()
+
+    def note(self, pool_id: str, uncovered: list[str], now: float) -> None:
+        for key in [k for k in self.since if k[0] == pool_id and k[1] not in uncovered]:
+            del self.since[key]
+            if key in self.told:
+                self.told.discard(key)
+                self.log.info("pool %s: engine %s has a validator of its own again", *key)
+        for engine in uncovered:
+            key = (pool_id, engine)
+            first = self.since.setdefault(key, now)
+            if key not in self.told and now - first >= self.grace_s:
+                self.told.add(key)
+                self.log.warning(
+                    "pool %s: nodes on engine %s, but no validator on %s has claimed for %.0f s: "
+                    "other engines' validators judge their units, against the looser "
+                    "cross-engine means; start a validator with inference.backend = %r",
+                    pool_id,
+                    engine,
+                    engine,
+                    now - first,
+                    engine,
+                )
+
+
 def report_pools(
-    reporter: StatusReporter, ctx: Context, pool_ids: list[str], tally: LedgerTally
+    reporter: StatusReporter,
+    ctx: Context,
+    pool_ids: list[str],
+    tally: LedgerTally,
+    coverage: EngineCoverage | None = None,
 ) -> None:
     """The status numbers of the hosted pools, summed: version, nodes, the submissions waiting
     for a check (``pending``) and the submission counts in the words of
-    ``swarmrl.ledger.counts`` (taken_in, checked, accepted, ...; trained from the statuses)."""
+    ``swarmrl.ledger.counts`` (taken_in, checked, accepted, ...; trained from the statuses).
+    ``coverage`` logs the engines left without a validator of their own."""
     from swarmrl.pool.trust import views
 
     total: dict[str, float] = {}
     version = 0
     for pool_id in pool_ids:
         m = views.metrics(ctx, pool_id)
+        if coverage is not None:
+            coverage.note(pool_id, m.engines_without_validator, time.monotonic())
         version = max(version, m.current_version)
         subs = m.submissions_by_status
         counts = tally.counts(pool_id)
