@@ -3,7 +3,7 @@ nodes that declared that engine, keeping another engine's units for that engine'
 while one claims: a unit is measured against its own engine's (tight) honest means wherever the
 pool has a validator of that engine, whatever engine a cheat chose to declare."""
 
-import logging
+import signal
 import time
 
 import httpx
@@ -18,8 +18,12 @@ from swarmrl.pool.client import PoolClient
 from swarmrl.pool.state import db
 from swarmrl.protocol.pool import NodeMetadata, PoolSpec, SamplingParams, Submission
 from swarmrl.protocol.verdicts import Verdict
-from swarmrl.roles.orchestrator.cli import EngineCoverage
-from swarmrl.testing.pool_nodes import NEVER_SILENT, local_orchestrator, synthetic_samples
+from swarmrl.testing.pool_nodes import (
+    NEVER_SILENT,
+    local_orchestrator,
+    spawn_orchestrator,
+    synthetic_samples,
+)
 
 POOL = "route"
 
@@ -137,21 +141,42 @@ def test_a_unit_whose_engines_validators_stopped_claiming_is_open_to_the_others(
         assert f'swarmrl_pool_engine_nodes{{engine="vllm",pool="{POOL}"}} 1.0' in scraped
 
 
-def test_the_orchestrator_logs_an_engine_left_without_its_own_validator_once(caplog):
-    log = logging.getLogger("swarmrl.test-coverage")
-    coverage = EngineCoverage(log, grace_s=30.0)
-    with caplog.at_level(logging.INFO, logger=log.name):
-        coverage.note(POOL, ["vllm"], now=100.0)  # a validator still starting: not yet
-        coverage.note(POOL, ["vllm"], now=129.0)
-        assert caplog.records == []
-        coverage.note(POOL, ["vllm"], now=130.0)
-        coverage.note(POOL, ["vllm"], now=200.0)  # said once, not per refresh
-        coverage.note(POOL, [], now=201.0)
-        coverage.note(POOL, ["vllm"], now=202.0)  # uncovered again: a new grace
-    said = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert len(said) == 2
-    assert said[0][0] == "WARNING" and "no validator on vllm has claimed for 30 s" in said[0][1]
-    assert said[1] == ("INFO", f"pool {POOL}: engine vllm has a validator of its own again")
+def test_the_orchestrator_logs_an_engine_left_without_its_own_validator(tmp_path):
+    """``swarmrl orchestrator`` as a process: a vLLM node while only a torch validator claims
+    is logged once the gap has lasted cross_engine_after_s (not per refresh), and again when a
+    vLLM validator claims."""
+    orch, owner, by_torch, by_vllm, vllm_node = (KeyPair.generate() for _ in range(5))
+    key_file, spec_file = tmp_path / "orch.json", tmp_path / "spec.json"
+    orch.save(key_file)
+    spec = PoolSpec(
+        pool_id=POOL,
+        owner_key=owner.public_key_hex,
+        task_count=40,
+        open=True,
+        validators=[by_torch.public_key_hex, by_vllm.public_key_hex],
+    )
+    spec_file.write_text(spec.model_dump_json())
+    settings = {"pool.cross_engine_after_s": 1.0}
+    proc, url = spawn_orchestrator(tmp_path / "run", key_file, [spec_file], settings=settings)
+    log = tmp_path / "run" / "orch.log"
+    warning = f"pool {POOL}: nodes on engine vllm, but no validator on vllm has claimed for"
+    again = f"pool {POOL}: engine vllm has a validator of its own again"
+    try:
+        PoolClient(url, vllm_node).join(POOL, _node("vllm"))
+        torch_validator = PoolClient(url, by_torch)
+        deadline = time.monotonic() + 30
+        while warning not in log.read_text():  # the status refresh runs every 2 s
+            assert time.monotonic() < deadline, log.read_text()
+            torch_validator.claim(POOL, engine="torch")
+            time.sleep(0.5)
+        PoolClient(url, by_vllm).claim(POOL, engine="vllm")
+        while again not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert log.read_text().count(warning) == 1
 
 
 def test_a_database_from_before_node_engines_gets_them_from_each_nodes_metadata(tmp_path):
