@@ -145,7 +145,7 @@ def test_the_orchestrator_logs_an_engine_left_without_its_own_validator(tmp_path
     """``swarmrl orchestrator`` as a process: a vLLM node while only a torch validator claims
     is logged once the gap has lasted cross_engine_after_s (not per refresh), and again when a
     vLLM validator claims."""
-    orch, owner, by_torch, by_vllm, vllm_node = (KeyPair.generate() for _ in range(5))
+    orch, owner, by_torch, by_vllm, vllm_node, forger = (KeyPair.generate() for _ in range(6))
     key_file, spec_file = tmp_path / "orch.json", tmp_path / "spec.json"
     orch.save(key_file)
     spec = PoolSpec(
@@ -159,10 +159,11 @@ def test_the_orchestrator_logs_an_engine_left_without_its_own_validator(tmp_path
     settings = {"pool.cross_engine_after_s": 1.0}
     proc, url = spawn_orchestrator(tmp_path / "run", key_file, [spec_file], settings=settings)
     log = tmp_path / "run" / "orch.log"
-    warning = f"pool {POOL}: nodes on engine vllm, but no validator on vllm has claimed for"
-    again = f"pool {POOL}: engine vllm has a validator of its own again"
+    warning = f"pool {POOL}: nodes on engine 'vllm', but no validator on 'vllm' has claimed for"
+    again = f"pool {POOL}: engine 'vllm' has a validator of its own again"
     try:
         PoolClient(url, vllm_node).join(POOL, _node("vllm"))
+        PoolClient(url, forger).join(POOL, _node("x\n12:00:00 orchestrator: forged"))
         torch_validator = PoolClient(url, by_torch)
         deadline = time.monotonic() + 30
         while warning not in log.read_text():  # the status refresh runs every 2 s
@@ -177,6 +178,26 @@ def test_the_orchestrator_logs_an_engine_left_without_its_own_validator(tmp_path
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert log.read_text().count(warning) == 1
+    # a node's engine name is logged quoted: its line break cannot start a line of its own
+    assert "engine 'x\\n12:00:00 orchestrator: forged'" in log.read_text()
+    assert not any(line.startswith("12:00:00") for line in log.read_text().splitlines())
+
+
+def test_a_crowd_of_engine_names_shows_as_the_most_common_few(tmp_path):
+    """Nodes name their engine: in a pool that accepts any, 20 names from 21 identities give
+    the metrics (and so the labels of /metrics and the orchestrator's warnings) 16 engines,
+    the most common first."""
+    orch, owner = KeyPair.generate(), KeyPair.generate()
+    config = PoolConfig(join_burst=100, **NEVER_SILENT)
+    with local_orchestrator(tmp_path / "run", orch, config) as server:
+        _pool(server, orch, owner, [KeyPair.generate()])
+        for i in range(20):
+            PoolClient(server.url, KeyPair.generate()).join(POOL, _node(f"engine-{i:02d}"))
+        PoolClient(server.url, KeyPair.generate()).join(POOL, _node("engine-19"))
+        shown = PoolClient(server.url, owner).metrics(POOL).nodes_by_engine
+    assert len(shown) == 16
+    assert shown["engine-19"] == 2  # the most common, then the first names in order
+    assert set(shown) == {"engine-19"} | {f"engine-{i:02d}" for i in range(15)}
 
 
 def test_a_database_from_before_node_engines_gets_them_from_each_nodes_metadata(tmp_path):

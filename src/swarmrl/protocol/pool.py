@@ -453,7 +453,8 @@ class PoolMetrics(Message):
     )
     nodes_by_engine: dict[str, int] = Field(
         default_factory=dict,
-        description="live members (healthy, unhealthy) by the engine they declared at join",
+        description="live members (healthy, unhealthy) by the engine they declared at join "
+        "(the 16 most common engines)",
     )
     engines_without_validator: list[str] = Field(
         default_factory=list,

@@ -13,6 +13,8 @@ from swarmrl.pool.state import db
 from swarmrl.pool.trust.service import Context, current_version, flush_beats, node_row, node_view
 from swarmrl.protocol.pool import NodeLogs, NodeView, PoolMetrics
 
+ENGINES_SHOWN = 16  # engines of live members counted in PoolMetrics (as many as a spec accepts)
+
 
 def list_nodes(ctx: Context, pool_id: str) -> list[NodeView]:
     flush_beats(ctx)
@@ -89,16 +91,22 @@ def _validators_by_engine(
 
 
 def _nodes_by_engine(conn: sa.Connection, pool_id: str) -> dict[str, int]:
-    """Live members (healthy, unhealthy) by the engine they declared at join."""
+    """Live members (healthy, unhealthy) by the engine they declared at join: the
+    :data:`ENGINES_SHOWN` most common. Nodes name their engine, so in a pool that accepts any,
+    a crowd of identities could otherwise grow the metric's label set and the orchestrator's
+    warnings without bound."""
     nodes = db.nodes
+    count = sa.func.count().label("n")
     rows = conn.execute(
-        sa.select(nodes.c.engine, sa.func.count())
+        sa.select(nodes.c.engine, count)
         .where(
             nodes.c.pool_id == pool_id,
             nodes.c.state.in_(("healthy", "unhealthy")),
             nodes.c.engine.is_not(None),
         )
         .group_by(nodes.c.engine)
+        .order_by(count.desc(), nodes.c.engine)
+        .limit(ENGINES_SHOWN)
     ).all()
     return {str(e): int(n) for e, n in sorted(rows)}
 
