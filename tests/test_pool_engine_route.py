@@ -159,8 +159,8 @@ def test_the_orchestrator_logs_an_engine_left_without_its_own_validator(tmp_path
     settings = {"pool.cross_engine_after_s": 1.0}
     proc, url = spawn_orchestrator(tmp_path / "run", key_file, [spec_file], settings=settings)
     log = tmp_path / "run" / "orch.log"
-    warning = f"pool {POOL}: nodes on engine 'vllm', but no validator on 'vllm' has claimed for"
-    again = f"pool {POOL}: engine 'vllm' has a validator of its own again"
+    warning = f"pool {POOL}: nodes on engine vllm, but no validator on vllm has claimed for"
+    again = f"pool {POOL}: engine vllm has a validator of its own again"
     try:
         PoolClient(url, vllm_node).join(POOL, _node("vllm"))
         PoolClient(url, forger).join(POOL, _node("x\n12:00:00 orchestrator: forged"))

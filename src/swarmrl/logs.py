@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+
+_PLAIN_WORD = re.compile(r"[\w.+-]{1,64}", re.ASCII)
 
 FORMAT = "%(asctime)s {name}: %(message)s"
 DATE_FORMAT = "%H:%M:%S"
@@ -42,3 +45,10 @@ def configure_logging(name: str, level: str = "INFO") -> logging.Logger:
     for noisy in QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger(f"swarmrl.{name}")
+
+
+def plain(text: str) -> str:
+    """``text`` as it is where it is one plain word (ASCII letters, digits, ``_.+-``; at most
+    64), else quoted (``repr``): a name a peer chose (a node's engine) cannot break a log line
+    or forge one."""
+    return text if _PLAIN_WORD.fullmatch(text) else repr(text)

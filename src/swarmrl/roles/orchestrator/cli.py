@@ -28,6 +28,7 @@ from swarmrl.config.args import add_config_args, config_from_args
 from swarmrl.config.pool import PoolConfig
 from swarmrl.errors import UserError
 from swarmrl.identity.keys import load_keypair
+from swarmrl.logs import plain
 from swarmrl.pool.cli import read_spec
 from swarmrl.rolekit.toolkit import StatusReporter, add_tls_args, log_config, setup_logging
 from swarmrl.roles.orchestrator.fronts import FrontGroup
@@ -179,8 +180,9 @@ class EngineCoverage:
     """Logs when an engine of a pool's live members has had no validator of its own for
     ``grace_s`` (``PoolMetrics.engines_without_validator``: its units are then judged by
     another engine's validators, against the loose cross-engine means), and when it has one
-    again; once per change, not per refresh. Engine names come from nodes: they are logged
-    quoted (``%r``), so one holding a line break cannot forge a log line."""
+    again; once per change, not per refresh. Engine names come from nodes: any but a plain word
+    is logged quoted (``swarmrl.logs.plain``), so one holding a line break cannot forge a log
+    line."""
 
     def __init__(self, log: logging.Logger, grace_s: float) -> None:
         self.log = log
@@ -193,19 +195,21 @@ class EngineCoverage:
             del self.since[key]
             if key in self.told:
                 self.told.discard(key)
-                self.log.info("pool %s: engine %r has a validator of its own again", *key)
+                self.log.info(
+                    "pool %s: engine %s has a validator of its own again", key[0], plain(key[1])
+                )
         for engine in uncovered:
             key = (pool_id, engine)
             first = self.since.setdefault(key, now)
             if key not in self.told and now - first >= self.grace_s:
                 self.told.add(key)
                 self.log.warning(
-                    "pool %s: nodes on engine %r, but no validator on %r has claimed for %.0f s: "
+                    "pool %s: nodes on engine %s, but no validator on %s has claimed for %.0f s: "
                     "other engines' validators judge their units, against the looser "
                     "cross-engine means; start a validator with inference.backend = %r",
                     pool_id,
-                    engine,
-                    engine,
+                    plain(engine),
+                    plain(engine),
                     now - first,
                     engine,
                 )

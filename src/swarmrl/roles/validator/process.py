@@ -25,6 +25,7 @@ from swarmrl.errors import PeerError, PeerUnavailable, UserError, VersionGone, W
 from swarmrl.identity import load_keypair
 from swarmrl.identity.keys import parse_public_key
 from swarmrl.inference.interface import require_backend
+from swarmrl.logs import plain
 from swarmrl.pool.client import PoolClient
 from swarmrl.protocol import PoolInfo, Verdict, VerdictReceipt
 from swarmrl.rolekit.metrics import serve_role_metrics
@@ -310,7 +311,7 @@ def run(
                             "accepted %s from node %s (%s->%s, %d tokens replayed)",
                             sub.submission_id,
                             sub.node_id,
-                            sub.engine,
+                            plain(str(sub.engine)),
                             config.inference.backend,
                             verdict.measured_tokens,
                         )
