@@ -109,33 +109,39 @@ def test_the_worker_generates_a_stale_unit_again_on_the_newer_policy(tmp_path, m
 
 
 @contextmanager
-def beating_worker(server, orch, owner, tmp_path, monkeypatch, generate, **spec_settings):
-    """A worker of a fresh pool on ``server``, holding v0, its heartbeat thread beating every
-    half second; ``generate(worker, work, version)`` makes its samples. Closed on exit."""
-    PoolClient(server.url, orch).create_pool(spec(owner, **spec_settings))
-    key = KeyPair.generate()
-    config = load_config(
-        [], ["swarm.retry_s=0.1", "swarm.units_per_version=0", "pool.heartbeat_interval_s=1"]
-    )
-    settings = WorkerSettings(server.url, POOL, ["http://127.0.0.1:9"], "ab" * 32, tmp_path)
-    status = StatusReporter("worker", "w0", None, node_id=key.node_id)
-    worker = WorkerNode(config, settings, key, status, logging.getLogger("test.finished"))
-    monkeypatch.setattr(
-        worker_node,
-        "generate_samples",
-        lambda engine, env, tokenizer, work, version, *_: generate(worker, work, version),
-    )
-    worker.policy = SimpleNamespace(version=0, engine=None, tokenizer=None)
-    beats = threading.Thread(target=worker.membership.heartbeats, daemon=True)
-    try:
-        worker.membership.join()
-        beats.start()
-        yield worker
-    finally:
-        worker.stop.set()
-        beats.join(5)
-        worker.pool.close()
-        worker.weights.close()
+def beating_worker(tmp_path, monkeypatch, generate, **spec_settings):
+    """An orchestrator on loopback and a worker of a fresh pool there, holding v0, its
+    heartbeat thread beating every half second; ``generate(trainer, worker, work, version)``
+    makes its samples (``trainer``: the pool owner's client). Yields the server and the worker;
+    both closed on exit."""
+    orch, owner, key = (KeyPair.generate() for _ in range(3))
+    with local_orchestrator(tmp_path / "run", orch) as server:
+        PoolClient(server.url, orch).create_pool(spec(owner, **spec_settings))
+        trainer = PoolClient(server.url, owner)
+        config = load_config(
+            [], ["swarm.retry_s=0.1", "swarm.units_per_version=0", "pool.heartbeat_interval_s=1"]
+        )
+        settings = WorkerSettings(server.url, POOL, ["http://127.0.0.1:9"], "ab" * 32, tmp_path)
+        status = StatusReporter("worker", "w0", None, node_id=key.node_id)
+        worker = WorkerNode(config, settings, key, status, logging.getLogger("test.finished"))
+        monkeypatch.setattr(
+            worker_node,
+            "generate_samples",
+            lambda engine, env, tokenizer, work, version, *_: generate(
+                trainer, worker, work, version
+            ),
+        )
+        worker.policy = SimpleNamespace(version=0, engine=None, tokenizer=None)
+        beats = threading.Thread(target=worker.membership.heartbeats, daemon=True)
+        try:
+            worker.membership.join()
+            beats.start()
+            yield server, worker
+        finally:
+            worker.stop.set()
+            beats.join(5)
+            worker.pool.close()
+            worker.weights.close()
 
 
 def test_a_worker_waiting_for_a_version_that_never_comes_stops_when_the_run_finishes(
@@ -144,22 +150,18 @@ def test_a_worker_waiting_for_a_version_that_never_comes_stops_when_the_run_fini
     # the trainer publishes its last version and finishes while the unit is generated, then
     # leaves with its weight server: the stale unit's newer version never downloads, and the
     # heartbeat's reply, not the lease's 120 s deadline, ends the wait
-    orch, owner = KeyPair.generate(), KeyPair.generate()
-    with local_orchestrator(tmp_path / "run", orch) as server:
-        trainer = PoolClient(server.url, owner)
+    def generate(trainer, worker, work, version):
+        trainer.set_version(POOL, 1, finished=True)
+        return synthetic_samples(work, version)
 
-        def generate(worker, work, version):
-            trainer.set_version(POOL, 1, finished=True)
-            return synthetic_samples(work, version)
-
-        with beating_worker(server, orch, owner, tmp_path, monkeypatch, generate) as worker:
-            started = time.monotonic()
-            with pytest.raises(WaitTimeout):  # the wait ends because the node stops
-                worker._work_once()
-            took = time.monotonic() - started
-        assert worker.finished.is_set() and not worker.banned.is_set()
-        assert worker.status.metric("stale") == 1
-        assert took < 30  # within a few beats, not the lease's 120 s deadline
+    with beating_worker(tmp_path, monkeypatch, generate) as (_, worker):
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout):  # the wait ends because the node stops
+            worker._work_once()
+        took = time.monotonic() - started
+    assert worker.finished.is_set() and not worker.banned.is_set()
+    assert worker.status.metric("stale") == 1
+    assert took < 30  # within a few beats, not the lease's 120 s deadline
 
 
 def test_a_unit_in_hand_when_a_heartbeat_says_the_run_is_finished_is_still_handed_in(
@@ -167,24 +169,17 @@ def test_a_unit_in_hand_when_a_heartbeat_says_the_run_is_finished_is_still_hande
 ):
     # the beat ends waits, not a submission: the unit generated in good faith is submitted
     # (and credited), and the node then stops without leasing again
-    orch, owner = KeyPair.generate(), KeyPair.generate()
-    with local_orchestrator(tmp_path / "run", orch) as server:
-        trainer = PoolClient(server.url, owner)
+    def generate(trainer, worker, work, version):
+        trainer.set_version(POOL, 1, finished=True)  # v0 is still fresh at async_level 1
+        assert worker.finished.wait(15), "no heartbeat said the run is finished"
+        return synthetic_samples(work, version)
 
-        def generate(worker, work, version):
-            trainer.set_version(POOL, 1, finished=True)  # v0 is still fresh at async_level 1
-            assert worker.finished.wait(15), "no heartbeat said the run is finished"
-            return synthetic_samples(work, version)
-
-        with beating_worker(
-            server, orch, owner, tmp_path, monkeypatch, generate, async_level=1
-        ) as worker:
-            worker._work_once()
-            assert worker.submitted == 1 and not worker.stop.is_set()
-            worker._work_once()  # the next unit is never leased: the node stops
-            assert worker.stop.is_set()
+    with beating_worker(tmp_path, monkeypatch, generate, async_level=1) as (server, worker):
+        worker._work_once()
+        assert worker.submitted == 1 and not worker.stop.is_set()
+        worker._work_once()  # the next unit is never leased: the node stops
+        assert worker.stop.is_set()
         with server.ctx.engine.connect() as conn:
-            assert (
-                conn.execute(sa.select(sa.func.count()).select_from(db.submissions)).scalar() == 1
-            )
-            assert conn.execute(sa.select(sa.func.count()).select_from(db.leases)).scalar() == 1
+            count = sa.select(sa.func.count())
+            assert conn.execute(count.select_from(db.submissions)).scalar() == 1
+            assert conn.execute(count.select_from(db.leases)).scalar() == 1
