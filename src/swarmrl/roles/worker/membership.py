@@ -47,7 +47,7 @@ class Membership:
         stop: threading.Event,
         banned: Callable[[object], None],
         beat: Callable[[], Heartbeat],
-        finished: Callable[[], None] = lambda: None,
+        finished: Callable[[], None],
     ) -> None:
         self.pool = pool
         self.pool_id = pool_id
